@@ -1,0 +1,3 @@
+from tandem.app import main
+
+main()

@@ -1,0 +1,55 @@
+"""Exception types that carry a user-facing message, a hint and an exit code.
+
+The core raises these; only `tandem.app.main` turns them into `Error:`/`Hint:` lines.
+"""
+from __future__ import annotations
+
+# Exit codes, documented in docs/cli.md
+EXIT_OK = 0
+EXIT_ERROR = 1  # unexpected failure
+EXIT_USAGE = 2  # bad flags or parameter values
+EXIT_MODEL = 3  # model file missing, truncated, not GGUF, incompatible pair
+EXIT_DOWNLOAD = 4  # download, mirror, checksum, disk problems
+EXIT_CONTEXT = 5  # prompt does not fit the context
+EXIT_INTERRUPTED = 130
+
+
+class TandemError(Exception):
+    """Base class: `message` is one line for the user, `hint` says what to do next."""
+
+    exit_code = EXIT_ERROR
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class UsageError(TandemError):
+    exit_code = EXIT_USAGE
+
+
+class ModelError(TandemError):
+    """A model file is missing, truncated, not GGUF or cannot be loaded."""
+
+    exit_code = EXIT_MODEL
+
+
+class GGUFFormatError(ModelError):
+    """A GGUF header is malformed or hostile (bounded reads reject it)."""
+
+
+class VocabMismatchError(ModelError):
+    """The draft's vocabulary cannot be used with the target's."""
+
+
+class DownloadError(TandemError):
+    exit_code = EXIT_DOWNLOAD
+
+
+class ChecksumError(DownloadError):
+    pass
+
+
+class ContextOverflowError(TandemError):
+    exit_code = EXIT_CONTEXT
