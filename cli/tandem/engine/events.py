@@ -1,0 +1,44 @@
+"""What generate() yields: plain data for the CLI, the chat view and the benchmark recorder."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tandem.engine.stats import GenStats
+
+
+@dataclass(frozen=True)
+class PrefillEvent:
+    """Prompt evaluation progress: `done` of `total` new prompt tokens evaluated."""
+
+    done: int
+    total: int
+    n_prompt: int
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token: int
+    text: str  # text released with this token (may be empty while a stop string is pending)
+    from_draft: bool  # proposed by the drafter and accepted by the target
+    step: int
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """One draft -> verify round."""
+
+    step: int
+    drafted: int
+    accepted: int
+    n_max: int  # draft length asked of the drafter this step
+    t_draft: float
+    t_verify: float
+    t_sample: float
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    stats: GenStats
+    reason: str  # "eos", "length", "stop", "context"
+    text: str
+    tokens: tuple[int, ...]

@@ -1,0 +1,316 @@
+"""The only module that imports llama_cpp: models, contexts, batched decode, KV rollback.
+
+Logits are returned as zero-copy numpy views of llama.cpp's output buffer; a view is valid
+until the next decode on the same context. Each context requests logits only for the rows
+that need them, so llama.cpp's host buffer never exceeds (rows of the largest batch) x n_vocab.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from tandem.errors import ContextOverflowError, ModelError
+
+try:
+    import llama_cpp as _lc
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise ModelError(
+        f"llama-cpp-python is not installed ({exc})",
+        "run scripts/bootstrap.sh to build it for this machine",
+    ) from exc
+
+LLAMA_CPP_VERSION = getattr(_lc, "__version__", "unknown")
+
+_backend_ready = False
+_verbose = False
+
+
+@_lc.llama_log_callback
+def _log_sink(level, text, user_data):  # noqa: ARG001 - ctypes signature
+    if _verbose:
+        os.write(2, text)
+
+
+def init_backend(verbose: bool = False) -> None:
+    """Initialise llama.cpp once; its log goes to stderr only when verbose."""
+    global _backend_ready, _verbose
+    _verbose = verbose
+    if not _backend_ready:
+        _lc.llama_log_set(_log_sink, ctypes.c_void_p(0))
+        _lc.llama_backend_init()
+        _backend_ready = True
+
+
+def supports_gpu_offload() -> bool:
+    return bool(_lc.llama_supports_gpu_offload())
+
+
+def system_info() -> str:
+    return _lc.llama_print_system_info().decode("utf-8", "replace")
+
+
+KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
+
+
+class Model:
+    """A loaded GGUF model and its vocabulary."""
+
+    def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, use_mmap: bool = True,
+                 verbose: bool = False):
+        init_backend(verbose)
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ModelError(f"model file not found: {self.path}",
+                             "run `tandem pull` or check the path")
+        params = _lc.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        params.use_mmap = use_mmap
+        ptr = _lc.llama_model_load_from_file(str(self.path).encode(), params)
+        if not ptr:
+            raise ModelError(f"llama.cpp could not load {self.path.name}",
+                             "the file may be truncated or of an unsupported architecture; "
+                             "run with --verbose to see llama.cpp's reason")
+        self._ptr = ptr
+        self.vocab = _lc.llama_model_get_vocab(ptr)
+        self.n_vocab = _lc.llama_vocab_n_tokens(self.vocab)
+        self.n_layer = _lc.llama_model_n_layer(ptr)
+        self.n_ctx_train = _lc.llama_model_n_ctx_train(ptr)
+        self.bos = _lc.llama_vocab_bos(self.vocab)
+        self.eos = _lc.llama_vocab_eos(self.vocab)
+        self.add_bos = bool(_lc.llama_vocab_get_add_bos(self.vocab))
+        self._pieces: dict[int, bytes] = {}
+        self._eog = np.zeros(self.n_vocab, dtype=bool)
+        for tok in range(self.n_vocab):
+            if _lc.llama_vocab_is_eog(self.vocab, tok):
+                self._eog[tok] = True
+
+    def close(self) -> None:
+        if getattr(self, "_ptr", None):
+            _lc.llama_model_free(self._ptr)
+            self._ptr = None
+
+    def __del__(self):
+        self.close()
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._eog[token])
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (_lc.llama_token * cap)()
+        n = _lc.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (_lc.llama_token * cap)()
+            n = _lc.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a token stands for (control tokens render as nothing)."""
+        cached = self._pieces.get(token)
+        if cached is None:
+            buf = ctypes.create_string_buffer(64)
+            n = _lc.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = _lc.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
+            cached = buf.raw[:n]
+            self._pieces[token] = cached
+        return cached
+
+    def token_text(self, token: int) -> str:
+        return _lc.llama_vocab_get_text(self.vocab, token).decode("utf-8", "replace")
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = _lc.llama_model_meta_val_str(self._ptr, key.encode(), buf, 4096)
+        if n < 0:
+            return None
+        if n >= 4096:
+            buf = ctypes.create_string_buffer(n + 1)
+            _lc.llama_model_meta_val_str(self._ptr, key.encode(), buf, n + 1)
+        return buf.value.decode("utf-8", "replace")
+
+    def chat_template(self) -> str | None:
+        raw = _lc.llama_model_chat_template(self._ptr, None)
+        return raw.decode("utf-8", "replace") if raw else None
+
+    def apply_builtin_template(self, template: str, messages: Sequence[dict]) -> str | None:
+        """llama.cpp's built-in (non-Jinja) rendering of a known template; None if unknown."""
+        arr = (_lc.llama_chat_message * len(messages))()
+        keep = []
+        for i, msg in enumerate(messages):
+            role, content = msg["role"].encode(), msg["content"].encode()
+            keep += [role, content]
+            arr[i].role, arr[i].content = role, content
+        cap = 256 + sum(len(m["content"].encode()) for m in messages) * 2
+        buf = ctypes.create_string_buffer(cap)
+        n = _lc.llama_chat_apply_template(template.encode(), arr, len(messages), True, buf, cap)
+        if n < 0:
+            return None
+        if n > cap:
+            buf = ctypes.create_string_buffer(n)
+            _lc.llama_chat_apply_template(template.encode(), arr, len(messages), True, buf, n)
+        return buf.raw[:n].decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class ContextParams:
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_threads: int = 0  # 0: all physical cores (os.cpu_count as a fallback)
+    n_threads_batch: int = 0
+    flash_attn: str = "auto"
+    type_k: str = "f16"
+    type_v: str = "f16"
+
+
+def default_threads() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+class Context:
+    """A llama.cpp context on one sequence, which remembers the tokens its KV cache holds."""
+
+    def __init__(self, model: Model, params: ContextParams = ContextParams()):
+        self.model = model
+        self.params = params
+        cp = _lc.llama_context_default_params()
+        cp.n_ctx = params.n_ctx
+        cp.n_batch = params.n_batch
+        cp.n_ubatch = min(params.n_ubatch, params.n_batch)
+        cp.n_seq_max = 1
+        threads = params.n_threads or default_threads()
+        cp.n_threads = threads
+        cp.n_threads_batch = params.n_threads_batch or threads
+        cp.flash_attn_type = FLASH_ATTN[params.flash_attn]
+        cp.type_k = KV_TYPES[params.type_k]
+        cp.type_v = KV_TYPES[params.type_v]
+        cp.no_perf = False
+        ptr = _lc.llama_init_from_model(model._ptr, cp)
+        if not ptr:
+            raise ModelError(f"llama.cpp could not create a context for {model.path.name}",
+                             "try a smaller --ctx-size, or f16 KV cache types")
+        self._ptr = ptr
+        self.n_ctx = _lc.llama_n_ctx(ptr)
+        self.n_batch = params.n_batch
+        self._mem = _lc.llama_get_memory(ptr)
+        self._batch = _lc.llama_batch_init(self.n_batch, 0, 1)
+        for i in range(self.n_batch):
+            self._batch.n_seq_id[i] = 1
+            self._batch.seq_id[i][0] = 0
+        self.tokens: list[int] = []  # what the KV cache holds, position i -> tokens[i]
+        self.max_logit_rows = 0  # the largest number of logits rows ever requested
+        self.n_decoded = 0  # tokens evaluated since creation (prompt + generated)
+
+    def close(self) -> None:
+        if getattr(self, "_ptr", None):
+            _lc.llama_batch_free(self._batch)
+            _lc.llama_free(self._ptr)
+            self._ptr = None
+
+    def __del__(self):
+        self.close()
+
+    @property
+    def n_vocab(self) -> int:
+        return self.model.n_vocab
+
+    def truncate(self, n: int) -> None:
+        """Forget KV cache positions n.. (rollback of rejected drafts)."""
+        if n < len(self.tokens):
+            if not _lc.llama_memory_seq_rm(self._mem, 0, n, -1):
+                raise ModelError("llama.cpp could not roll back the KV cache",
+                                 "this model's memory type does not support partial removal")
+            del self.tokens[n:]
+
+    def decode(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
+        """Evaluate tokens after the cached ones; logits of the last row, or of every row.
+
+        Returns a (rows, n_vocab) float32 view into llama.cpp's buffer (no copy).
+        """
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("decode() needs at least one token")
+        if len(self.tokens) + n > self.n_ctx:
+            raise ContextOverflowError(
+                f"{len(self.tokens) + n} tokens do not fit the context of {self.n_ctx}",
+                "shorten the prompt or raise --ctx-size")
+        if all_logits and n > self.n_batch:
+            raise ValueError("all_logits decode is limited to n_batch tokens")
+        start = 0
+        while start < n:
+            chunk = tokens[start:start + self.n_batch]
+            last_chunk = start + len(chunk) == n
+            self._fill(chunk, len(self.tokens), all_logits, last_chunk)
+            rc = _lc.llama_decode(self._ptr, self._batch)
+            if rc != 0:
+                if rc == 1:
+                    raise ContextOverflowError("no room left in the KV cache",
+                                               "raise --ctx-size or shorten the prompt")
+                raise ModelError(f"llama_decode failed with code {rc}",
+                                 "run with --verbose to see llama.cpp's log")
+            self.tokens.extend(chunk)
+            self.n_decoded += len(chunk)
+            start += len(chunk)
+        rows = n if all_logits else 1
+        self.max_logit_rows = max(self.max_logit_rows, rows)
+        ptr = _lc.llama_get_logits(self._ptr)
+        return np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
+
+    def _fill(self, chunk: Sequence[int], pos0: int, all_logits: bool, last_chunk: bool) -> None:
+        b = self._batch
+        b.n_tokens = len(chunk)
+        for i, tok in enumerate(chunk):
+            b.token[i] = tok
+            b.pos[i] = pos0 + i
+            b.logits[i] = all_logits
+        if last_chunk:
+            b.logits[len(chunk) - 1] = True
+
+    def prefill(self, tokens: Sequence[int],
+                progress: Callable[[int, int], None] | None = None) -> int:
+        """Make the cache hold exactly `tokens`, reusing the common prefix; no logits needed.
+
+        Returns how many tokens were evaluated (0 when the cache already held them all).
+        """
+        keep = common_prefix(self.tokens, tokens)
+        self.truncate(keep)
+        todo = list(tokens[keep:])
+        for start in range(0, len(todo), self.n_batch):
+            chunk = todo[start:start + self.n_batch]
+            self.decode(chunk)
+            if progress is not None:
+                progress(start + len(chunk), len(todo))
+        return len(todo)
+
+    def sync(self, tokens: Sequence[int]) -> np.ndarray:
+        """Make the cache hold exactly `tokens` and return the last one's logits.
+
+        The last token is always (re)evaluated, since a past decode's logits are gone.
+        """
+        if not tokens:
+            raise ValueError("sync() needs at least one token")
+        self.prefill(tokens[:-1])
+        return self.decode(tokens[-1:])[0]
+
+    def perf(self) -> dict:
+        data = _lc.llama_perf_context(self._ptr)
+        return {"t_p_eval_ms": data.t_p_eval_ms, "t_eval_ms": data.t_eval_ms,
+                "n_p_eval": data.n_p_eval, "n_eval": data.n_eval}
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

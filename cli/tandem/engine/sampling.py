@@ -1,0 +1,131 @@
+"""Token sampling in numpy, shared by the target and the drafts.
+
+Speculative sampling needs the full filtered distributions p (target) and q (draft), so the
+sampler chain is ours rather than llama.cpp's: the same pipeline (repetition penalty, top-k,
+top-p, min-p, temperature, as llama.cpp orders them) is applied to both models' logits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from tandem.errors import UsageError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # <= 0: greedy
+    top_k: int = 40  # 0: off
+    top_p: float = 1.0  # 1.0: off
+    min_p: float = 0.0  # 0.0: off
+    repeat_penalty: float = 1.0  # 1.0: off
+    repeat_last_n: int = 64
+    seed: int | None = None
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise UsageError(f"temperature must be >= 0, got {self.temperature}", "use 0 for greedy")
+        if self.top_k < 0:
+            raise UsageError(f"top-k must be >= 0, got {self.top_k}", "use 0 to turn it off")
+        if not 0.0 < self.top_p <= 1.0:
+            raise UsageError(f"top-p must be in (0, 1], got {self.top_p}", "use 1.0 to turn it off")
+        if not 0.0 <= self.min_p < 1.0:
+            raise UsageError(f"min-p must be in [0, 1), got {self.min_p}", "use 0 to turn it off")
+        if self.repeat_penalty <= 0:
+            raise UsageError(f"repeat penalty must be > 0, got {self.repeat_penalty}",
+                             "use 1.0 to turn it off")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class Dist:
+    """A sparse distribution: probabilities `probs` over token ids `ids` (sum 1)."""
+
+    ids: np.ndarray
+    probs: np.ndarray
+
+    def prob(self, token: int) -> float:
+        hit = np.nonzero(self.ids == token)[0]
+        return float(self.probs[hit[0]]) if hit.size else 0.0
+
+    def sample(self, rng: np.random.Generator) -> int:
+        return int(self.ids[_pick(self.probs, rng)])
+
+    def dense(self, n_vocab: int) -> np.ndarray:
+        out = np.zeros(n_vocab, dtype=np.float64)
+        out[self.ids] = self.probs
+        return out
+
+
+def _pick(probs: np.ndarray, rng: np.random.Generator) -> int:
+    cdf = np.cumsum(probs)
+    idx = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    return min(idx, len(probs) - 1)
+
+
+def penalized(logits: np.ndarray, history: Sequence[int], params: SamplingParams) -> np.ndarray:
+    """Logits after llama.cpp's repetition penalty (a copy only when it applies)."""
+    if params.repeat_penalty == 1.0 or not history or params.repeat_last_n == 0:
+        return logits
+    recent = history[-params.repeat_last_n:] if params.repeat_last_n > 0 else history
+    ids = np.unique(np.asarray(recent, dtype=np.int64))
+    out = np.array(logits, dtype=np.float32, copy=True)
+    vals = out[ids]
+    out[ids] = np.where(vals > 0, vals / params.repeat_penalty, vals * params.repeat_penalty)
+    return out
+
+
+def greedy_token(logits: np.ndarray, history: Sequence[int], params: SamplingParams) -> int:
+    return int(np.argmax(penalized(logits, history, params)))
+
+
+def distribution(logits: np.ndarray, history: Sequence[int], params: SamplingParams) -> Dist:
+    """The sampling distribution after penalty, top-k, top-p, min-p and temperature."""
+    x = penalized(logits, history, params)
+    n = x.shape[0]
+    if 0 < params.top_k < n:
+        ids = np.argpartition(x, -params.top_k)[-params.top_k:]
+    else:
+        ids = np.arange(n)
+    vals = x[ids].astype(np.float64)
+    order = np.argsort(-vals, kind="stable")
+    ids, vals = ids[order], vals[order]
+    if params.top_p < 1.0 or params.min_p > 0.0:
+        p = np.exp(vals - vals[0])
+        p /= p.sum()
+        keep = len(p)
+        if params.top_p < 1.0:
+            keep = min(keep, int(np.searchsorted(np.cumsum(p), params.top_p)) + 1)
+        if params.min_p > 0.0:
+            keep = min(keep, max(1, int(np.count_nonzero(p >= params.min_p * p[0]))))
+        ids, vals = ids[:keep], vals[:keep]
+    t = max(params.temperature, 1e-6)
+    p = np.exp((vals - vals[0]) / t)
+    return Dist(ids=ids, probs=p / p.sum())
+
+
+def draft_top(logits: np.ndarray, history: Sequence[int], params: SamplingParams,
+              top_k: int = 10) -> tuple[int, float]:
+    """llama.cpp's greedy draft choice: the top token and its probability among the top-k."""
+    x = penalized(logits, history, params)
+    ids = np.argpartition(x, -top_k)[-top_k:]
+    vals = x[ids].astype(np.float64)
+    best = int(np.argmax(vals))
+    e = np.exp(vals - vals[best])
+    return int(ids[best]), float(1.0 / e.sum())
+
+
+def residual(p: Dist, q: Dist, n_vocab: int) -> Dist:
+    """norm(max(0, p - q)): where to resample after a rejected draft token."""
+    dp, dq = p.dense(n_vocab), q.dense(n_vocab)
+    r = np.maximum(dp - dq, 0.0)
+    total = r.sum()
+    if total <= 0.0:  # p == q on the support: any sample from p is exact
+        return p
+    ids = np.nonzero(r)[0]
+    return Dist(ids=ids, probs=r[ids] / total)

@@ -1,0 +1,164 @@
+"""generate(): the one decoding loop behind run, chat and spec-bench.
+
+Each step: the drafter proposes up to n_max tokens; the target decodes [last, d1..dk] in one
+batch with logits on every row; drafts are accepted until the first mismatch, where the
+target's own token is kept (plus a bonus token when all are accepted); rejected positions
+are removed from the KV cache. Greedy verification is exact match against the target's argmax;
+with temperature > 0, speculative sampling (accept with min(1, p/q), else resample from
+norm(max(0, p - q))) keeps the output distribution exactly the target's.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from tandem.engine.drafters import Draft, Drafter, recent
+from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
+from tandem.engine.llama import Context, common_prefix
+from tandem.engine.sampling import Dist, SamplingParams, distribution, greedy_token, residual
+from tandem.engine.stats import GenStats
+from tandem.engine.textstream import TextStream
+from tandem.errors import ContextOverflowError, UsageError
+
+VERIFY_RULES = ("rejection", "match")
+
+
+@dataclass(frozen=True)
+class GenParams:
+    max_tokens: int = 256
+    sampling: SamplingParams = SamplingParams()
+    stop: tuple[str, ...] = ()
+    n_max: int = 4
+    # "rejection": speculative sampling (exact, accepts more at temperature > 0);
+    # "match": llama.cpp's rule, greedy drafts accepted when the target samples the same token.
+    verify: str = "rejection"
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if self.max_tokens < 1:
+            raise UsageError(f"max tokens must be >= 1, got {self.max_tokens}", None)
+        if not 0 <= self.n_max <= 64:
+            raise UsageError(f"draft max must be in 0..64, got {self.n_max}",
+                             "llama.cpp's default is 3; 4-16 are typical")
+        if self.verify not in VERIFY_RULES:
+            raise UsageError(f"unknown verify rule {self.verify!r}", "use rejection or match")
+
+
+def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
+             params: GenParams = GenParams()) -> Iterator:
+    """Yield PrefillEvent, then TokenEvent/StepEvent as tokens are decided, then DoneEvent."""
+    if not prompt:
+        raise UsageError("the prompt is empty", "pass a prompt argument or pipe text on stdin")
+    if len(prompt) >= target.n_ctx:
+        raise ContextOverflowError(
+            f"the prompt has {len(prompt)} tokens but the context holds {target.n_ctx}",
+            "shorten the prompt or raise --ctx-size")
+    sp = params.sampling
+    rng = np.random.default_rng(sp.seed)
+    sample_drafts = not sp.greedy and params.verify == "rejection"
+    stats = GenStats(strategy=drafter.name, n_prompt=len(prompt))
+    model = target.model
+    text = TextStream(params.stop)
+    tokens = list(prompt)
+    t_start = time.perf_counter()
+
+    # The last prompt token goes into the first verify batch, so prefill stops one short.
+    total = max(len(tokens) - 1 - _cached(target, tokens[:-1]), 0)
+    yield PrefillEvent(0, total, len(prompt))
+    stats.n_prompt_eval = target.prefill(tokens[:-1]) + 1
+    stats.t_prefill = time.perf_counter() - t_start
+    yield PrefillEvent(total, total, len(prompt))
+
+    reason = "length"
+    step = 0
+    while reason == "length" and stats.n_generated < params.max_tokens:
+        if len(tokens) >= target.n_ctx:
+            reason = "context"
+            break
+        # drafts go at positions len(tokens)..; keep them inside the context and max_tokens
+        k_cap = min(params.n_max, target.n_ctx - len(tokens),
+                    params.max_tokens - stats.n_generated - 1)
+        t0 = time.perf_counter()
+        draft = drafter.propose(tokens, k_cap, sp, rng, sample_drafts) if k_cap > 0 else Draft()
+        if len(draft.tokens) > k_cap:
+            draft = Draft(draft.tokens[:k_cap], draft.dists[:k_cap] if draft.dists else None)
+        t1 = time.perf_counter()
+        target.prefill(tokens[:-1])  # a no-op unless someone else used this context
+        rows = target.decode([tokens[-1]] + draft.tokens, all_logits=True)
+        t2 = time.perf_counter()
+        new, n_acc = _verify(rows, draft, tokens, sp, params.verify, rng, model.n_vocab)
+        t3 = time.perf_counter()
+        # keep the KV of last + accepted drafts; the new target token is evaluated next step
+        target.truncate(len(tokens) + n_acc)
+        drafter.observe(len(draft.tokens), n_acc)
+        stats.record_step(len(draft.tokens), n_acc)
+        stats.t_draft += t1 - t0
+        stats.t_verify += t2 - t1
+        stats.t_sample += t3 - t2
+        for i, tok in enumerate(new):
+            if model.is_eog(tok) and not params.ignore_eos:
+                reason = "eos"
+                break
+            tokens.append(tok)
+            stats.n_generated += 1
+            piece = text.feed(model.piece(tok))
+            yield TokenEvent(tok, piece, i < n_acc, step)
+            if text.stopped:
+                reason = "stop"
+                break
+            if stats.n_generated >= params.max_tokens:
+                break
+        yield StepEvent(step, len(draft.tokens), n_acc, k_cap, t1 - t0, t2 - t1, t3 - t2)
+        step += 1
+    tail = text.flush()
+    if tail:
+        yield TokenEvent(-1, tail, False, step)
+    stats.t_total = time.perf_counter() - t_start
+    yield DoneEvent(stats, reason, text.text, tuple(tokens[len(prompt):]))
+
+
+def _cached(ctx: Context, tokens: Sequence[int]) -> int:
+    return common_prefix(ctx.tokens, tokens)
+
+
+def _verify(rows: np.ndarray, draft: Draft, tokens: list[int], sp: SamplingParams, rule: str,
+            rng: np.random.Generator, n_vocab: int) -> tuple[list[int], int]:
+    """Decide the tokens of this step: accepted drafts, then the target's own token."""
+    new: list[int] = []
+    for i, d in enumerate(draft.tokens):
+        hist = recent(tokens, new, sp)
+        if sp.greedy:
+            tok = greedy_token(rows[i], hist, sp)
+        else:
+            p = distribution(rows[i], hist, sp)
+            if rule == "rejection":
+                q = draft.dists[i] if draft.dists is not None else None
+                if q is None:  # deterministic draft (n-gram): q is a point mass on d
+                    if rng.random() < p.prob(d):
+                        new.append(d)
+                        continue
+                    tok = residual(p, _point(d), n_vocab).sample(rng)
+                else:
+                    qd = q.prob(d)
+                    if qd > 0 and rng.random() < min(1.0, p.prob(d) / qd):
+                        new.append(d)
+                        continue
+                    tok = residual(p, q, n_vocab).sample(rng)
+                new.append(tok)
+                return new, i
+            tok = p.sample(rng)
+        if tok != d:
+            new.append(tok)
+            return new, i
+        new.append(d)
+    hist = recent(tokens, new, sp)
+    last = rows[len(draft.tokens)]
+    new.append(greedy_token(last, hist, sp) if sp.greedy else distribution(last, hist, sp).sample(rng))
+    return new, len(draft.tokens)
+
+
+def _point(token: int) -> Dist:
+    return Dist(ids=np.array([token]), probs=np.array([1.0]))

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Build llama.cpp's native tools (llama-speculative-simple, llama-bench, llama-simple) from the
+# llama.cpp source that the pinned llama-cpp-python sdist vendors, with the same CMake flags
+# as our wheel, so benchmarks compare tandem against the very same kernels.
+#   scripts/build_native.sh            # prints the bin directory on stdout
+set -euo pipefail
+LLAMA_VERSION="0.3.36"
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+ARGS="${CMAKE_ARGS:-$(python3 "$ROOT/scripts/cmake_flags.py")}"
+KEY="$(printf '%s|%s' "$LLAMA_VERSION" "$ARGS" | sha256sum | cut -c1-16)"
+OUT="${TANDEM_CACHE_DIR:-$HOME/.cache/tandem}/native/$KEY"
+TARGETS="llama-speculative-simple llama-bench llama-simple"
+if [ -x "$OUT/bin/llama-speculative-simple" ] && [ -x "$OUT/bin/llama-bench" ]; then
+  echo "$OUT/bin"; exit 0
+fi
+mkdir -p "$OUT"
+if [ ! -d "$OUT/src" ]; then
+  tmp="$(mktemp -d)"
+  python3 -m pip download --quiet --no-deps --no-binary :all: -d "$tmp" "llama-cpp-python==$LLAMA_VERSION" >&2
+  tar -xzf "$tmp"/llama_cpp_python-*.tar.gz -C "$tmp"
+  mv "$tmp"/llama_cpp_python-*/vendor/llama.cpp "$OUT/src"
+  rm -rf "$tmp"
+fi
+echo "building native llama.cpp tools ($ARGS)" >&2
+# shellcheck disable=SC2086
+cmake -S "$OUT/src" -B "$OUT/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF $ARGS >&2
+cmake --build "$OUT/build" --config Release -j "$(nproc)" --target $TARGETS >&2
+mkdir -p "$OUT/bin"
+for t in $TARGETS; do cp "$OUT/build/bin/$t" "$OUT/bin/"; done
+echo "$OUT/bin"
