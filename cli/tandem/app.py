@@ -64,8 +64,12 @@ def _split_pair_and_prompt(args: list[str]) -> tuple[str | None, str]:
     """`tandem run [PAIR] [PROMPT]`: the first word is a pair only if the catalog knows it."""
     from tandem import catalog
 
-    if args and args[0] in catalog.known_names():
-        return args[0], " ".join(args[1:])
+    if args and len(args[0]) < 80:
+        try:
+            catalog.get_pair(args[0])
+            return args[0], " ".join(args[1:])
+        except TandemError:
+            pass
     return None, " ".join(args)
 
 

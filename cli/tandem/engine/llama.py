@@ -201,9 +201,9 @@ class Context:
                              "try a smaller --ctx-size, or f16 KV cache types")
         self._ptr = ptr
         self.n_ctx = _lc.llama_n_ctx(ptr)
-        self.n_batch = params.n_batch
+        self.n_batch = _lc.llama_n_batch(ptr)  # llama.cpp caps it at the requested n_ctx
         self._mem = _lc.llama_get_memory(ptr)
-        self._batch = _lc.llama_batch_init(self.n_batch, 0, 1)
+        self._batch = _lc.llama_batch_init(max(self.n_batch, 1), 0, 1)
         for i in range(self.n_batch):
             self._batch.n_seq_id[i] = 1
             self._batch.seq_id[i][0] = 0

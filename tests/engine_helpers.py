@@ -1,0 +1,50 @@
+"""Helpers for engine tests: run generate() and compare against plain decoding."""
+from __future__ import annotations
+
+import numpy as np
+
+from tandem.engine.drafters import DraftModelDrafter, NoDrafter
+from tandem.engine.events import DoneEvent, StepEvent
+from tandem.engine.llama import Context, ContextParams, Model
+from tandem.engine.speculative import GenParams, generate
+
+
+def run(ctx, prompt, drafter, **kw):
+    """Returns (DoneEvent, [StepEvent])."""
+    steps, done = [], None
+    for ev in generate(ctx, prompt, drafter, GenParams(**kw)):
+        if isinstance(ev, StepEvent):
+            steps.append(ev)
+        elif isinstance(ev, DoneEvent):
+            done = ev
+    return done, steps
+
+
+def top2_gap(model: Model, tokens) -> tuple[float, int, int]:
+    """Single-token (plain) logits after `tokens`: gap of the two best and their ids."""
+    ctx = Context(model, ContextParams(n_ctx=max(512, len(tokens) + 8)))
+    try:
+        logits = np.array(ctx.sync(tokens))
+    finally:
+        ctx.close()
+    a, b = np.argsort(-logits)[:2]
+    return float(logits[a] - logits[b]), int(a), int(b)
+
+
+def assert_same_as_plain(model, prompt, plain_tokens, spec_tokens, tol=1e-3):
+    """Token-identical, except where batched and single-token logits legitimately pick
+    different tokens: then the plain logits' two best must be within `tol` there."""
+    plain_tokens, spec_tokens = list(plain_tokens), list(spec_tokens)
+    if plain_tokens == spec_tokens:
+        return
+    n = min(len(plain_tokens), len(spec_tokens))
+    i = next((j for j in range(n) if plain_tokens[j] != spec_tokens[j]), n)
+    assert i < n, f"lengths differ without a token difference: {len(plain_tokens)} vs {len(spec_tokens)}"
+    gap, a, b = top2_gap(model, list(prompt) + plain_tokens[:i])
+    assert {a, b} == {plain_tokens[i], spec_tokens[i]} and gap < tol, (
+        f"divergence at token {i}: plain {plain_tokens[i]} vs speculative {spec_tokens[i]}, "
+        f"top-2 gap {gap:.5f} ({a}, {b})")
+
+
+def drafter_for(ctx, n_min=0, p_min=0.0):
+    return DraftModelDrafter(ctx, n_min, p_min) if ctx is not None else NoDrafter()

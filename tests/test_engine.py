@@ -1,0 +1,222 @@
+"""The speculative loop on tiny synthetic models: lossless, exact acceptance, bounded memory."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from engine_helpers import assert_same_as_plain, drafter_for, run  # noqa: E402
+
+from tandem.engine.drafters import NoDrafter  # noqa: E402
+from tandem.engine.llama import Context, ContextParams, Model  # noqa: E402
+from tandem.engine.sampling import SamplingParams  # noqa: E402
+from tandem.errors import ContextOverflowError, UsageError  # noqa: E402
+
+PROMPTS = [
+    "def fib(n):", "The quick brown fox", "SELECT * FROM", "Once upon a time", "import numpy",
+    "{\"name\": ", "1, 2, 3, 4,", "Hello, world", "for i in range(10):", "<html><body>",
+    "Dear Sir or Madam", "To be or not", "class Stack:", "The capital of France", "x = [",
+    "# TODO:", "fn main() {", "Summary:", "Q: what is 2+2? A:", "Lorem ipsum dolor",
+    "while True:", "Translate to German:",
+]
+
+
+@pytest.fixture(scope="module")
+def models(tiny_models):
+    target = Model(tiny_models["target"])
+    draft = Model(tiny_models["draft"])
+    weak = Model(tiny_models["draft_weak"])
+    yield {"target": target, "draft": draft, "weak": weak}
+    for m in (target, draft, weak):
+        m.close()
+
+
+@pytest.fixture()
+def ctxs(models):
+    made = {name: Context(m, ContextParams(n_ctx=1024, n_batch=256)) for name, m in models.items()}
+    yield made
+    for c in made.values():
+        c.close()
+
+
+def toks(model, text):
+    return model.tokenize(text, add_special=True)
+
+
+@pytest.mark.parametrize("n_max,p_min", [(4, 0.0), (8, 0.0), (3, 0.5)])
+def test_greedy_speculative_equals_plain_on_many_prompts(models, ctxs, n_max, p_min):
+    target = models["target"]
+    for text in PROMPTS:
+        prompt = toks(target, text)
+        plain, _ = run(ctxs["target"], prompt, NoDrafter(), max_tokens=40, n_max=0, ignore_eos=True)
+        spec, _ = run(ctxs["target"], prompt, drafter_for(ctxs["draft"], 0, p_min),
+                      max_tokens=40, n_max=n_max, ignore_eos=True)
+        assert plain.stats.n_generated == 40
+        assert spec.stats.drafted > 0
+        assert_same_as_plain(target, prompt, plain.tokens, spec.tokens)
+        assert spec.text == plain.text or spec.tokens != plain.tokens
+
+
+def test_draft_equal_to_target_accepts_everything(models, tiny_models):
+    target = models["target"]
+    tctx = Context(target, ContextParams(n_ctx=512))
+    dctx = Context(Model(tiny_models["target"]), ContextParams(n_ctx=512))
+    for text in PROMPTS[:5]:
+        done, steps = run(tctx, toks(target, text), drafter_for(dctx), max_tokens=50, n_max=5,
+                          ignore_eos=True)
+        assert done.stats.drafted > 0
+        assert done.stats.accepted == done.stats.drafted
+        assert done.stats.acceptance_rate == 1.0
+        # 50 tokens in steps of 5 drafts + 1 bonus: 8 full steps, then one of 1 draft + bonus
+        assert [s.drafted for s in steps] == [5] * 8 + [1]
+
+
+def _independent_counts(target_path, draft_path, prompt, n_gen, n_max):
+    """Acceptance derived without the speculative loop: llama-cpp-python's high-level Llama
+    decodes plain greedy continuations of target and draft, and we replay llama.cpp's rule."""
+    from llama_cpp import Llama
+
+    def greedy(llm, tokens, n):
+        llm.reset()
+        llm.eval(tokens)
+        out = []
+        for _ in range(n):
+            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            out.append(tok)
+            llm.eval([tok])
+        return out
+
+    t = Llama(model_path=str(target_path), n_ctx=512, logits_all=True, verbose=False,
+              flash_attn=True)  # our contexts use "auto", which is on for CPU
+    d = Llama(model_path=str(draft_path), n_ctx=512, logits_all=True, verbose=False,
+              flash_attn=True)  # our contexts use "auto", which is on for CPU
+    ref = greedy(t, prompt, n_gen)
+    drafted = accepted = gen = 0
+    while gen < n_gen:
+        k = min(n_max, n_gen - gen - 1)
+        proposal = greedy(d, prompt + ref[:gen], k) if k > 0 else []
+        m = 0
+        while m < k and proposal[m] == ref[gen + m]:
+            m += 1
+        drafted += k
+        accepted += m
+        gen += m + 1
+    return ref, drafted, accepted
+
+
+def test_acceptance_count_matches_independent_derivation(models, ctxs, tiny_models):
+    target = models["target"]
+    total_d = total_a = 0
+    for text in PROMPTS[:6]:
+        prompt = toks(target, text)
+        ref, drafted, accepted = _independent_counts(tiny_models["target"], tiny_models["draft"],
+                                                     prompt, 30, 4)
+        done, _ = run(ctxs["target"], prompt, drafter_for(ctxs["draft"]), max_tokens=30, n_max=4,
+                      ignore_eos=True)
+        assert list(done.tokens) == ref
+        assert (done.stats.drafted, done.stats.accepted) == (drafted, accepted)
+        total_d += drafted
+        total_a += accepted
+    # the tiny draft agrees often but not always
+    assert 0 < total_a < total_d
+
+
+def _samples(ctxs, prompt, drafter_name, n, verify="rejection", positions=(1, 2)):
+    sp = dict(temperature=1.5, top_k=8)
+    seen = {p: [] for p in positions}
+    acc = steps = 0
+    for seed in range(n):
+        drafter = NoDrafter() if drafter_name == "none" else drafter_for(ctxs[drafter_name])
+        done, st = run(ctxs["target"], prompt, drafter, max_tokens=max(positions) + 1,
+                       n_max=0 if drafter_name == "none" else 4, ignore_eos=True, verify=verify,
+                       sampling=SamplingParams(seed=seed, **sp))
+        for p in positions:
+            seen[p].append(done.tokens[p])
+        acc += done.stats.accepted
+        steps += done.stats.n_steps_drafted
+    return seen, (acc + steps) / max(steps, 1)
+
+
+def test_speculative_sampling_keeps_the_target_distribution(models, ctxs):
+    from scipy.stats import chi2_contingency
+
+    prompt = toks(models["target"], "The quick brown fox")
+    plain, _ = _samples(ctxs, prompt, "none", 1500)
+    spec, _ = _samples(ctxs, prompt, "weak", 1500)
+    for pos in plain:
+        cats = sorted(set(plain[pos]) | set(spec[pos]))
+        table = np.array([[plain[pos].count(c) for c in cats], [spec[pos].count(c) for c in cats]])
+        table = table[:, table.sum(axis=0) >= 10]  # chi-square wants no tiny expected counts
+        _, pvalue, _, _ = chi2_contingency(table)
+        assert pvalue > 0.01, f"position {pos}: p={pvalue:.4f}\n{table}"
+
+
+def test_rejection_sampling_accepts_at_least_as_much_as_exact_match(models, ctxs):
+    prompt = toks(models["target"], "Once upon a time")
+    _, mal_rejection = _samples(ctxs, prompt, "draft", 300, "rejection", positions=(8,))
+    _, mal_match = _samples(ctxs, prompt, "draft", 300, "match", positions=(8,))
+    assert mal_rejection >= mal_match
+
+
+def test_logit_rows_stay_bounded_whatever_the_context(models):
+    target = models["target"]
+    tctx = Context(target, ContextParams(n_ctx=2048, n_batch=128))
+    dctx = Context(models["draft"], ContextParams(n_ctx=2048, n_batch=128))
+    prompt = toks(target, "word " * 300)  # longer than several n_batch chunks
+    assert len(prompt) > 1000
+    done, _ = run(tctx, prompt, drafter_for(dctx), max_tokens=60, n_max=6, ignore_eos=True)
+    assert done.stats.n_generated == 60
+    # llama.cpp's host logits buffer is n_vocab x (largest number of rows requested)
+    assert tctx.max_logit_rows <= 6 + 1
+    assert dctx.max_logit_rows == 1
+
+
+def test_prompt_longer_than_context_is_a_clear_error(models):
+    ctx = Context(models["target"], ContextParams(n_ctx=256))
+    prompt = toks(models["target"], "x" * 300)
+    with pytest.raises(ContextOverflowError, match="context"):
+        run(ctx, prompt, NoDrafter(), max_tokens=5)
+
+
+def test_generation_stops_at_the_context_end(models):
+    ctx = Context(models["target"], ContextParams(n_ctx=256))
+    dctx = Context(models["draft"], ContextParams(n_ctx=256))
+    prompt = toks(models["target"], "hello")
+    done, _ = run(ctx, prompt, drafter_for(dctx), max_tokens=500, n_max=8, ignore_eos=True)
+    assert done.reason == "context"
+    # the KV cache holds 256 tokens; the final token needs no KV slot
+    assert len(prompt) + done.stats.n_generated == 256 + 1
+    assert ctx.tokens == (list(prompt) + list(done.tokens))[:256]
+
+
+def test_stop_string_truncates_text(models, ctxs):
+    prompt = toks(models["target"], "Hello, world")
+    full, _ = run(ctxs["target"], prompt, NoDrafter(), max_tokens=40, ignore_eos=True)
+    stop = full.text[10:13]
+    assert len(stop) == 3
+    done, _ = run(ctxs["target"], prompt, drafter_for(ctxs["draft"]), max_tokens=40, n_max=4,
+                  ignore_eos=True, stop=(stop,))
+    assert done.reason == "stop"
+    assert done.text == full.text[:full.text.index(stop)]
+
+
+def test_max_tokens_is_exact(models, ctxs):
+    prompt = toks(models["target"], "abc")
+    for n in (1, 2, 7, 13):
+        done, _ = run(ctxs["target"], prompt, drafter_for(ctxs["draft"]), max_tokens=n, n_max=5,
+                      ignore_eos=True)
+        assert done.stats.n_generated == n
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"max_tokens": 0}, "max tokens"), ({"n_max": -1}, "draft max"), ({"verify": "x"}, "verify"),
+])
+def test_invalid_parameters(models, ctxs, kw, msg):
+    with pytest.raises(UsageError, match=msg):
+        run(ctxs["target"], toks(models["target"], "a"), NoDrafter(), **kw)
+
+
+def test_empty_prompt(ctxs):
+    with pytest.raises(UsageError, match="empty"):
+        run(ctxs["target"], [], NoDrafter())
