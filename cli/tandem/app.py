@@ -174,6 +174,23 @@ def run(
         print(done.stats.summary(), file=sys.stderr)
 
 
+def _register_commands() -> None:
+    """Command groups live in their own modules (cmd_*.py), each with register(app)."""
+    import importlib
+
+    for name in ("cmd_pairs", "cmd_hw", "cmd_chat", "cmd_bench"):
+        try:
+            module = importlib.import_module(f"tandem.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"tandem.{name}":
+                raise
+            continue
+        module.register(app)
+
+
+_register_commands()
+
+
 def main() -> None:
     """Entry point: every failure becomes `Error:`/`Hint:` on stderr and an exit code."""
     try:
