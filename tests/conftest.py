@@ -17,3 +17,37 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
     from make_tiny_models import make_tiny_models
 
     return make_tiny_models(tmp_path_factory.mktemp("tiny-models"))
+
+
+def _real_models_home() -> Path:
+    """Where the real default pair lives: TANDEM_REAL_MODELS_HOME, else the user's store.
+
+    Read once at import, before any test points TANDEM_HOME at a temporary directory.
+    """
+    import os
+
+    from tandem.store import tandem_home
+
+    explicit = os.environ.get("TANDEM_REAL_MODELS_HOME")
+    return Path(explicit) if explicit else tandem_home()
+
+
+REAL_MODELS_HOME = _real_models_home()
+
+
+@pytest.fixture(scope="session")
+def real_pair() -> tuple[Path, Path]:
+    """The real default pair (Qwen2.5-Coder 1.5B + 0.5B Q4_K_M), fetched once via the store.
+
+    Set TANDEM_SKIP_REAL=1 to skip the tests that need it (no download).
+    """
+    import os
+
+    if os.environ.get("TANDEM_SKIP_REAL") == "1":
+        pytest.skip("TANDEM_SKIP_REAL=1")
+    from tandem.catalog import get_pair
+    from tandem.store import Store
+
+    store = Store(REAL_MODELS_HOME)
+    pair = get_pair()
+    return store.ensure(pair.target), store.ensure(pair.draft)

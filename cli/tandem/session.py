@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from tandem import chat_template
-from tandem.engine.drafters import DraftModelDrafter, Drafter, NoDrafter
+from tandem.engine.costs import CostModel, calibrate
+from tandem.engine.drafters import (DraftModelDrafter, Drafter, HybridDrafter, NgramDrafter,
+                                    NoDrafter)
 from tandem.engine.llama import Context, ContextParams, Model
 from tandem.engine.speculative import GenParams, generate
 from tandem.errors import UsageError
 
-STRATEGIES = ("none", "draft")
+STRATEGIES = ("none", "draft", "ngram", "hybrid", "auto")
 
 
 @dataclass(frozen=True)
@@ -65,14 +67,15 @@ class PairSession:
         self.options = options
         self.target_path = Path(target_path)
         self.draft_path = Path(draft_path) if draft_path else None
-        if options.strategy != "none" and self.draft_path is None:
+        if options.strategy == "draft" and self.draft_path is None:
             raise UsageError(f"strategy {options.strategy!r} needs a draft model",
-                             "pass --model-draft PATH, a pair name, or --strategy none")
+                             "pass --model-draft PATH, a pair name, or --strategy ngram")
         if self.draft_path is not None:
             check_pair(self.target_path, self.draft_path)
         self.target = Model(self.target_path, options.target_gpu_layers, verbose=options.verbose)
         self.target_ctx = Context(self.target, options.target_ctx)
         self.draft = self.draft_ctx = None
+        self._costs: CostModel | None = None
         if self.draft_path is not None:
             self.draft = Model(self.draft_path, options.draft_gpu_layers, verbose=options.verbose)
             self.draft_ctx = Context(self.draft, options.draft_ctx or options.target_ctx)
@@ -91,13 +94,57 @@ class PairSession:
     def drafter(self, strategy: str | None = None, draft: DraftParams | None = None) -> Drafter:
         strategy = strategy or self.options.strategy
         draft = draft or self.options.draft
+        if strategy not in STRATEGIES:
+            raise UsageError(f"unknown strategy {strategy!r}",
+                             f"choose one of: {', '.join(STRATEGIES)}")
         if strategy == "none":
             return NoDrafter()
+        if strategy == "ngram":
+            return NgramDrafter()
+        model = None
+        if self.draft_ctx is not None:
+            model = DraftModelDrafter(self.draft_ctx, draft.n_min, draft.p_min)
         if strategy == "draft":
-            if self.draft_ctx is None:
-                raise UsageError("strategy 'draft' needs a draft model", "pass --model-draft PATH")
-            return DraftModelDrafter(self.draft_ctx, draft.n_min, draft.p_min)
-        raise UsageError(f"unknown strategy {strategy!r}", f"choose one of: {', '.join(STRATEGIES)}")
+            if model is None:
+                raise UsageError("strategy 'draft' needs a draft model",
+                                 "pass --model-draft PATH, or use --strategy ngram")
+            return model
+        if strategy == "hybrid":
+            return HybridDrafter(model, n_min=draft.n_min, n_max=draft.n_max)
+        # auto: adaptive lengths from this machine's measured costs, plus the plain fallback
+        return HybridDrafter(model, costs=self.costs(), n_min=draft.n_min, n_max=draft.n_max,
+                             adaptive=True, guard=True, name="auto")
+
+    def costs(self) -> CostModel:
+        """This pair's cost model on this machine: cached, else calibrated once (seconds)."""
+        if self._costs is None:
+            path = self._costs_path()
+            cached = CostModel.load(path) if path else None
+            if cached is None or not cached.verify:
+                probe = self.target.tokenize("def main():\n    print('calibrating')\n",
+                                             add_special=False, parse_special=False)
+                cached = calibrate(self.target_ctx, self.draft_ctx, probe)
+                if path:
+                    try:
+                        cached.save(path)
+                    except OSError:
+                        pass  # a read-only home only costs a recalibration next time
+            self._costs = cached
+        return self._costs
+
+    def _costs_path(self) -> Path | None:
+        import hashlib
+        import platform
+
+        from tandem.store import tandem_home
+
+        parts = [platform.node(), platform.machine(), str(self.options.target_ctx.n_threads),
+                 str(self.options.target_gpu_layers), str(self.options.draft_gpu_layers)]
+        for p in (self.target_path, self.draft_path):
+            if p is not None:
+                parts += [p.name, str(p.stat().st_size)]
+        key = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+        return tandem_home() / "costs" / f"{key}.json"
 
     def prompt_tokens(self, messages: Sequence[dict], raw: bool = False) -> list[int]:
         text = chat_template.plain(messages) if raw else chat_template.render(self.target, messages)

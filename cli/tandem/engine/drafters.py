@@ -1,4 +1,12 @@
-"""Drafters propose tokens for the target to verify. generate() only knows this interface."""
+"""Drafters propose tokens for the target to verify. generate() only knows this interface.
+
+none:   plain decoding through the same loop (no drafts).
+draft:  a draft model, as llama.cpp's draft-simple (fixed n_max, p_min, n_min).
+ngram:  prompt lookup over the prompt and the output so far (no model).
+hybrid: n-gram tokens when a long match exists, the draft model otherwise; a draft-model
+        draft that stops early is continued with n-gram tokens.
+auto:   hybrid with adaptive draft lengths and a measured fallback to plain decoding.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -6,16 +14,21 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from tandem.engine.adaptive import AcceptanceTracker, FallbackGuard, LengthController
+from tandem.engine.costs import CostModel
+from tandem.engine.events import StepEvent
 from tandem.engine.llama import Context
+from tandem.engine.ngram import NgramIndex
 from tandem.engine.sampling import Dist, SamplingParams, distribution, draft_top, greedy_token
 
 
 @dataclass
 class Draft:
     tokens: list[int] = field(default_factory=list)
-    # q, the draft's distribution for each token, when the tokens were sampled (temperature > 0
-    # with rejection sampling); None for deterministic drafts, which verify by exact match.
-    dists: list[Dist] | None = None
+    # q for each token when it was sampled from the draft model (temperature > 0 with rejection
+    # sampling); None, or a None entry, marks a deterministic token (verified as a point mass).
+    dists: list[Dist | None] | None = None
+    n_model: int = 0  # leading tokens that came from the draft model (the rest: n-gram)
 
 
 class Drafter(Protocol):
@@ -26,20 +39,18 @@ class Drafter(Protocol):
         """Up to n_max tokens to follow `tokens`; `sample`: draw from q instead of argmax."""
         ...
 
-    def observe(self, drafted: int, accepted: int) -> None:
-        """Feedback after verification (adaptive drafters use it)."""
+    def observe(self, step: StepEvent) -> None:
+        """Feedback after verification: what was drafted, accepted, and what it cost."""
         ...
 
 
 class NoDrafter:
-    """Plain decoding: every step verifies just the last token, through the same loop."""
-
     name = "none"
 
     def propose(self, tokens, n_max, sampling, rng, sample) -> Draft:
         return Draft()
 
-    def observe(self, drafted: int, accepted: int) -> None:
+    def observe(self, step: StepEvent) -> None:
         pass
 
 
@@ -70,7 +81,7 @@ class DraftModelDrafter:
             return Draft()
         logits = self.ctx.sync(tokens)
         out: list[int] = []
-        dists: list[Dist] | None = [] if sample else None
+        dists: list[Dist | None] | None = [] if sample else None
         while True:
             hist = recent(tokens, out, sampling)
             if sample:
@@ -91,7 +102,100 @@ class DraftModelDrafter:
             logits = self.ctx.decode([tok])[0]
         if len(out) < self.n_min:
             return Draft()
-        return Draft(out, dists)
+        return Draft(out, dists, n_model=len(out))
 
-    def observe(self, drafted: int, accepted: int) -> None:
+    def observe(self, step: StepEvent) -> None:
         pass
+
+
+class NgramDrafter:
+    """Prompt lookup: the continuation of the latest earlier occurrence of the last n tokens."""
+
+    name = "ngram"
+
+    def __init__(self, n_min: int = 2, n_max: int = 4, min_match: int = 2):
+        self.index = NgramIndex(n_min, n_max)
+        self.min_match = min_match
+
+    def propose(self, tokens, n_max, sampling, rng, sample) -> Draft:
+        if n_max <= 0:
+            return Draft()
+        self.index.sync(tokens)
+        cont, match = self.index.lookup(n_max)
+        return Draft(cont) if match >= self.min_match else Draft()
+
+    def observe(self, step: StepEvent) -> None:
+        pass
+
+
+class HybridDrafter:
+    """n-gram tokens when a match of at least `ngram_match` tokens exists, the draft model
+    otherwise; when the model stops early (p_min), n-gram tokens continue its draft.
+
+    With `adaptive`, each source's draft length is chosen per step from its measured
+    acceptance and this machine's costs (see adaptive.py); with `guard`, speculation that
+    measures slower than plain decoding on this request is switched off for a while.
+    """
+
+    name = "hybrid"
+
+    def __init__(self, model: DraftModelDrafter | None, ngram_match: int = 3,
+                 costs: CostModel | None = None, n_min: int = 0, n_max: int = 8,
+                 adaptive: bool = False, guard: bool = False, name: str = "hybrid"):
+        self.name = name
+        self.model = model
+        self.ngram = NgramDrafter(2, 4, min_match=1)
+        self.ngram_match = ngram_match
+        self.costs = costs or CostModel()
+        self.adaptive = adaptive
+        self.n_max = n_max
+        self.model_len = LengthController(self.costs, n_min, n_max, True,
+                                          tracker=AcceptanceTracker(max(n_max, 1)))
+        self.ngram_len = LengthController(self.costs, 1, max(n_max, 16), False,
+                                          tracker=AcceptanceTracker(max(n_max, 16)))
+        self.guard = FallbackGuard() if guard else None
+        self._last: Draft = Draft()
+        self._last_model_decodes = 0
+
+    def propose(self, tokens, n_max, sampling, rng, sample) -> Draft:
+        self._last, self._last_model_decodes = Draft(), 0
+        if n_max <= 0 or (self.guard is not None and self.guard.want_plain()):
+            return self._last
+        idx = self.ngram.index
+        idx.sync(tokens)
+        cont, match = idx.lookup(self.ngram_len.choose(n_max) if self.adaptive else n_max)
+        if match >= self.ngram_match and cont:
+            self._last = Draft(cont, [None] * len(cont) if sample else None, n_model=0)
+            return self._last
+        if self.model is None:
+            return self._last
+        k = self.model_len.choose(n_max) if self.adaptive else min(n_max, self.n_max)
+        if k <= 0:
+            return self._last
+        before = self.model.ctx.n_decoded
+        draft = self.model.propose(tokens, k, sampling, rng, sample)
+        self._last_model_decodes = self.model.ctx.n_decoded - before
+        if len(draft.tokens) < k:
+            extra, match = idx.lookup(k - len(draft.tokens), extra=draft.tokens)
+            if draft.tokens and match >= self.ngram_match:
+                draft = Draft(draft.tokens + extra,
+                              (draft.dists or []) + [None] * len(extra) if sample else None,
+                              n_model=len(draft.tokens))
+        self._last = draft
+        return draft
+
+    def observe(self, step: StepEvent) -> None:
+        d = self._last
+        self.costs.observe_verify(step.drafted + 1, step.t_verify)
+        if self._last_model_decodes:
+            self.costs.observe_draft(self._last_model_decodes, step.t_draft)
+        n_model = min(d.n_model, step.drafted)
+        if n_model:
+            self.model_len.tracker.update(n_model, min(step.accepted, n_model))
+        n_ng = step.drafted - n_model
+        if n_ng and step.accepted >= n_model:
+            self.ngram_len.tracker.update(n_ng, step.accepted - n_model)
+        if self.guard is not None:
+            produced = step.accepted + 1
+            self.guard.observe(produced, step.t_draft + step.t_verify + step.t_sample,
+                               speculative=step.drafted > 0)

@@ -93,7 +93,8 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
         t3 = time.perf_counter()
         # keep the KV of last + accepted drafts; the new target token is evaluated next step
         target.truncate(len(tokens) + n_acc)
-        drafter.observe(len(draft.tokens), n_acc)
+        step_event = StepEvent(step, len(draft.tokens), n_acc, k_cap, t1 - t0, t2 - t1, t3 - t2)
+        drafter.observe(step_event)
         stats.record_step(len(draft.tokens), n_acc)
         stats.t_draft += t1 - t0
         stats.t_verify += t2 - t1
@@ -111,7 +112,7 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
                 break
             if stats.n_generated >= params.max_tokens:
                 break
-        yield StepEvent(step, len(draft.tokens), n_acc, k_cap, t1 - t0, t2 - t1, t3 - t2)
+        yield step_event
         step += 1
     tail = text.flush()
     if tail:
@@ -136,7 +137,7 @@ def _verify(rows: np.ndarray, draft: Draft, tokens: list[int], sp: SamplingParam
             p = distribution(rows[i], hist, sp)
             if rule == "rejection":
                 q = draft.dists[i] if draft.dists is not None else None
-                if q is None:  # deterministic draft (n-gram): q is a point mass on d
+                if q is None:  # deterministic draft token (n-gram): q is a point mass on d
                     if rng.random() < p.prob(d):
                         new.append(d)
                         continue

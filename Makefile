@@ -1,0 +1,28 @@
+# Two entry points for a fresh machine: `make demo` and `make test` (see README.md).
+PY := .venv/bin/python
+PROMPT ?= Write a Python function that checks whether a number is prime, with a docstring.
+
+.PHONY: demo test test-fast install install-test bench-native clean
+
+install:
+	scripts/bootstrap.sh
+
+install-test:
+	scripts/bootstrap.sh --test
+
+# Installs, fetches the default pair (once), then streams a completion with speculative decoding.
+demo: install
+	.venv/bin/tandem run --stats "$(PROMPT)"
+
+# Installs with test extras, then runs every test (the real-pair ones fetch the pair once).
+test: install-test
+	$(PY) -m pytest -q
+
+test-fast: install-test
+	$(PY) -m pytest -q -m "not slow"
+
+bench-native: install
+	$(PY) scripts/bench_native.py --n-max 3 --n-max 8
+
+clean:
+	rm -rf .venv .pytest_cache

@@ -1,0 +1,110 @@
+"""Adaptive draft length and the measured fallback to plain decoding.
+
+Rule: keep, per draft position i, the acceptance rate a_i conditional on reaching i (an
+exponential moving average over recent steps). Drafting k tokens then yields on average
+1 + a_0 + a_0 a_1 + ... tokens for k * c_draft + c_verify(k + 1) seconds, with the costs
+measured on this machine (CostModel). Each step drafts the k in {0, n_min..n_max} that
+maximises tokens per second; k = 0 is a plain step. Every so often a plain-looking choice is
+overridden by a short probe so that the acceptance estimates stay current.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tandem.engine.costs import CostModel
+
+
+@dataclass
+class AcceptanceTracker:
+    n_max: int = 16
+    prior: float = 0.7
+    weight: float = 0.15
+    accept: list[float] = field(default_factory=list)
+    steps: int = 0
+
+    def __post_init__(self):
+        if not self.accept:
+            self.accept = [self.prior] * max(self.n_max, 1)
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """Positions 0..accepted were reached; all but a rejection at `accepted` succeeded."""
+        if drafted <= 0:
+            return
+        self.steps += 1
+        for i in range(min(drafted, accepted + 1, len(self.accept))):
+            hit = 1.0 if i < accepted else 0.0
+            self.accept[i] = (1 - self.weight) * self.accept[i] + self.weight * hit
+
+
+@dataclass
+class LengthController:
+    costs: CostModel
+    n_min: int = 0
+    n_max: int = 8
+    uses_model: bool = True  # drafting costs draft-model decodes (else: free, n-gram)
+    probe_every: int = 12  # after this many plain choices, draft anyway to re-measure
+    probe_len: int = 2
+    tracker: AcceptanceTracker = field(default_factory=AcceptanceTracker)
+    _plain_run: int = 0
+
+    def choose(self, cap: int) -> int:
+        cap = min(cap, self.n_max)
+        if cap <= 0:
+            return 0
+        draft_cost = None if self.uses_model else 0.0
+        best_k, best = 0, 1.0 / self.costs.plain if self.costs.plain > 0 else 0.0
+        for k in range(max(self.n_min, 1), cap + 1):
+            rate = self.costs.expected_rate(k, self.tracker.accept, draft_cost)
+            if rate > best * 1.0001:
+                best_k, best = k, rate
+        if best_k == 0:
+            self._plain_run += 1
+            if self._plain_run >= self.probe_every:
+                self._plain_run = 0
+                return min(max(self.probe_len, self.n_min), cap)
+        else:
+            self._plain_run = 0
+        return best_k
+
+
+@dataclass
+class FallbackGuard:
+    """Measured, per request: if speculative steps deliver fewer tokens per second than plain
+    steps, decode plainly for a while (doubling each time), then probe speculation again."""
+
+    margin: float = 0.98
+    min_spec_steps: int = 4
+    backoff: int = 16
+    max_backoff: int = 256
+    weight: float = 0.25
+    plain_rate: float = 0.0
+    spec_rate: float = 0.0
+    _spec_steps: int = 0
+    _plain_left: int = 0
+    fallbacks: int = 0
+
+    def want_plain(self) -> bool:
+        if self._plain_left > 0:
+            self._plain_left -= 1
+            return True
+        return False
+
+    def observe(self, produced: int, seconds: float, speculative: bool) -> None:
+        if seconds <= 0:
+            return
+        rate = produced / seconds
+        if not speculative:
+            self.plain_rate = rate if self.plain_rate == 0 else _ema(self.plain_rate, rate, self.weight)
+            return
+        self.spec_rate = rate if self._spec_steps == 0 else _ema(self.spec_rate, rate, self.weight)
+        self._spec_steps += 1
+        if (self._spec_steps >= self.min_spec_steps and self.plain_rate > 0
+                and self.spec_rate < self.margin * self.plain_rate):
+            self.fallbacks += 1
+            self._plain_left = self.backoff
+            self.backoff = min(self.backoff * 2, self.max_backoff)
+            self._spec_steps = 0
+
+
+def _ema(old: float, new: float, w: float) -> float:
+    return (1 - w) * old + w * new

@@ -1,0 +1,113 @@
+"""Cost model as data: seconds for a plain target token, a verify batch of n tokens and a draft
+token, for one pair on one machine. Calibrated by timing real decodes, cached as JSON, and
+refined online from each step's timings. Adaptive draft length, `auto` and spec-bench's
+predictions read it.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+MAX_BATCH = 17  # verify batches of 1 (plain) .. 17 (16 drafts + the last token)
+
+
+@dataclass
+class CostModel:
+    verify: dict[int, float] = field(default_factory=dict)  # batch size -> seconds
+    draft_token: float = 0.0  # seconds per draft-model token (0: unknown)
+    source: str = "default"
+
+    @property
+    def plain(self) -> float:
+        return self.verify_cost(1)
+
+    def verify_cost(self, n: int) -> float:
+        """Seconds to verify a batch of n tokens; interpolated between measured sizes."""
+        if n in self.verify:
+            return self.verify[n]
+        if not self.verify:
+            return 0.1 * (1 + 0.15 * (n - 1))  # a guess until something is measured
+        sizes = sorted(self.verify)
+        lo = max((s for s in sizes if s < n), default=None)
+        hi = min((s for s in sizes if s > n), default=None)
+        if lo is None:
+            return self.verify[hi] * n / hi if n < hi else self.verify[hi]
+        if hi is None:  # extrapolate with the last slope, never below the largest measured
+            slope = ((self.verify[lo] - self.verify[sizes[0]]) / (lo - sizes[0])
+                     if lo != sizes[0] else self.verify[lo] * 0.1)
+            return self.verify[lo] + max(slope, 0.0) * (n - lo)
+        w = (n - lo) / (hi - lo)
+        return self.verify[lo] * (1 - w) + self.verify[hi] * w
+
+    def observe_verify(self, n: int, seconds: float, weight: float = 0.2) -> None:
+        old = self.verify.get(n)
+        self.verify[n] = seconds if old is None else (1 - weight) * old + weight * seconds
+
+    def observe_draft(self, n_tokens: int, seconds: float, weight: float = 0.2) -> None:
+        if n_tokens <= 0:
+            return
+        per = seconds / n_tokens
+        self.draft_token = per if self.draft_token <= 0 else (1 - weight) * self.draft_token + weight * per
+
+    def expected_rate(self, k: int, accept: Sequence[float], draft_cost: float | None = None) -> float:
+        """Expected tokens per second when drafting k tokens with conditional acceptance
+        accept[i] = P(position i accepted | positions < i accepted)."""
+        tokens, reach = 1.0, 1.0
+        for i in range(k):
+            reach *= accept[i] if i < len(accept) else accept[-1]
+            tokens += reach
+        per_draft = self.draft_token if draft_cost is None else draft_cost
+        cost = k * per_draft + self.verify_cost(k + 1)
+        return tokens / cost if cost > 0 else 0.0
+
+    def to_json(self) -> str:
+        return json.dumps({"verify": {str(k): v for k, v in sorted(self.verify.items())},
+                           "draft_token": self.draft_token, "source": self.source}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "CostModel":
+        data = json.loads(text)
+        return cls(verify={int(k): float(v) for k, v in data.get("verify", {}).items()},
+                   draft_token=float(data.get("draft_token", 0.0)),
+                   source=str(data.get("source", "file")))
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(self.to_json())
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> "CostModel | None":
+        try:
+            return cls.from_json(path.read_text())
+        except (OSError, ValueError, TypeError, AttributeError):
+            return None
+
+
+def calibrate(target, draft, tokens: Sequence[int], sizes: Sequence[int] = (1, 2, 3, 4, 5, 6, 8, 12, 17),
+              reps: int = 2) -> CostModel:
+    """Time verify batches of each size on the target, and single-token decodes on the draft,
+    after `tokens` (a short real prompt), restoring both caches afterwards."""
+    model = CostModel(source="calibrated")
+    target.prefill(tokens)
+    base = len(target.tokens)
+    filler = list(tokens[-1:]) * max(sizes)
+    for _ in range(reps):
+        for n in sizes:
+            t0 = time.perf_counter()
+            target.decode(filler[:n], all_logits=True)
+            model.observe_verify(n, time.perf_counter() - t0, weight=1.0 if _ == 0 else 0.5)
+            target.truncate(base)
+    if draft is not None:
+        draft.prefill(tokens)
+        dbase = len(draft.tokens)
+        t0 = time.perf_counter()
+        for tok in filler[:8]:
+            draft.decode([tok])
+        model.draft_token = (time.perf_counter() - t0) / 8
+        draft.truncate(dbase)
+    return model
