@@ -220,3 +220,46 @@ def test_invalid_parameters(models, ctxs, kw, msg):
 def test_empty_prompt(ctxs):
     with pytest.raises(UsageError, match="empty"):
         run(ctxs["target"], [], NoDrafter())
+
+
+@pytest.mark.parametrize("strategy", ["ngram", "hybrid", "auto"])
+def test_every_strategy_keeps_greedy_output(models, ctxs, strategy, tmp_path, monkeypatch):
+    from tandem.engine.costs import CostModel
+    from tandem.engine.drafters import DraftModelDrafter, HybridDrafter, NgramDrafter
+
+    target = models["target"]
+    costs = CostModel(verify={1: 0.01, 2: 0.011, 9: 0.013}, draft_token=0.001)
+    for text in PROMPTS:
+        prompt = toks(target, text * 3)  # repetition gives the n-gram drafter matches
+        if strategy == "ngram":
+            drafter = NgramDrafter()
+        else:
+            drafter = HybridDrafter(DraftModelDrafter(ctxs["draft"], 0, 0.3), costs=costs,
+                                    n_max=6, adaptive=strategy == "auto",
+                                    guard=strategy == "auto", name=strategy)
+        plain, _ = run(ctxs["target"], prompt, NoDrafter(), max_tokens=40, n_max=0, ignore_eos=True)
+        spec, _ = run(ctxs["target"], prompt, drafter, max_tokens=40, n_max=6, ignore_eos=True)
+        assert_same_as_plain(target, prompt, plain.tokens, spec.tokens)
+        assert spec.stats.strategy == strategy
+
+
+def test_hybrid_sampling_with_ngram_tokens_keeps_the_distribution(models, ctxs):
+    """Deterministic (n-gram) draft tokens are verified as point masses at temperature > 0."""
+    from scipy.stats import chi2_contingency
+
+    from tandem.engine.drafters import NgramDrafter
+
+    prompt = toks(models["target"], "abcabcabcabcabc")
+    sp = dict(temperature=1.0, top_k=6)
+    plain, spec = [], []
+    for seed in range(1200):
+        p, _ = run(ctxs["target"], prompt, NoDrafter(), max_tokens=3, ignore_eos=True,
+                   sampling=SamplingParams(seed=seed, **sp))
+        s, _ = run(ctxs["target"], prompt, NgramDrafter(), max_tokens=3, n_max=4, ignore_eos=True,
+                   sampling=SamplingParams(seed=10_000 + seed, **sp))
+        plain.append(p.tokens[1])
+        spec.append(s.tokens[1])
+    cats = sorted(set(plain) | set(spec))
+    table = np.array([[plain.count(c) for c in cats], [spec.count(c) for c in cats]])
+    table = table[:, table.sum(axis=0) >= 10]
+    assert chi2_contingency(table)[1] > 0.01
