@@ -1,0 +1,1 @@
+"""spec-bench: workloads, interleaved runs, per-category report, tuning."""

@@ -1,0 +1,241 @@
+"""Aggregate bench runs: per category and overall, speedups against plain decoding measured
+in the same run (prompt by prompt), spread, acceptance, time split, output equality."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from tandem.bench.runner import BenchConfig, RunResult
+
+OVERALL = "overall"
+
+
+@dataclass
+class Cell:
+    """One configuration on one category (or overall)."""
+
+    config: str
+    category: str
+    runs: int
+    tokens_per_second: float  # median over runs
+    speedup: float | None  # median of per-prompt ratios to plain (same prompt, same rep)
+    speedup_lo: float | None  # spread: 25th..75th percentile of those ratios
+    speedup_hi: float | None
+    acceptance_rate: float
+    mean_accepted_length: float
+    acceptance_by_position: list[float]
+    draft_share: float  # of draft + verify + sample time
+    verify_share: float
+    identical: int  # runs whose greedy output equals plain decoding's
+    compared: int
+    mismatches: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    configs: list[dict]
+    categories: list[str]
+    cells: list[Cell]
+    partial: bool = False
+    meta: dict = field(default_factory=dict)
+
+    def cell(self, config: str, category: str = OVERALL) -> Cell | None:
+        return next((c for c in self.cells if c.config == config and c.category == category), None)
+
+    def to_dict(self) -> dict:
+        return {"meta": self.meta, "partial": self.partial, "configs": self.configs,
+                "categories": self.categories, "cells": [asdict(c) for c in self.cells]}
+
+
+def _quantile(xs: Sequence[float], q: float) -> float:
+    s = sorted(xs)
+    if len(s) == 1:
+        return s[0]
+    pos = q * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return None if len(a) == len(b) else n
+
+
+def aggregate(results: Sequence[RunResult], configs: Sequence[BenchConfig], greedy: bool = True,
+              partial: bool = False, meta: dict | None = None) -> Report:
+    plain_name = next((c.name for c in configs if c.is_plain), None)
+    plain = {(r.prompt_id, r.rep): r for r in results if r.config == plain_name}
+    categories = sorted({r.category for r in results})
+    cells = []
+    for config in configs:
+        mine = [r for r in results if r.config == config.name]
+        for category in categories + [OVERALL]:
+            runs = [r for r in mine if category == OVERALL or r.category == category]
+            if runs:
+                cells.append(_cell(config, category, runs, plain, greedy, config.name == plain_name))
+    return Report([c.to_dict() for c in configs], categories, cells, partial, meta or {})
+
+
+def _cell(config: BenchConfig, category: str, runs: list[RunResult], plain: dict, greedy: bool,
+          is_plain: bool) -> Cell:
+    ratios, identical, compared, mismatches = [], 0, 0, []
+    for r in runs:
+        base = plain.get((r.prompt_id, r.rep))
+        if base is None:
+            continue
+        if base.tokens_per_second > 0:
+            ratios.append(r.tokens_per_second / base.tokens_per_second)
+        if greedy and not is_plain:
+            compared += 1
+            diff = first_difference(base.tokens, r.tokens)
+            if diff is None:
+                identical += 1
+            else:
+                mismatches.append(f"{r.prompt_id} (rep {r.rep}): differs at token {diff}")
+    drafted = sum(r.drafted for r in runs)
+    accepted = sum(r.accepted for r in runs)
+    steps_drafted = sum(r.n_steps_drafted for r in runs)
+    width = max((len(r.drafted_at) for r in runs), default=0)
+    d_at = [sum(r.drafted_at[i] for r in runs if i < len(r.drafted_at)) for i in range(width)]
+    a_at = [sum(r.accepted_at[i] for r in runs if i < len(r.accepted_at)) for i in range(width)]
+    t_all = sum(r.t_draft + r.t_verify + r.t_sample for r in runs) or 1.0
+    return Cell(
+        config=config.name, category=category, runs=len(runs),
+        tokens_per_second=statistics.median(r.tokens_per_second for r in runs),
+        speedup=statistics.median(ratios) if ratios else None,
+        speedup_lo=_quantile(ratios, 0.25) if ratios else None,
+        speedup_hi=_quantile(ratios, 0.75) if ratios else None,
+        acceptance_rate=accepted / drafted if drafted else 0.0,
+        mean_accepted_length=(accepted + steps_drafted) / steps_drafted if steps_drafted else 0.0,
+        acceptance_by_position=[a / d if d else 0.0 for a, d in zip(a_at, d_at)],
+        draft_share=sum(r.t_draft for r in runs) / t_all,
+        verify_share=sum(r.t_verify for r in runs) / t_all,
+        identical=identical, compared=compared, mismatches=mismatches)
+
+
+def best(report: Report, category: str = OVERALL) -> Cell | None:
+    """The fastest configuration for a category: highest median speedup (plain counts as 1.0)."""
+    cells = [c for c in report.cells if c.category == category and c.speedup is not None]
+    return max(cells, key=lambda c: (c.speedup, -c.runs)) if cells else None
+
+
+def to_csv(results: Sequence[RunResult]) -> str:
+    buf = io.StringIO()
+    cols = ["config", "prompt_id", "category", "rep", "n_generated", "tokens_per_second",
+            "t_decode", "drafted", "accepted", "n_steps", "t_draft", "t_verify", "t_sample", "reason"]
+    w = csv.writer(buf)
+    w.writerow(cols)
+    for r in results:
+        w.writerow([getattr(r, c) for c in cols])
+    return buf.getvalue()
+
+
+def _fmt(x: float | None, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def to_markdown(report: Report) -> str:
+    lines = ["# spec-bench report", ""]
+    if report.partial:
+        lines += ["**Partial results**: the run was interrupted.", ""]
+    for k, v in report.meta.items():
+        lines.append(f"- {k}: {v}")
+    lines += ["", "Speedup is the median over prompts of tokens/s divided by plain decoding's tokens/s "
+              "on the same prompt in the same run; the bracket is its 25th-75th percentile.", ""]
+    names = [c["name"] for c in report.configs]
+    lines.append("| category | " + " | ".join(names) + " |")
+    lines.append("|---" * (len(names) + 1) + "|")
+    for category in report.categories + [OVERALL]:
+        row = []
+        for name in names:
+            c = report.cell(name, category)
+            row.append("-" if c is None else
+                       f"{_fmt(c.speedup)}x [{_fmt(c.speedup_lo)}-{_fmt(c.speedup_hi)}] "
+                       f"{c.tokens_per_second:.1f} tok/s")
+        label = f"**{category}**" if category == OVERALL else category
+        lines.append(f"| {label} | " + " | ".join(row) + " |")
+    lines += ["", "## Acceptance and time split (overall)", "",
+              "| config | acceptance | mean accepted length | by position | draft / verify time | greedy output = plain |",
+              "|---|---|---|---|---|---|"]
+    for name in names:
+        c = report.cell(name)
+        if c is None:
+            continue
+        pos = " ".join(f"{100 * a:.0f}" for a in c.acceptance_by_position[:8])
+        same = f"{c.identical}/{c.compared}" if c.compared else "-"
+        lines.append(f"| {name} | {100 * c.acceptance_rate:.1f}% | {c.mean_accepted_length:.2f} | "
+                     f"{pos or '-'} | {100 * c.draft_share:.0f}% / {100 * c.verify_share:.0f}% | {same} |")
+    mism = [m for c in report.cells if c.category == OVERALL for m in
+            (f"{c.config}: {x}" for x in c.mismatches)]
+    if mism:
+        lines += ["", "## Outputs that differ from plain decoding", ""] + [f"- {m}" for m in mism]
+    return "\n".join(lines) + "\n"
+
+
+def to_svg(report: Report) -> str:
+    """A grouped bar chart of speedup by category and configuration (open it in a browser)."""
+    names = [c["name"] for c in report.configs]
+    cats = report.categories + [OVERALL]
+    colors = ["#8c8c8c", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+              "#e377c2", "#17becf", "#bcbd22"]
+    vals = [[(report.cell(n, c).speedup if report.cell(n, c) and report.cell(n, c).speedup else 0.0)
+             for n in names] for c in cats]
+    top = max([v for row in vals for v in row] + [1.5])
+    bar, gap, left, height = 14, 18, 60, 260
+    group = bar * len(names) + gap
+    width = left + group * len(cats) + 200
+    y = lambda v: 30 + height - v / top * height  # noqa: E731
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 110}" '
+           'font-family="sans-serif" font-size="11">',
+           f'<text x="{left}" y="18" font-size="13">Speedup over plain decoding (measured)</text>']
+    for t in range(0, int(top * 2) + 1):
+        v = t / 2
+        out.append(f'<line x1="{left}" x2="{left + group * len(cats)}" y1="{y(v):.1f}" y2="{y(v):.1f}" '
+                   f'stroke="{"#000" if v == 1 else "#ddd"}"/>'
+                   f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.1f}x</text>')
+    for ci, cat in enumerate(cats):
+        x0 = left + ci * group + gap / 2
+        for ni, v in enumerate(vals[ci]):
+            x = x0 + ni * bar
+            out.append(f'<rect x="{x:.1f}" y="{y(v):.1f}" width="{bar - 2}" height="{y(0) - y(v):.1f}" '
+                       f'fill="{colors[ni % len(colors)]}"><title>{names[ni]} on {cat}: {v:.2f}x</title></rect>')
+        out.append(f'<text x="{x0 + bar * len(names) / 2:.1f}" y="{height + 48}" text-anchor="end" '
+                   f'transform="rotate(-35 {x0 + bar * len(names) / 2:.1f} {height + 48})">{cat}</text>')
+    for ni, name in enumerate(names):
+        ly = 40 + ni * 16
+        lx = left + group * len(cats) + 16
+        out.append(f'<rect x="{lx}" y="{ly - 9}" width="10" height="10" fill="{colors[ni % len(colors)]}"/>'
+                   f'<text x="{lx + 14}" y="{ly}">{_xml(name)}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _xml(s: str) -> str:
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def write_outputs(report: Report, results: Sequence[RunResult], out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {
+        "report.json": json.dumps({**report.to_dict(), "runs": [asdict(r) for r in results]}, indent=1),
+        "runs.csv": to_csv(results),
+        "report.md": to_markdown(report),
+        "speedup.svg": to_svg(report),
+    }
+    written = []
+    for name, text in files.items():
+        path = out_dir / name
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+        written.append(path)
+    return written

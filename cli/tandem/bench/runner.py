@@ -1,0 +1,115 @@
+"""Run configurations over prompts, interleaved, through the same generate() users run."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterator, Sequence
+
+from tandem.bench.workloads import Prompt
+from tandem.engine.events import DoneEvent
+from tandem.engine.speculative import GenParams
+from tandem.session import DraftParams
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    name: str
+    strategy: str
+    draft: DraftParams = DraftParams()
+
+    @property
+    def is_plain(self) -> bool:
+        return self.strategy == "none"
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "strategy": self.strategy, **asdict(self.draft)}
+
+
+@dataclass
+class RunResult:
+    config: str
+    prompt_id: str
+    category: str
+    rep: int
+    n_generated: int
+    tokens_per_second: float
+    t_decode: float
+    drafted: int
+    accepted: int
+    n_steps: int
+    n_steps_drafted: int
+    drafted_at: list[int]
+    accepted_at: list[int]
+    t_draft: float
+    t_verify: float
+    t_sample: float
+    reason: str
+    tokens: list[int] = field(repr=False, default_factory=list)
+    text: str = field(repr=False, default="")
+
+    @classmethod
+    def from_done(cls, config: str, prompt: Prompt, rep: int, done: DoneEvent) -> "RunResult":
+        s = done.stats
+        return cls(config, prompt.id, prompt.category, rep, s.n_generated, s.tokens_per_second,
+                   s.t_decode, s.drafted, s.accepted, s.n_steps, s.n_steps_drafted,
+                   list(s.drafted_at), list(s.accepted_at), s.t_draft, s.t_verify, s.t_sample,
+                   done.reason, list(done.tokens), done.text)
+
+
+@dataclass(frozen=True)
+class BenchProgress:
+    done: int
+    total: int
+    result: RunResult | None  # None for warm-up runs
+
+
+def plan(prompts: Sequence[Prompt], configs: Sequence[BenchConfig], reps: int):
+    """(rep, prompt, config) in an order that rotates configs per prompt and rep, so that
+    machine drift (thermal, other load) hits every configuration alike."""
+    order = []
+    for rep in range(reps):
+        for i, prompt in enumerate(prompts):
+            shift = (i + rep) % len(configs)
+            for config in list(configs[shift:]) + list(configs[:shift]):
+                order.append((rep, prompt, config))
+    return order
+
+
+def run_bench(session, prompts: Sequence[Prompt], configs: Sequence[BenchConfig],
+              gen: GenParams, reps: int = 1, warmup: bool = True,
+              should_stop: Callable[[], bool] | None = None) -> Iterator[BenchProgress]:
+    """Yield a BenchProgress after each run. Stops early (partial results) on should_stop()."""
+    order = plan(prompts, configs, reps)
+    total = len(order)
+    tokens_cache: dict[str, list[int]] = {}
+
+    def prompt_tokens(p: Prompt) -> list[int]:
+        if p.id not in tokens_cache:
+            msgs = ([{"role": "system", "content": p.system}] if p.system else []) + [
+                {"role": "user", "content": p.text}]
+            tokens_cache[p.id] = session.prompt_tokens(msgs)
+        return tokens_cache[p.id]
+
+    if warmup and prompts:
+        # pages the weights in and settles caches; not recorded
+        _run_one(session, prompt_tokens(prompts[0]), configs[0],
+                 GenParams(**{**asdict_gen(gen), "max_tokens": min(gen.max_tokens, 16)}))
+        yield BenchProgress(0, total, None)
+    for n, (rep, prompt, config) in enumerate(order, 1):
+        if should_stop is not None and should_stop():
+            return
+        done = _run_one(session, prompt_tokens(prompt), config, gen)
+        yield BenchProgress(n, total, RunResult.from_done(config.name, prompt, rep, done))
+
+
+def asdict_gen(gen: GenParams) -> dict:
+    return {f: getattr(gen, f) for f in gen.__dataclass_fields__}
+
+
+def _run_one(session, tokens: list[int], config: BenchConfig, gen: GenParams) -> DoneEvent:
+    done = None
+    for ev in session.generate(tokens, gen, strategy=config.strategy, draft=config.draft):
+        if isinstance(ev, DoneEvent):
+            done = ev
+    return done
+
+

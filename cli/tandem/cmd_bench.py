@@ -1,0 +1,178 @@
+"""`tandem spec-bench`: baseline against speculative decoding on a workload, and tuning."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from tandem.app import CtxOpt, DraftMaxOpt, DraftMinOpt, DraftOpt, DraftPMinOpt, ModelOpt, ThreadsOpt, VerboseOpt
+from tandem.errors import UsageError
+
+
+def register(app: typer.Typer) -> None:
+    app.command("spec-bench")(spec_bench)
+
+
+def _live_table(report, names) -> Table:
+    table = Table(title="speedup over plain decoding (median, measured in this run)")
+    table.add_column("category")
+    for n in names:
+        table.add_column(n, justify="right")
+    if report is None:
+        return table
+    from tandem.bench.report import OVERALL
+
+    for cat in report.categories + [OVERALL]:
+        row = []
+        for n in names:
+            c = report.cell(n, cat)
+            row.append("-" if c is None or c.speedup is None else f"{c.speedup:.2f}x")
+        table.add_row(cat, *row)
+    return table
+
+
+def spec_bench(
+    args: Annotated[Optional[list[str]], typer.Argument(help="[PAIR]: a catalog pair name.", show_default=False)] = None,
+    model: ModelOpt = None,
+    model_draft: DraftOpt = None,
+    prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Spec-Bench JSONL, JSONL with prompt/category, a text file (prompts separated by blank lines), or - for stdin.")] = None,
+    per_category: Annotated[Optional[int], typer.Option("--per-category", help="At most this many prompts per category.")] = None,
+    category: Annotated[Optional[list[str]], typer.Option("--category", help="Only this category (repeatable).")] = None,
+    strategies: Annotated[str, typer.Option("--strategies", help="Comma-separated strategies to compare with plain decoding.")] = "draft,ngram,hybrid,auto",
+    sweep: Annotated[Optional[list[str]], typer.Option("--sweep", help="KEY=V1,V2 grid: draft-max, draft-min, p-min (repeatable).")] = None,
+    draft_max: DraftMaxOpt = None,
+    draft_min: DraftMinOpt = None,
+    draft_p_min: DraftPMinOpt = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Tokens generated per prompt.")] = 128,
+    reps: Annotated[int, typer.Option("--reps", help="Repetitions of every (prompt, configuration).")] = 1,
+    warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="One short unrecorded run first.")] = True,
+    quick: Annotated[bool, typer.Option("--quick", help="A few minutes on a CPU: 2 prompts per category, 64 tokens.")] = False,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write report.json, runs.csv, report.md and speedup.svg here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the machine-readable result on stdout.")] = False,
+    tune: Annotated[bool, typer.Option("--tune", help="Save the fastest configuration for run, chat and --strategy auto.")] = False,
+    ctx_size: CtxOpt = 4096,
+    threads: ThreadsOpt = 0,
+    verbose: VerboseOpt = False,
+):
+    """Measure plain decoding against speculative strategies on a workload, side by side.
+
+    Examples:
+
+      tandem spec-bench --quick
+
+      tandem spec-bench --prompts question.dev.jsonl --per-category 5 --out bench-out
+
+      tandem spec-bench --strategies draft --sweep draft-max=2,4,8 --sweep p-min=0,0.5 --tune
+    """
+    from tandem import app as app_module
+    from tandem.bench import report as rep
+    from tandem.bench import tune as tuning
+    from tandem.bench import workloads
+    from tandem.bench.runner import run_bench
+    from tandem.bench.sweep import build_configs, parse_sweep
+    from tandem.engine.llama import ContextParams
+    from tandem.engine.sampling import SamplingParams
+    from tandem.engine.speculative import GenParams
+    from tandem.session import DraftParams, PairSession, SessionOptions
+    from tandem.store import tandem_home
+
+    if reps < 1:
+        raise UsageError(f"--reps must be >= 1, got {reps}", None)
+    if quick:
+        per_category = per_category or 2
+        max_tokens = min(max_tokens, 64)
+    pair, rest = app_module._split_pair_and_prompt(args or [])
+    if rest:
+        raise UsageError(f"unexpected argument {rest!r}", "spec-bench takes an optional pair name")
+    if prompts is None:
+        items = workloads.builtin()
+    elif str(prompts) == "-":
+        items = workloads.parse_text(sys.stdin.read(), "stdin")
+    else:
+        items = workloads.read_file(prompts)
+    items = workloads.select(items, per_category, category)
+    if not items:
+        raise UsageError("no prompts selected", "check --category and --per-category")
+    base = DraftParams(*(d if v is None else v for d, v in zip(
+        (DraftParams().n_max, DraftParams().n_min, DraftParams().p_min), (draft_max, draft_min, draft_p_min))))
+    configs = build_configs([s.strip() for s in strategies.split(",") if s.strip()], base,
+                            parse_sweep(sweep or []))
+    gen = GenParams(max_tokens=max_tokens, sampling=SamplingParams())
+    target_path, draft_path = app_module._resolve_models(pair, model, model_draft)
+    opts = SessionOptions(strategy="none", draft=base,
+                          target_ctx=ContextParams(n_ctx=ctx_size, n_threads=threads), verbose=verbose)
+    err = Console(stderr=True, no_color=bool(os.environ.get("NO_COLOR")) or None)
+    names = [c.name for c in configs]
+    results = []
+    stop = {"now": False}
+
+    def on_sigint(signum, frame):  # first Ctrl-C: finish the current run, keep what we have
+        if stop["now"]:
+            raise KeyboardInterrupt
+        stop["now"] = True
+
+    old = signal.signal(signal.SIGINT, on_sigint)
+    report = None
+    meta = {"target": target_path.name, "draft": draft_path.name if draft_path else None,
+            "max_tokens": max_tokens, "reps": reps, "prompts": len(items),
+            "greedy": True, "threads": threads or os.cpu_count()}
+    try:
+        with PairSession(target_path, draft_path, opts) as session:
+            progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeRemainingColumn(), console=err)
+            task = progress.add_task("spec-bench", total=len(items) * len(configs) * reps)
+            live = Live(Group(progress, _live_table(None, names)), console=err,
+                        refresh_per_second=4, transient=False) if err.is_terminal else None
+            if live:
+                live.start()
+            try:
+                for ev in run_bench(session, items, configs, gen, reps, warmup, lambda: stop["now"]):
+                    if ev.result is None:
+                        continue
+                    results.append(ev.result)
+                    progress.update(task, completed=ev.done)
+                    if live:
+                        report = rep.aggregate(results, configs, meta=meta)
+                        live.update(Group(progress, _live_table(report, names)))
+                    else:
+                        r = ev.result
+                        err.print(f"[{ev.done}/{ev.total}] {r.config:<24} {r.category:<14} "
+                                  f"{r.tokens_per_second:6.2f} tok/s", highlight=False)
+            finally:
+                if live:
+                    live.stop()
+    finally:
+        signal.signal(signal.SIGINT, old)
+    partial = stop["now"]
+    report = rep.aggregate(results, configs, partial=partial, meta=meta)
+    if out is not None:
+        files = rep.write_outputs(report, results, out)
+        err.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)
+    if tune and results:
+        tuned = tuning.choose(report)
+        path = tuning.tuned_path(tandem_home(), target_path, draft_path, threads)
+        tuning.save(path, tuned, meta)
+        o = tuned["overall"]
+        err.print(f"tuned: {o['config']} ({o['speedup']:.2f}x overall) saved to {path}", highlight=False)
+    if as_json:
+        print(json.dumps({**report.to_dict(), "runs": [_run_dict(r) for r in results]}))
+    else:
+        Console(no_color=bool(os.environ.get("NO_COLOR")) or None).print(_live_table(report, names))
+    if partial:
+        err.print("Interrupted: partial results above (marked partial in the files).")
+        raise typer.Exit(130)
+
+
+def _run_dict(r) -> dict:
+    from dataclasses import asdict
+
+    return asdict(r)
