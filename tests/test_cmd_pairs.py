@@ -1,0 +1,303 @@
+"""`tandem pull` and `tandem pairs` end to end: through tandem.app.main (exit codes,
+`Error:`/`Hint:` lines, stdout/stderr kept apart), against a fake hub on 127.0.0.1."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from fake_hub import FakeHubServer, closed_port_url, use_fake_hub
+from rich.console import Console
+
+from tandem import catalog
+from tandem.cmd_pairs import ProgressView, _bars_wanted
+from tandem.gguf_meta import read_gguf_header
+from tandem.pairing import catalog_drafts
+from tandem.store import ProgressEvent
+
+REPO = "org/tiny-GGUF"
+OTHER = "org/other-GGUF"
+T, D, M = f"{REPO}/target.gguf", f"{REPO}/draft.gguf", f"{OTHER}/mismatch.gguf"
+
+
+@pytest.fixture
+def cli(monkeypatch, capsys):
+    """Run `tandem ARGS...` in-process through main(); returns (exit code, stdout, stderr)."""
+    from tandem.app import main
+
+    def run(*args: str) -> tuple[int, str, str]:
+        monkeypatch.setattr(sys, "argv", ["tandem", *args])
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path, tiny_models):
+    with FakeHubServer() as h:
+        use_fake_hub(monkeypatch, tmp_path, h.url)
+        h.add(REPO, "target.gguf", tiny_models["target"].read_bytes())
+        h.add(REPO, "draft.gguf", tiny_models["draft"].read_bytes())
+        h.add(OTHER, "mismatch.gguf", tiny_models["mismatch"].read_bytes())
+        yield h
+
+
+@pytest.fixture
+def home(monkeypatch, tmp_path):
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def assert_error(err: str, *words: str) -> None:
+    lines = err.strip().splitlines()
+    assert lines[-2].startswith("Error: ") and lines[-1].startswith("Hint: "), err
+    for w in words:
+        assert w in err, err
+
+
+# --------------------------------------------------------------------- catalog
+
+
+def test_pairs_lists_the_catalog(cli, home):
+    code, out, err = cli("pairs")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split()[:4] == ["PAIR", "TARGET", "DRAFT", "SIZE"]
+    for name in catalog.pair_names():
+        assert any(line.startswith(name) for line in lines), name
+    assert "qwen2.5-coder-1.5b (default)" in out
+    assert "~20.4 GB" in out and "~23 GB" in out  # approximate, and marked so
+    assert "Error" not in err and "approximate" in err
+    assert cli("pairs", "list")[1] == out
+
+
+def test_pairs_json_catalog_shape(cli, home):
+    code, out, _ = cli("pairs", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    pairs = doc["pairs"]
+    assert len(pairs) >= 10
+    assert [p["name"] for p in pairs if p["default"]] == ["qwen2.5-coder-1.5b"]
+    families = {p["target"]["repo"].split("/")[1].split("-")[0].lower() for p in pairs}
+    assert {"qwen2.5", "qwen3", "meta", "llama", "gemma", "deepseek"} <= families
+    for p in pairs:
+        assert p["good_for"] and p["memory_gb"] and p["approx_size"], p["name"]
+        for m in (p["target"], p["draft"]):
+            assert re.fullmatch(r"[\w.-]+/[\w.-]+", m["repo"])
+            assert m["file"].lower().endswith("q4_k_m.gguf"), m
+            assert "-of-" not in m["file"]  # never a split file
+            assert m["sha256"] is None or re.fullmatch(r"[0-9a-f]{64}", m["sha256"])
+            assert m["size"] or m["approx_size"], m
+    default = next(p for p in pairs if p["default"])
+    assert default["target"]["mirrors"] == ["pypi"] and default["draft"]["mirrors"] == ["pypi"]
+    assert doc["other_models"] == []
+
+
+def test_docs_list_every_catalog_pair():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "pairs.md").read_text()
+    for p in catalog.load_catalog().values():
+        assert f"| `{p.name}`" in doc, p.name
+        assert p.target.filename in doc and p.draft.filename in doc, p.name
+
+
+def test_pairs_help_lists_subcommands(cli):
+    code, out, _ = cli("pairs", "--help")
+    assert code == 0 and "check" in out and "suggest" in out and "list" in out
+
+
+# ------------------------------------------------------------------------ pull
+
+
+def test_pull_any_pair_then_again_instantly(cli, hub, tmp_path):
+    code, out, err = cli("pull", "--target", T, "--draft", D)
+    assert code == 0, err
+    models = tmp_path / "home" / "models" / "org" / "tiny-GGUF"
+    assert out == f"target\t{models / 'target.gguf'}\ndraft\t{models / 'draft.gguf'}\n"
+    # not a terminal: plain progress lines on stderr, no bars or escape codes
+    assert f"Downloading {T}" in err and f"{T}: 100%" in err and f"Verifying {D}" in err
+    assert "\x1b" not in err and "\r" not in err
+    assert "is ready" in err
+
+    n = len(hub.requests)
+    code, out2, err2 = cli("pull", "--target", T, "--draft", D)
+    assert code == 0 and out2 == out
+    assert len(hub.requests) == n  # no network at all the second time
+    assert "already on disk" in err2 and "Downloading" not in err2
+
+    code, out, _ = cli("pairs")
+    assert "Other models on disk:" in out and T in out
+    doc = json.loads(cli("pairs", "--json")[1])
+    assert {o["ref"] for o in doc["other_models"]} == {T, D}
+
+    code, out, _ = cli("pull", "--target", T, "--draft", D, "--json")
+    doc = json.loads(out)
+    assert doc["downloaded"] == [] and doc["target"]["ref"] == T
+    assert doc["target"]["source"].startswith("hub:") and len(doc["draft"]["sha256"]) == 64
+
+
+def test_pull_incompatible_pair_downloads_nothing(cli, hub, tmp_path, tiny_models):
+    code, out, err = cli("pull", "--target", T, "--draft", M)
+    assert code == 3 and out == ""
+    assert_error(err, f"draft {M} cannot speculate for target {T}",
+                 "vocabulary sizes differ", "pairs suggest")
+    assert hub.served[M] < read_gguf_header(tiny_models["mismatch"]).data_offset
+    assert hub.served[T] < read_gguf_header(tiny_models["target"]).data_offset
+    assert not (tmp_path / "home" / "models").exists()
+    assert not list((tmp_path / "hf").rglob("blobs"))
+
+
+@pytest.mark.parametrize("args, code, words", [
+    (["pull", "nope-7b"], 2, ["unknown pair 'nope-7b'", "known pairs:"]),
+    (["pull", "--target", T], 2, ["--target and --draft go together"]),
+    (["pull", "qwen2.5-coder-7b", "--target", T, "--draft", D], 2, ["not both"]),
+    (["pull", "--target", f"{REPO}/missing.gguf", "--draft", D], 4, ["file not found"]),
+    (["pull", "--target", "org/absent-GGUF:Q4_K_M", "--draft", D], 4, ["repository not found"]),
+    (["pull", "--target", f"{REPO}/../../x.gguf", "--draft", D], 2, ["unsafe file name"]),
+    (["pairs", "check", "no-such-model", D], 2, ["unknown model or pair"]),
+])
+def test_pull_errors(cli, hub, args, code, words):
+    got, out, err = cli(*args)
+    assert got == code and out == ""
+    assert_error(err, *words)
+
+
+def test_pull_without_network(cli, monkeypatch, tmp_path):
+    use_fake_hub(monkeypatch, tmp_path, closed_port_url())
+    code, out, err = cli("pull", "--target", T, "--draft", D)
+    assert code == 4 and out == ""
+    assert_error(err, "cannot reach the Hugging Face hub", "HF_HUB_OFFLINE")
+
+
+# ----------------------------------------------------------------------- check
+
+
+def test_pairs_check(cli, hub):
+    code, out, err = cli("pairs", "check", T, D)
+    assert code == 0 and err == ""
+    assert out.splitlines()[0].startswith(f"target  {T}")
+    assert "hub: " in out and "requests" in out
+    assert out.splitlines()[-1] == f"compatible: {D} can draft for {T}"
+
+    code, out, err = cli("pairs", "check", T, M)
+    assert code == 3 and "compatible:" not in out
+    assert_error(err, "cannot speculate", "token 5 differs")
+
+    code, out, err = cli("pairs", "check", T, M, "--json")
+    doc = json.loads(out)
+    assert code == 3 and doc["compatible"] is False and doc["problems"]
+    assert doc["draft"]["n_tokens"] == 500 and doc["draft"]["where"] == "hub"
+
+
+def test_pairs_check_local_files_needs_no_network(cli, home, tiny_models):
+    code, out, _ = cli("pairs", "check", str(tiny_models["target"]), str(tiny_models["draft"]))
+    assert code == 0 and "on disk" in out and out.rstrip().endswith("can draft for target.gguf")
+
+
+def test_pairs_check_hostile_header(cli, home, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (2**62).to_bytes(8, "little") * 2)
+    code, out, err = cli("pairs", "check", str(bad), str(bad))
+    assert code == 3
+    assert_error(err, "exceeds the limit")
+
+
+# --------------------------------------------------------------------- suggest
+
+
+def test_pairs_suggest(cli, hub, tiny_models):
+    drafts = {spec.name: spec for spec, _ in catalog_drafts()}
+    good = ["qwen2.5-coder-0.5b-instruct-q4_k_m", "qwen3-0.6b-q4_k_m"]
+    bad = ["llama-3.2-1b-instruct-q4_k_m"]
+    for name in good:
+        hub.add(drafts[name].repo, drafts[name].hub_path, tiny_models["draft"].read_bytes())
+    for name in bad:
+        hub.add(drafts[name].repo, drafts[name].hub_path, tiny_models["mismatch"].read_bytes())
+
+    code, out, err = cli("pairs", "suggest", T, "--all")
+    assert code == 0
+    lines = out.splitlines()
+    assert sorted(line.split()[0] for line in lines if not line.startswith("incompatible")) == good
+    assert "qwen2.5-coder-32b" in out  # the pairs that use each draft
+    assert any(line.startswith(f"incompatible: {bad[0]}") for line in lines)
+    assert err.count("Note: could not check") == len(drafts) - len(good) - len(bad)
+
+    doc = json.loads(cli("pairs", "suggest", T, "--json")[1])
+    assert {d["name"] for d in doc["drafts"] if d["compatible"]} == set(good)
+
+    hub.repos[drafts[bad[0]].repo].clear()  # now nothing fits the mismatch vocabulary
+    code, out, err = cli("pairs", "suggest", M)
+    assert code == 3 and out == ""
+    assert_error(err, "no catalog draft is compatible")
+
+
+# -------------------------------------------------------------------- progress
+
+
+def _events(model: str, total: int) -> list[ProgressEvent]:
+    steps = [0, total // 3, 2 * total // 3, total]
+    return ([ProgressEvent("download", model, d, total) for d in steps]
+            + [ProgressEvent("verify", model, total, total)])
+
+
+def test_progress_plain_lines():
+    buf = io.StringIO()
+    view = ProgressView(Console(file=buf, force_terminal=False), bars=False)
+    for ev in _events("m", 4_000_000):
+        view(ev)
+    view.close()
+    assert buf.getvalue().splitlines() == [
+        "Downloading m (4.0 MB)...", "  m: 25%", "  m: 50%", "  m: 100%",
+        "Verifying m (4.0 MB)...", "  m: 100%",
+    ]
+
+
+def test_progress_bars_on_a_terminal():
+    buf = io.StringIO()
+    view = ProgressView(Console(file=buf, force_terminal=True, width=100), bars=True)
+    for ev in _events("model-x", 4_000_000):
+        view(ev)
+    view.close()
+    text = buf.getvalue()
+    assert "Downloading model-x" in text and "4.0/4.0 MB" in text and "━" in text
+
+
+def test_bars_only_on_a_terminal_without_no_color(monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    assert _bars_wanted()
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not _bars_wanted()
+    monkeypatch.delenv("NO_COLOR")
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    assert not _bars_wanted()
+
+
+# ------------------------------------------------------------------ subprocess
+
+
+def test_real_process_keeps_stdout_and_stderr_apart(tmp_path, tiny_models):
+    env = {**os.environ, "TANDEM_HOME": str(tmp_path / "home"), "NO_COLOR": "1"}
+    cmd = [sys.executable, "-m", "tandem", "pairs", "check",
+           str(tiny_models["target"]), str(tiny_models["mismatch"])]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 3
+    assert [line.split()[0] for line in p.stdout.splitlines()] == ["target", "draft"]
+    assert p.stderr.startswith("Error: draft mismatch.gguf cannot speculate for target")
+    assert "\nHint: " in p.stderr
+
+    p = subprocess.run([sys.executable, "-m", "tandem", "pairs", "--json"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0 and len(json.loads(p.stdout)["pairs"]) >= 10
