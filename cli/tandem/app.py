@@ -53,6 +53,9 @@ def _read_stdin() -> str:
     if sys.stdin is None or sys.stdin.isatty():
         return ""
     data = sys.stdin.buffer.read()
+    if b"\x00" in data:
+        raise UsageError("stdin looks binary (it contains NUL bytes)",
+                         "pipe text; for a binary file, pipe a text rendering of it instead")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -109,6 +112,7 @@ def run(
     ctx_size: CtxOpt = 4096,
     threads: ThreadsOpt = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with text and statistics.")] = False,
+    no_stream: Annotated[bool, typer.Option("--no-stream", help="Print the text once it is complete.")] = False,
     stats: Annotated[Optional[bool], typer.Option("--stats/--no-stats", help="Statistics on stderr (default: when stderr is a terminal).")] = None,
     verbose: VerboseOpt = False,
 ):
@@ -158,7 +162,7 @@ def run(
         tokens = session.prompt_tokens(messages, raw=raw)
         out = sys.stdout
         for ev in session.generate(tokens, gen):
-            if isinstance(ev, TokenEvent) and not as_json and ev.text:
+            if isinstance(ev, TokenEvent) and not as_json and not no_stream and ev.text:
                 out.write(ev.text)
                 out.flush()
             elif isinstance(ev, DoneEvent):
@@ -167,6 +171,8 @@ def run(
         print(json.dumps({"text": done.text, "finish_reason": done.reason,
                           "stats": done.stats.to_dict()}, ensure_ascii=False))
     else:
+        if no_stream:
+            out.write(done.text)
         if done.text and not done.text.endswith("\n"):
             out.write("\n")
         out.flush()

@@ -1,0 +1,503 @@
+"""The chat session core: history, chat template, KV reuse across turns, slash commands.
+
+It yields data (engine events plus `Notice`) and never prints; `tandem.cmd_chat` drives it and
+`tandem.tui` shows it. Each turn's prompt is the whole conversation rendered with the GGUF chat
+template; because it extends the previous turn's tokens, the engine's prefix reuse
+(Context.prefill) evaluates only the new tokens, on the target and on the draft model.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Iterator
+
+from tandem import __version__
+from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
+from tandem.engine.sampling import SamplingParams
+from tandem.engine.speculative import GenParams
+from tandem.engine.stats import GenStats
+from tandem.errors import ContextOverflowError, TandemError, UsageError
+from tandem.session import STRATEGIES, DraftParams, PairSession
+
+DRAFT_MAX_LIMIT = 64  # GenParams accepts 0..64; /draft takes 1..64 (0 is /strategy none)
+PLAIN_PROBE_PROMPT = "Write a short Python function that adds two numbers."
+
+# name, argument, description: the /help table (the view decides how to show it)
+COMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("help", "", "show this help"),
+    ("stats", "", "statistics of this session"),
+    ("strategy", "NAME", "drafting strategy: " + " | ".join(STRATEGIES)),
+    ("draft", "N", f"draft length: most tokens drafted per step (1..{DRAFT_MAX_LIMIT})"),
+    ("temp", "X", "sampling temperature (0: greedy)"),
+    ("max-tokens", "N", "most tokens per answer"),
+    ("system", "TEXT", "set the system prompt (no text: clear it)"),
+    ("reset", "", "forget the conversation (keeps the system prompt)"),
+    ("save", "FILE", "save the conversation: .json as JSON, anything else as markdown"),
+    ("exit", "", "leave (also /quit, Ctrl-D)"),
+)
+ALIASES = {"quit": "exit", "q": "exit", "?": "help", "h": "help"}
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Something the user should know that is not an error (e.g. turns dropped to fit)."""
+
+    kind: str  # "dropped" | "context-full"
+    message: str
+    dropped_turns: int = 0
+
+
+@dataclass
+class Turn:
+    user: str
+    assistant: str = ""
+    reason: str = ""  # eos | length | stop | context | interrupted
+    strategy: str = "none"
+    stats: GenStats | None = None
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    arg: str = ""
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a slash command did, as data: `action` tells the view how to show it."""
+
+    action: str  # help | stats | set | reset | saved | exit
+    message: str = ""
+    data: dict = field(default_factory=dict)
+
+
+def parse_command(line: str) -> Command | None:
+    """`/name arg...` -> Command; None for ordinary text (and for `//...`, an escaped slash)."""
+    text = line.strip()
+    if not text.startswith("/") or text.startswith("//"):
+        return None
+    name, _, arg = text[1:].partition(" ")
+    name = name.strip().lower()
+    name = ALIASES.get(name, name)
+    if name not in {c[0] for c in COMMANDS}:
+        shown = f"/{name}" if name else "/"
+        raise UsageError(f"unknown command {shown}",
+                         "type /help for the commands; start a message with // to send a "
+                         "line that begins with /")
+    return Command(name, arg.strip())
+
+
+def message_text(line: str) -> str:
+    """The text a typed line sends: `//x` sends `/x`."""
+    text = line.strip()
+    return text[1:] if text.startswith("//") else text
+
+
+def _parse_int(arg: str, what: str, lo: int, hi: int) -> int:
+    try:
+        value = int(arg)
+    except ValueError:
+        message = f"{what} needs a whole number, got {arg!r}" if arg else f"{what} needs a number"
+        raise UsageError(message, f"for example: /{what} {lo if lo > 0 else 1}") from None
+    if not lo <= value <= hi:
+        raise UsageError(f"{what} must be in {lo}..{hi}, got {value}", None)
+    return value
+
+
+class ChatSession:
+    """A conversation with a loaded PairSession."""
+
+    def __init__(self, pair: PairSession, *, system: str | None = None,
+                 gen: GenParams = GenParams(), strategy: str | None = None,
+                 draft: DraftParams | None = None, raw: bool = False,
+                 reserve: int | None = None):
+        self.pair = pair
+        self.system = system or None
+        self.gen = gen
+        self.strategy = strategy or pair.options.strategy
+        self.draft = draft or pair.options.draft
+        self.raw = raw
+        self._reserve = reserve
+        self.turns: list[Turn] = []  # the whole conversation (what /save writes)
+        self.context_start = 0  # turns before this index were dropped from the context
+        self.dropped_turns = 0
+        self._plain_tokens = 0  # plain-decoding tokens measured on this machine, this pair
+        self._plain_time = 0.0
+        self.plain_source = ""  # how the plain rate was measured
+        self._prefilled = 0
+
+    # ----- state -----
+    @property
+    def n_ctx(self) -> int:
+        return self.pair.target_ctx.n_ctx
+
+    @property
+    def plain_rate(self) -> float | None:
+        """Plain (non-speculative) decoding tok/s measured in this session, if any."""
+        return self._plain_tokens / self._plain_time if self._plain_time > 0 else None
+
+    @property
+    def reserve(self) -> int:
+        """Context kept free for the answer when deciding which turns to drop."""
+        if self._reserve is not None:
+            return self._reserve
+        return max(1, min(self.gen.max_tokens, self.n_ctx // 4))
+
+    def messages(self, user: str | None = None) -> list[dict]:
+        """Chat messages of the turns still in the context, plus `user` if given."""
+        return self._messages(self.context_start, user)
+
+    def _messages(self, start: int, user: str | None) -> list[dict]:
+        out = [{"role": "system", "content": self.system}] if self.system else []
+        for t in self.turns[start:]:
+            out.append({"role": "user", "content": t.user})
+            out.append({"role": "assistant", "content": t.assistant})
+        if user is not None:
+            out.append({"role": "user", "content": user})
+        return out
+
+    # ----- a turn -----
+    def send(self, text: str) -> Iterator:
+        """Answer `text`: yields Notice, PrefillEvent, TokenEvent, StepEvent and DoneEvent.
+
+        Closing the iterator early (Ctrl-C) keeps the partial answer as the turn's answer, with
+        reason "interrupted"; the KV caches stay consistent because generation only ever stops
+        at a yield.
+        """
+        if not text.strip():
+            raise UsageError("the message is empty", "type some text, or /help for commands")
+        tokens, dropped = self._fit(text)
+        if dropped:
+            kept = len(self.turns) - self.context_start
+            yield Notice("dropped",
+                         f"context full: dropped the {_plural(dropped, 'oldest turn')} "
+                         f"({kept} kept, prompt {len(tokens)} of {self.n_ctx} tokens)", dropped)
+        turn = Turn(user=text, strategy=self.strategy)
+        partial = GenStats(strategy=self.strategy, n_prompt=len(tokens))
+        pieces: list[str] = []
+        done: DoneEvent | None = None
+        inner = None
+        failed = False
+        t0 = time.perf_counter()
+        try:
+            yield from self._prefill(tokens)
+            n_pre, t_pre = self._prefilled, time.perf_counter() - t0
+            partial.n_prompt_eval, partial.t_prefill = n_pre, t_pre
+            inner = self.pair.generate(tokens, self.gen, self.strategy, self.draft)
+            for ev in inner:
+                if isinstance(ev, TokenEvent):
+                    pieces.append(ev.text)
+                    if ev.token >= 0:
+                        partial.n_generated += 1
+                elif isinstance(ev, StepEvent):
+                    partial.record_step(ev.drafted, ev.accepted)
+                    partial.t_draft += ev.t_draft
+                    partial.t_verify += ev.t_verify
+                    partial.t_sample += ev.t_sample
+                elif isinstance(ev, PrefillEvent):
+                    continue  # the prompt was evaluated above, with progress
+                elif isinstance(ev, DoneEvent):
+                    # the prefill done above belongs to this generation's prompt statistics
+                    ev.stats.n_prompt_eval += n_pre
+                    ev.stats.t_prefill += t_pre
+                    ev.stats.t_total += t_pre
+                    done = ev
+                yield ev
+        except Exception:
+            failed = True  # an error: the message is not part of the conversation
+            raise
+        finally:
+            if inner is not None:
+                inner.close()
+            if done is not None:
+                turn.assistant, turn.reason, turn.stats = done.text, done.reason, done.stats
+            else:  # stopped early (Ctrl-C): keep the partial answer
+                partial.t_total = time.perf_counter() - t0
+                turn.assistant, turn.reason, turn.stats = "".join(pieces), "interrupted", partial
+            if not failed:
+                self.turns.append(turn)
+                self._learn_plain(turn)
+        if done is not None and done.reason == "context":
+            yield Notice("context-full",
+                         f"the context ({self.n_ctx} tokens) is full: the answer was cut; "
+                         "the oldest turns will be dropped on the next message")
+
+    def _fit(self, text: str) -> tuple[list[int], int]:
+        """Tokens of the next prompt, dropping the oldest turns until it fits with room."""
+        start = self.context_start
+        while True:
+            tokens = self.pair.prompt_tokens(self._messages(start, text), raw=self.raw)
+            if len(tokens) + self.reserve <= self.n_ctx:
+                break
+            if start >= len(self.turns):
+                if len(tokens) < self.n_ctx:
+                    break  # fits, with less room for the answer than we would like
+                raise ContextOverflowError(
+                    f"this message needs {len(tokens)} tokens but the context holds {self.n_ctx}",
+                    "send a shorter message, or restart with a larger --ctx-size")
+            start += 1
+        dropped = start - self.context_start
+        self.context_start = start
+        self.dropped_turns += dropped
+        return tokens, dropped
+
+    def _contexts(self) -> list:
+        ctxs = [self.pair.target_ctx]
+        if self.strategy not in ("none", "ngram") and self.pair.draft_ctx is not None:
+            ctxs.append(self.pair.draft_ctx)
+        return ctxs
+
+    def _prefill(self, tokens: list[int]) -> Iterator[PrefillEvent]:
+        """Evaluate the prompt (all but its last token) chunk by chunk, reporting progress.
+
+        generate() would do it in one call without progress; afterwards its own prefill finds
+        everything cached. Only tokens past each cache's common prefix are evaluated; the
+        number the target evaluated is left in self._prefilled.
+        """
+        from tandem.engine.llama import common_prefix
+
+        self._prefilled = 0
+        body = tokens[:-1]
+        ctxs = self._contexts()
+        keep = min(common_prefix(c.tokens, body) for c in ctxs)
+        total = len(body) - keep
+        yield PrefillEvent(0, total, len(tokens))
+        if total <= 0:
+            return
+        chunk = max(min(c.n_batch for c in ctxs), 1)
+        end = keep
+        while end < len(body):
+            end = min(end + chunk, len(body))
+            for i, ctx in enumerate(ctxs):
+                n = ctx.prefill(body[:end])
+                if i == 0:
+                    self._prefilled += n
+            yield PrefillEvent(end - keep, total, len(tokens))
+
+    def _learn_plain(self, turn: Turn) -> None:
+        st = turn.stats
+        if turn.strategy == "none" and st is not None and st.n_generated >= 8 and st.t_decode > 0:
+            self._add_plain(st.n_generated, st.t_decode, "plain turns of this chat")
+
+    def _add_plain(self, n: int, seconds: float, source: str) -> None:
+        self._plain_tokens += n
+        self._plain_time += seconds
+        if source not in self.plain_source:
+            self.plain_source = f"{self.plain_source} + {source}" if self.plain_source else source
+
+    def measure_plain(self, max_tokens: int = 16) -> float | None:
+        """Measure plain decoding on this machine with this pair: a short greedy generation.
+
+        The conversation and the draft's KV cache are untouched; the target's cache is reused
+        by prefix as usual, so the next turn re-evaluates what the probe displaced.
+        """
+        if max_tokens <= 0:
+            return self.plain_rate
+        msgs = ([{"role": "system", "content": self.system}] if self.system else []) + [
+            {"role": "user", "content": PLAIN_PROBE_PROMPT}]
+        tokens = self.pair.prompt_tokens(msgs, raw=self.raw)
+        if len(tokens) + max_tokens >= self.n_ctx:
+            return self.plain_rate
+        gen = GenParams(max_tokens=max_tokens, sampling=SamplingParams(), ignore_eos=True)
+        done = None
+        for ev in self.pair.generate(tokens, gen, strategy="none"):
+            if isinstance(ev, DoneEvent):
+                done = ev
+        if done is not None and done.stats.n_generated and done.stats.t_decode > 0:
+            self._add_plain(done.stats.n_generated, done.stats.t_decode,
+                            f"{done.stats.n_generated}-token plain probe")
+        return self.plain_rate
+
+    # ----- slash commands -----
+    def command(self, line: str) -> CommandResult | None:
+        """Run a slash command; None when `line` is not one. Bad input raises UsageError."""
+        cmd = parse_command(line)
+        if cmd is None:
+            return None
+        return getattr(self, "_cmd_" + cmd.name.replace("-", "_"))(cmd.arg)
+
+    def _cmd_help(self, arg: str) -> CommandResult:
+        return CommandResult("help", "commands", {"commands": COMMANDS})
+
+    def _cmd_stats(self, arg: str) -> CommandResult:
+        return CommandResult("stats", "session statistics", self.session_stats())
+
+    def _cmd_exit(self, arg: str) -> CommandResult:
+        return CommandResult("exit")
+
+    def _cmd_strategy(self, arg: str) -> CommandResult:
+        name = arg.lower()
+        if not name:
+            return CommandResult("set", f"strategy is {self.strategy} "
+                                        f"(choose from {', '.join(STRATEGIES)})")
+        if name not in STRATEGIES:
+            raise UsageError(f"unknown strategy {arg!r}", f"choose one of: {', '.join(STRATEGIES)}")
+        self.pair.drafter(name, self.draft)  # raises UsageError if it cannot work here
+        self.strategy = name
+        return CommandResult("set", f"strategy: {name}", {"strategy": name})
+
+    def _cmd_draft(self, arg: str) -> CommandResult:
+        if not arg:
+            return CommandResult("set", f"draft length is {self.draft.n_max} "
+                                        f"(/draft N with N in 1..{DRAFT_MAX_LIMIT})")
+        n = _parse_int(arg, "draft", 1, DRAFT_MAX_LIMIT)
+        if n < self.draft.n_min:
+            raise UsageError(f"draft must be >= the draft minimum ({self.draft.n_min}), got {n}",
+                             "restart with a smaller --draft-min")
+        self.draft = replace(self.draft, n_max=n)
+        note = "" if self.strategy != "none" else " (strategy is none: /strategy draft to use it)"
+        return CommandResult("set", f"draft length: {n}{note}", {"draft": n})
+
+    def _cmd_temp(self, arg: str) -> CommandResult:
+        if not arg:
+            return CommandResult("set", f"temperature is {self.gen.sampling.temperature:g}")
+        try:
+            value = float(arg)
+        except ValueError:
+            raise UsageError(f"temp needs a number, got {arg!r}",
+                             "for example: /temp 0.7") from None
+        if not math.isfinite(value):
+            raise UsageError(f"temp must be a finite number, got {arg!r}", "for example: /temp 0.7")
+        sampling = replace(self.gen.sampling, temperature=value)  # validates (>= 0)
+        self.gen = replace(self.gen, sampling=sampling)
+        return CommandResult("set", f"temperature: {value:g}" + (" (greedy)" if value == 0 else ""),
+                             {"temp": value})
+
+    def _cmd_max_tokens(self, arg: str) -> CommandResult:
+        if not arg:
+            return CommandResult("set", f"max tokens is {self.gen.max_tokens}")
+        n = _parse_int(arg, "max-tokens", 1, 10_000_000)
+        self.gen = replace(self.gen, max_tokens=n)
+        return CommandResult("set", f"max tokens: {n}", {"max_tokens": n})
+
+    def _cmd_system(self, arg: str) -> CommandResult:
+        self.system = arg or None
+        msg = f"system prompt set ({len(arg)} characters)" if arg else "system prompt cleared"
+        return CommandResult("set", msg + "; it applies from the next message",
+                             {"system": self.system})
+
+    def _cmd_reset(self, arg: str) -> CommandResult:
+        n = len(self.turns)
+        self.reset()
+        return CommandResult("reset", f"conversation reset ({_plural(n, 'turn')} forgotten)")
+
+    def _cmd_save(self, arg: str) -> CommandResult:
+        if not arg:
+            raise UsageError("/save needs a file name",
+                             "for example: /save chat.md or /save chat.json")
+        path = self.save(Path(arg).expanduser())
+        return CommandResult("saved", f"saved {_plural(len(self.turns), 'turn')} to {path}",
+                             {"path": str(path)})
+
+    def reset(self) -> None:
+        self.turns.clear()
+        self.context_start = 0
+        self.dropped_turns = 0
+
+    # ----- statistics and saving -----
+    def session_stats(self) -> dict:
+        total = GenStats(strategy=self.strategy)
+        for t in self.turns:
+            st = t.stats
+            if st is None or t.strategy == "none":
+                continue
+            total.n_generated += st.n_generated
+            total.n_steps += st.n_steps
+            total.n_steps_drafted += st.n_steps_drafted
+            total.drafted += st.drafted
+            total.accepted += st.accepted
+            for i, (d, a) in enumerate(zip(st.drafted_at, st.accepted_at)):
+                while len(total.drafted_at) <= i:
+                    total.drafted_at.append(0)
+                    total.accepted_at.append(0)
+                total.drafted_at[i] += d
+                total.accepted_at[i] += a
+            total.t_total += st.t_decode
+        n_all = sum(t.stats.n_generated for t in self.turns if t.stats)
+        t_all = sum(t.stats.t_decode for t in self.turns if t.stats)
+        last = self.turns[-1].stats if self.turns else None
+        return {
+            "turns": len(self.turns),
+            "turns_in_context": len(self.turns) - self.context_start,
+            "dropped_turns": self.dropped_turns,
+            "context_used": len(self.pair.target_ctx.tokens),
+            "n_ctx": self.n_ctx,
+            "strategy": self.strategy,
+            "draft_max": self.draft.n_max,
+            "temperature": self.gen.sampling.temperature,
+            "max_tokens": self.gen.max_tokens,
+            "system": self.system,
+            "tokens": n_all,
+            "tokens_per_second": n_all / t_all if t_all > 0 else 0.0,
+            "speculative_tokens_per_second": total.tokens_per_second,
+            "drafted": total.drafted,
+            "accepted": total.accepted,
+            "acceptance_rate": total.acceptance_rate,
+            "mean_accepted_length": total.mean_accepted_length,
+            "acceptance_by_position": total.acceptance_by_position,
+            "plain_tokens_per_second": self.plain_rate,
+            "plain_source": self.plain_source,
+            "last_prompt_tokens": last.n_prompt if last else 0,
+            "last_prompt_evaluated": last.n_prompt_eval if last else 0,
+        }
+
+    def to_dict(self) -> dict:
+        msgs: list[dict] = []
+        if self.system:
+            msgs.append({"role": "system", "content": self.system})
+        for t in self.turns:
+            msgs.append({"role": "user", "content": t.user})
+            msgs.append({"role": "assistant", "content": t.assistant, "finish_reason": t.reason,
+                         "strategy": t.strategy,
+                         "stats": t.stats.to_dict() if t.stats else None})
+        return {
+            "tandem": __version__,
+            "saved": datetime.now().isoformat(timespec="seconds"),
+            "target": self.pair.target_path.name,
+            "draft": self.pair.draft_path.name if self.pair.draft_path else None,
+            "messages": msgs,
+            "plain_tokens_per_second": self.plain_rate,
+        }
+
+    def to_markdown(self) -> str:
+        draft = f" + {self.pair.draft_path.name}" if self.pair.draft_path else ""
+        lines = [f"# Chat with {self.pair.target_path.name}{draft}", "",
+                 f"_Saved by tandem {__version__} on "
+                 f"{datetime.now().isoformat(sep=' ', timespec='minutes')}._", ""]
+        if self.system:
+            lines += ["## System", "", self.system, ""]
+        for t in self.turns:
+            lines += ["## User", "", t.user, "",
+                      "## Assistant", "", t.assistant or "_(no text)_", ""]
+            if t.stats is not None:
+                lines += [f"_{turn_summary(t)}_", ""]
+        return "\n".join(lines)
+
+    def save(self, path: Path) -> Path:
+        text = (json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n"
+                if path.suffix.lower() == ".json" else self.to_markdown())
+        try:
+            path.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise TandemError(f"cannot write {path}: {exc.strerror or exc}",
+                              "check the directory exists and is writable") from exc
+        return path
+
+
+def turn_summary(turn: Turn) -> str:
+    st = turn.stats
+    parts = [f"{st.n_generated} tokens", f"{st.tokens_per_second:.1f} tok/s", turn.strategy]
+    if st.drafted:
+        parts.append(f"accepted {100 * st.acceptance_rate:.0f}% ({st.accepted}/{st.drafted})")
+        parts.append(f"mean accepted length {st.mean_accepted_length:.2f}")
+    if turn.reason and turn.reason != "eos":
+        parts.append(f"stopped: {turn.reason}")
+    return " · ".join(parts)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"

@@ -1,0 +1,210 @@
+"""`tandem chat`: a terminal chat with a live throughput panel.
+
+The loop only wires things: ChatSession (tandem.chat) does the work and yields data, ChatView
+(tandem.tui) shows it. Ctrl-C during an answer stops that answer; Ctrl-C twice or Ctrl-D exits.
+"""
+# No `from __future__ import annotations` here: Typer reads the option annotations, and the
+# shared aliases are imported inside register() (tandem.app imports this module).
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from tandem.errors import TandemError, UsageError
+
+
+def register(app: typer.Typer) -> None:
+    from tandem.app import (
+        CtxOpt, DraftMaxOpt, DraftMinOpt, DraftOpt, ModelOpt, StrategyOpt, ThreadsOpt, VerboseOpt,
+        DraftPMinOpt,
+    )
+
+    @app.command()
+    def chat(
+        pair: Annotated[Optional[str], typer.Argument(help="Catalog pair name (default: the default pair).", show_default=False)] = None,
+        system: Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.")] = None,
+        model: ModelOpt = None,
+        model_draft: DraftOpt = None,
+        strategy: StrategyOpt = None,
+        draft_max: DraftMaxOpt = None,
+        draft_min: DraftMinOpt = None,
+        draft_p_min: DraftPMinOpt = None,
+        max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens per answer.")] = 1024,
+        temp: Annotated[float, typer.Option("--temp", help="Temperature; 0 is greedy.")] = 0.0,
+        top_k: Annotated[int, typer.Option("--top-k", help="Top-k (0: off).")] = 40,
+        top_p: Annotated[float, typer.Option("--top-p", help="Top-p (1: off).")] = 1.0,
+        min_p: Annotated[float, typer.Option("--min-p", help="Min-p (0: off).")] = 0.0,
+        repeat_penalty: Annotated[float, typer.Option("--repeat-penalty", help="Repetition penalty (1: off).")] = 1.0,
+        seed: Annotated[Optional[int], typer.Option("--seed", help="Random seed for sampling.")] = None,
+        ctx_size: CtxOpt = 4096,
+        threads: ThreadsOpt = 0,
+        show_draft: Annotated[bool, typer.Option("--show-draft", help="Colour the tokens the target accepted from the draft.")] = False,
+        plain_probe: Annotated[int, typer.Option("--plain-probe", help="Tokens of plain decoding measured at start for the speedup figure (0: off; plain turns also count).")] = 16,
+        verbose: VerboseOpt = False,
+    ):
+        """Chat in the terminal, with live tokens/s, draft acceptance and speedup.
+
+        Slash commands: /help /stats /strategy NAME /draft N /temp X /max-tokens N /system TEXT
+        /reset /save FILE /exit. Ctrl-C stops an answer; Ctrl-C twice or Ctrl-D exits.
+
+        Examples:
+
+          tandem chat
+
+          tandem chat -m target.gguf -md draft.gguf --draft-max 6 --show-draft
+        """
+        _chat(pair=pair, system=system, model=model, model_draft=model_draft, strategy=strategy,
+              draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min,
+              max_tokens=max_tokens, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+              repeat_penalty=repeat_penalty, seed=seed, ctx_size=ctx_size, threads=threads,
+              show_draft=show_draft, plain_probe=plain_probe, verbose=verbose)
+
+
+def _chat(*, pair, system, model, model_draft, strategy, draft_max, draft_min, draft_p_min,
+          max_tokens, temp, top_k, top_p, min_p, repeat_penalty, seed, ctx_size, threads,
+          show_draft, plain_probe, verbose) -> None:
+    from tandem import app as _app
+    from tandem.chat import ChatSession
+    from tandem.engine.llama import ContextParams
+    from tandem.engine.sampling import SamplingParams
+    from tandem.engine.speculative import GenParams
+    from tandem.session import DraftParams, PairSession, SessionOptions
+    from tandem.tui import ChatView, make_console
+
+    if pair is not None and model is not None:
+        raise UsageError("give a pair name or --model, not both")
+    sampling = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                              repeat_penalty=repeat_penalty, seed=seed)
+    d = DraftParams()
+    dparams = DraftParams(n_max=d.n_max if draft_max is None else draft_max,
+                          n_min=d.n_min if draft_min is None else draft_min,
+                          p_min=d.p_min if draft_p_min is None else draft_p_min)
+    if model is not None and model_draft is None and strategy is None:
+        strategy = "none"
+    opts = SessionOptions(strategy=strategy or "draft", draft=dparams,
+                          target_ctx=ContextParams(n_ctx=ctx_size, n_threads=threads),
+                          verbose=verbose)
+    gen = GenParams(max_tokens=max_tokens, sampling=sampling, n_max=min(dparams.n_max, 64))
+
+    view = ChatView(make_console(), show_draft=show_draft)
+    with view.loading("Finding the models…"):
+        target_path, draft_path = _app._resolve_models(pair, model, model_draft)
+    if opts.strategy == "none" and model_draft is None and model is not None:
+        draft_path = None
+    names = target_path.name + (f" + {Path(draft_path).name}" if draft_path else "")
+    with view.loading(f"Loading {names}…"):
+        session = PairSession(target_path, draft_path, opts)
+    with session:
+        chat = ChatSession(session, system=system, gen=gen, strategy=opts.strategy, draft=dparams)
+        if plain_probe > 0 and chat.strategy != "none":
+            with view.loading(f"Measuring plain decoding on this machine ({plain_probe} tokens)…"):
+                chat.measure_plain(plain_probe)
+        view.set_plain_rate(chat.plain_rate, chat.plain_source)
+        lines = [f"strategy {chat.strategy} · draft ≤ {chat.draft.n_max} · context {chat.n_ctx} tokens"]
+        if chat.plain_rate:
+            lines.append(f"plain decoding measured here: {chat.plain_rate:.1f} tok/s")
+        lines.append("/help for commands · Ctrl-C stops an answer · Ctrl-D exits")
+        view.banner(f"tandem chat · {names}", lines)
+        _loop(chat, view)
+
+
+def _loop(chat, view) -> None:
+    from tandem.chat import message_text
+
+    armed = False  # a Ctrl-C was just pressed: another one exits
+    while True:
+        try:
+            line = view.ask()
+        except EOFError:
+            view.console.print()
+            break
+        except KeyboardInterrupt:
+            view.console.print()
+            if armed:
+                break
+            armed = True
+            view.notice("Ctrl-C again or Ctrl-D to exit")
+            continue
+        armed = False
+        try:
+            result = chat.command(line)
+            if result is not None:
+                if result.action == "exit":
+                    break
+                _show_result(view, result)
+                continue
+            text = message_text(line)
+            if not text.strip():
+                view.notice("(empty message: type some text, or /help)")
+                continue
+            stopped = _answer(chat, view, text)
+        except TandemError as exc:
+            view.abort()
+            view.error(exc.message, exc.hint)
+            continue
+        except KeyboardInterrupt:  # a second Ctrl-C while an answer was stopping
+            view.abort()
+            view.console.print()
+            break
+        view.set_plain_rate(chat.plain_rate, chat.plain_source)
+        armed = stopped
+    view.goodbye()
+
+
+def _show_result(view, result) -> None:
+    if result.action == "help":
+        view.show_help(result.data["commands"])
+    elif result.action == "stats":
+        view.show_stats(result.data)
+    else:
+        view.info(result.message)
+
+
+class _CtrlC:
+    """While an answer streams: the first Ctrl-C asks it to stop, the second one exits."""
+
+    def __init__(self):
+        self.hits = 0
+        self._old = None
+
+    def _handler(self, signum, frame):  # noqa: ARG002
+        self.hits += 1
+        if self.hits >= 2:
+            raise KeyboardInterrupt
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+        return False
+
+
+def _answer(chat, view, text: str) -> bool:
+    """Stream one answer into the view; True when Ctrl-C stopped it."""
+    from tandem.chat import Notice
+
+    stream = chat.send(text)
+    view.start_answer(chat.strategy, chat.draft.n_max)
+    stopped = False
+    try:
+        with _CtrlC() as ctrl_c:
+            for ev in stream:
+                if isinstance(ev, Notice):
+                    view.notice(ev.message)
+                else:
+                    view.event(ev)
+                if ctrl_c.hits:
+                    stopped = True
+                    break
+            stream.close()  # keeps the partial answer in the conversation
+    except BaseException:
+        view.abort()
+        raise
+    view.finish(interrupted=stopped)
+    return stopped

@@ -1,0 +1,522 @@
+"""The chat's terminal view (Rich): a pure `render(state)` of the live answer + throughput panel,
+and a small `ChatView` object the chat loop talks to by verbs.
+
+`LiveState` holds what the panel shows and is updated from engine events (`apply`), with
+timestamps passed in, so a recorded event sequence renders the same panel every time.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.live import Live
+from rich.markdown import Markdown
+from rich.panel import Panel
+from rich.progress_bar import ProgressBar
+from rich.segment import Segment
+from rich.spinner import Spinner
+from rich.table import Table
+from rich.text import Text
+
+from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
+from tandem.engine.stats import GenStats
+
+BLOCKS = " ▁▂▃▄▅▆▇█"
+RATE_WINDOW = 1.0  # seconds of tokens behind the "now" rate
+NARROW = 60  # below this width the panel drops its box and its labels get short
+DRAFT_STYLE = "bold green"  # accepted draft tokens with --show-draft (bold survives NO_COLOR)
+TAIL_CHARS = 6000  # the live view renders only the end of a long answer
+
+
+@dataclass
+class LiveState:
+    """What the live view shows for the answer being generated."""
+
+    strategy: str = "draft"
+    n_max: int = 0  # draft length of the session settings
+    show_draft: bool = False
+    plain_rate: float | None = None  # measured plain decoding tok/s for this pair, this machine
+    plain_source: str = ""
+    parts: list[tuple[str, bool]] = field(default_factory=list)  # (text, from_draft)
+    n_tokens: int = 0
+    n_from_draft: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    steps_drafted: int = 0
+    drafted_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+    draft_len: int | None = None  # draft length asked of the drafter at the latest step
+    prefill_done: int = 0
+    prefill_total: int = 0
+    n_prompt: int = 0
+    t_start: float | None = None  # when the prompt was evaluated (decoding started)
+    now: float = 0.0
+    recent: deque = field(default_factory=lambda: deque(maxlen=4096))  # token arrival times
+    status: str = "prefill"  # prefill | generating | done | interrupted
+    reason: str = ""
+    final: GenStats | None = None  # exact statistics once the engine reports them
+
+    # ----- updates -----
+    def apply(self, ev, now: float) -> None:
+        self.now = now
+        if isinstance(ev, PrefillEvent):
+            self.n_prompt = ev.n_prompt
+            if ev.total:
+                self.prefill_done, self.prefill_total = ev.done, ev.total
+            if ev.done >= ev.total and self.t_start is None and self.status == "prefill":
+                self.t_start = now
+                self.status = "generating"
+        elif isinstance(ev, TokenEvent):
+            if self.t_start is None:
+                self.t_start, self.status = now, "generating"
+            if ev.text:
+                self.parts.append((ev.text, ev.from_draft))
+            if ev.token >= 0:
+                self.n_tokens += 1
+                self.n_from_draft += ev.from_draft
+                self.recent.append(now)
+        elif isinstance(ev, StepEvent):
+            if ev.n_max > 0:  # steps capped to 0 by max_tokens or the context say nothing
+                self.draft_len = ev.n_max
+            if ev.drafted:
+                self.steps_drafted += 1
+                self.drafted += ev.drafted
+                self.accepted += ev.accepted
+                while len(self.drafted_at) < ev.drafted:
+                    self.drafted_at.append(0)
+                    self.accepted_at.append(0)
+                for i in range(ev.drafted):
+                    self.drafted_at[i] += 1
+                for i in range(ev.accepted):
+                    self.accepted_at[i] += 1
+        elif isinstance(ev, DoneEvent):
+            self.final = ev.stats
+            self.reason = ev.reason
+            self.status = "done"
+
+    # ----- derived numbers -----
+    @property
+    def text(self) -> str:
+        return "".join(p for p, _ in self.parts)
+
+    @property
+    def elapsed(self) -> float:
+        return max(self.now - self.t_start, 0.0) if self.t_start is not None else 0.0
+
+    @property
+    def avg_rate(self) -> float:
+        if self.final is not None and self.final.tokens_per_second > 0:
+            return self.final.tokens_per_second
+        return self.n_tokens / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def current_rate(self) -> float:
+        if self.status != "generating":
+            return self.avg_rate
+        window = min(RATE_WINDOW, self.elapsed)
+        if window <= 0:
+            return 0.0
+        n = sum(1 for t in self.recent if t > self.now - window)
+        return n / window
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        if not self.steps_drafted:
+            return 0.0
+        return (self.accepted + self.steps_drafted) / self.steps_drafted
+
+    @property
+    def by_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @property
+    def speedup(self) -> float | None:
+        if not self.plain_rate or self.avg_rate <= 0:
+            return None
+        return self.avg_rate / self.plain_rate
+
+
+# ----- pure rendering -----
+def render(state: LiveState, width: int | None = None, height: int | None = None) -> RenderableType:
+    """The live view: the end of the answer so far, then the throughput panel.
+
+    `height` bounds the whole view (the answer shows its last lines), so a live display never
+    scrolls; None shows the whole answer.
+    """
+    panel = render_panel(state, width)
+    panel_lines = _panel_height(state, width)
+    answer_lines = None if height is None else max(height - panel_lines - 1, 0)
+    if not state.parts:
+        if state.status == "prefill":
+            return Group(_prefill_line(state), panel)
+        return panel
+    return Group(AnswerTail(state, answer_lines), panel)
+
+
+def render_answer(state: LiveState) -> RenderableType:
+    """The finished answer: markdown, or plain text with accepted draft tokens coloured."""
+    if state.show_draft:
+        return draft_text(state.parts)
+    return Markdown(state.text)
+
+
+def draft_text(parts: Iterable[tuple[str, bool]]) -> Text:
+    text = Text()
+    for piece, from_draft in parts:
+        text.append(piece, style=DRAFT_STYLE if from_draft else None)
+    return text
+
+
+def sparkline(values: list[float]) -> str:
+    return "".join(BLOCKS[min(int(round(v * (len(BLOCKS) - 1))), len(BLOCKS) - 1)] for v in values)
+
+
+def _fmt_rate(r: float) -> str:
+    return f"{r:.0f}" if r >= 100 else f"{r:.1f}"
+
+
+def panel_lines(state: LiveState, width: int | None = None) -> list[Text]:
+    """The panel's content, one Text per line (also used for the summary after an answer)."""
+    narrow = width is not None and width < NARROW
+    lines: list[Text] = []
+    rate = Text()
+    if state.status == "generating":
+        rate.append(f"{_fmt_rate(state.current_rate)} tok/s", style="bold")
+        rate.append(" now · " if not narrow else " now, ")
+        rate.append(f"{_fmt_rate(state.avg_rate)} avg")
+    else:
+        rate.append(f"{_fmt_rate(state.avg_rate)} tok/s", style="bold")
+        rate.append(f" · {state.n_tokens} tokens")
+    lines.append(rate)
+    speed = Text()
+    if state.strategy == "none":
+        speed.append("plain decoding (no drafts)")
+    elif state.speedup is not None:
+        speed.append(f"{state.speedup:.2f}×", style="bold")
+        if narrow:
+            speed.append(f" vs plain {_fmt_rate(state.plain_rate)} (measured)")
+        else:
+            source = f": {state.plain_source}" if state.plain_source else ""
+            speed.append(f" vs plain {_fmt_rate(state.plain_rate)} tok/s (measured here{source})")
+    else:
+        speed.append("speedup: no plain rate measured yet")
+    lines.append(speed)
+    draft_len = state.draft_len if state.draft_len is not None else state.n_max
+    if state.strategy != "none":
+        acc = Text()
+        if narrow:
+            acc.append(f"acc {100 * state.acceptance_rate:.0f}% · len "
+                       f"{state.mean_accepted_length:.2f} · draft {draft_len}")
+        else:
+            acc.append(f"accepted {100 * state.acceptance_rate:.0f}%", style="bold")
+            acc.append(f" ({state.accepted}/{state.drafted} drafted)"
+                       f" · mean accepted length {state.mean_accepted_length:.2f}"
+                       f" · draft length {draft_len}")
+        lines.append(acc)
+        pos = Text()
+        rates = state.by_position
+        if rates:
+            pos.append("by position " if not narrow else "pos ")
+            pos.append(sparkline(rates), style="cyan")
+            if not narrow:
+                pos.append("  " + " ".join(f"{i + 1}:{100 * r:.0f}%" for i, r in enumerate(rates)))
+        else:
+            pos.append("by position: no drafts yet")
+        lines.append(pos)
+    return lines
+
+
+def summary_line(state: LiveState, width: int | None = None) -> str:
+    """One line after an answer: rate, speedup against the measured plain rate, acceptance."""
+    parts = [f"{_fmt_rate(state.avg_rate)} tok/s", f"{state.n_tokens} tokens"]
+    if state.strategy == "none":
+        parts.append("plain decoding")
+    elif state.speedup is not None:
+        parts.append(f"{state.speedup:.2f}× vs plain {_fmt_rate(state.plain_rate)} tok/s "
+                     "(measured)")
+    if state.strategy != "none" and state.drafted:
+        parts.append(f"accepted {100 * state.acceptance_rate:.0f}% "
+                     f"({state.accepted}/{state.drafted})")
+        parts.append(f"mean accepted length {state.mean_accepted_length:.2f}")
+        parts.append(f"by position {sparkline(state.by_position)}")
+    if state.reason and state.reason != "eos":
+        parts.append(f"stopped: {state.reason}")
+    elif state.status == "interrupted":
+        parts.append("stopped: Ctrl-C")
+    return (" · " if width is None or width >= NARROW else "\n").join(parts)
+
+
+def render_panel(state: LiveState, width: int | None = None) -> RenderableType:
+    lines = panel_lines(state, width)
+    if width is not None and width < NARROW:
+        return Group(Text("─" * max(width, 1), style="dim"), *lines)
+    grid = Table.grid()
+    grid.add_column()
+    for line in lines:
+        grid.add_row(line)
+    title = f"tandem · {state.strategy}"
+    if state.strategy != "none":
+        title += f" · draft ≤ {state.n_max}"
+    if state.status == "interrupted":
+        title += " · stopped"
+    return Panel(grid, title=title, title_align="left", border_style="blue", expand=False)
+
+
+def _panel_height(state: LiveState, width: int | None) -> int:
+    n = len(panel_lines(state, width))
+    return n + (1 if width is not None and width < NARROW else 2)
+
+
+def _prefill_line(state: LiveState) -> RenderableType:
+    if state.prefill_total <= 0:
+        return Spinner("dots", text=Text(" thinking…", style="dim"))
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column()
+    grid.add_column(width=24)
+    grid.add_row(Text(f"evaluating prompt {state.prefill_done}/{state.prefill_total} tokens"),
+                 ProgressBar(total=state.prefill_total, completed=state.prefill_done, width=24))
+    return grid
+
+
+class AnswerTail:
+    """The answer so far, showing only its last `max_lines` lines (all of them if None)."""
+
+    def __init__(self, state: LiveState, max_lines: int | None):
+        self.state = state
+        self.max_lines = max_lines
+
+    def _renderable(self) -> RenderableType:
+        if self.state.show_draft:
+            parts, size = [], 0
+            for piece, d in reversed(self.state.parts):
+                parts.append((piece, d))
+                size += len(piece)
+                if size > TAIL_CHARS:
+                    break
+            return draft_text(reversed(parts))
+        return Markdown(markdown_tail(self.state.text, TAIL_CHARS))
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if self.max_lines == 0:
+            return
+        lines = console.render_lines(self._renderable(), options.update(height=None), pad=False)
+        if self.max_lines is not None:
+            lines = lines[-self.max_lines:]
+        for line in lines:
+            yield from line
+            yield Segment.line()
+
+
+def markdown_tail(text: str, limit: int) -> str:
+    """The end of a markdown text, cut at a line start, reopening a code fence cut in half."""
+    if len(text) <= limit:
+        return text
+    cut = text.find("\n", len(text) - limit)
+    if cut < 0:
+        return text[-limit:]
+    head, tail = text[:cut], text[cut + 1:]
+    fences = sum(1 for line in head.splitlines() if line.lstrip().startswith("```"))
+    return ("```\n" + tail) if fences % 2 else tail
+
+
+# ----- the view object -----
+class ChatView:
+    """The chat loop talks to this by verbs; it owns the console and the live display."""
+
+    def __init__(self, console: Console | None = None, show_draft: bool = False,
+                 live: bool | None = None, clock: Callable[[], float] = time.perf_counter,
+                 refresh_per_second: float = 8):
+        self.console = console or Console(highlight=False)
+        self.show_draft = show_draft
+        self.interactive = self.console.is_terminal if live is None else live
+        self.clock = clock
+        self.refresh_per_second = refresh_per_second
+        self.plain_rate: float | None = None
+        self.plain_source = ""
+        self.state: LiveState | None = None
+        self._live: Live | None = None
+
+    # --- session ---
+    def banner(self, title: str, lines: Iterable[str] = ()) -> None:
+        self.console.print(Text(title, style="bold"))
+        for line in lines:
+            self.console.print(Text(line, style="dim"))
+
+    def loading(self, what: str):
+        """A context manager showing progress while `what` happens (a spinner on a terminal)."""
+        if self.interactive:
+            return self.console.status(Text(what))
+        self.console.print(Text(what, style="dim"))
+        return _Nothing()
+
+    def ask(self, prompt: str = ">>> ") -> str:
+        """Read one line; EOFError (Ctrl-D) and KeyboardInterrupt (Ctrl-C) propagate."""
+        self.console.file.flush()
+        if self.interactive:
+            try:
+                import readline  # noqa: F401 - line editing and history for input()
+            except ImportError:
+                pass
+        return input(prompt)
+
+    def set_plain_rate(self, rate: float | None, source: str = "") -> None:
+        self.plain_rate, self.plain_source = rate, source
+        if self.state is not None:
+            self.state.plain_rate, self.state.plain_source = rate, source
+
+    # --- an answer ---
+    def start_answer(self, strategy: str, n_max: int) -> None:
+        self.state = LiveState(strategy=strategy, n_max=n_max, show_draft=self.show_draft,
+                               plain_rate=self.plain_rate, plain_source=self.plain_source,
+                               now=self.clock())
+        if self.interactive:
+            self._live = Live(console=self.console, transient=True, auto_refresh=True,
+                              refresh_per_second=self.refresh_per_second,
+                              vertical_overflow="crop", get_renderable=self._frame)
+            self._live.start()
+
+    def _frame(self) -> RenderableType:
+        st = self.state
+        if st is None:
+            return Text("")
+        if st.status == "generating":
+            st.now = self.clock()
+        return render(st, self.console.width, self.console.height)
+
+    def event(self, ev) -> None:
+        """Any engine event of the answer being generated."""
+        if self.state is None:
+            return
+        self.state.apply(ev, self.clock())
+        if not self.interactive and isinstance(ev, TokenEvent) and ev.text:
+            self.console.file.write(ev.text)
+            self.console.file.flush()
+
+    add_token = event  # a TokenEvent
+    step = event  # a StepEvent
+
+    def prefill(self, done: int, total: int, n_prompt: int = 0) -> None:
+        self.event(PrefillEvent(done, total, n_prompt))
+
+    def finish(self, interrupted: bool = False) -> None:
+        """The answer ended (or was stopped): print it for good, with a one-line summary."""
+        st = self.state
+        if st is None:
+            return
+        if interrupted:
+            st.status = "interrupted"
+        elif st.status == "generating":
+            st.status = "done"
+        self._stop_live()
+        if self.interactive:
+            if st.parts:
+                self.console.print(render_answer(st))
+        elif st.parts and not st.text.endswith("\n"):
+            self.console.file.write("\n")
+        self.console.print(self.summary(st))
+        if interrupted:
+            self.console.print(Text("answer stopped (Ctrl-C again or Ctrl-D to exit)",
+                                    style="yellow"))
+        self.state = None
+
+    def summary(self, st: LiveState) -> Text:
+        return Text(summary_line(st, self.console.width), style="dim")
+
+    def _stop_live(self) -> None:
+        if self._live is not None:
+            live, self._live = self._live, None
+            live.stop()
+
+    def abort(self) -> None:
+        """Tear the live display down (on errors and exit)."""
+        self._stop_live()
+        self.state = None
+
+    # --- messages ---
+    def notice(self, message: str) -> None:
+        self._print(Text(message, style="yellow"))
+
+    def info(self, message: str) -> None:
+        self._print(Text(message, style="cyan"))
+
+    def error(self, message: str, hint: str | None = None) -> None:
+        text = Text("✗ ", style="bold red")
+        text.append(message, style="red")
+        if hint:
+            text.append(f"\n  {hint}", style="dim")
+        self._print(text)
+
+    def _print(self, renderable: RenderableType) -> None:
+        if self._live is not None:
+            self._live.console.print(renderable)  # printed above the live display
+        else:
+            self.console.print(renderable)
+
+    def show_help(self, commands: Iterable[tuple[str, str, str]]) -> None:
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold")
+        table.add_column()
+        for name, arg, desc in commands:
+            table.add_row(f"/{name}" + (f" {arg}" if arg else ""), desc)
+        table.add_row("Ctrl-C", "stop the answer; twice, or Ctrl-D: exit")
+        self.console.print(table)
+
+    def show_stats(self, data: dict) -> None:
+        rows = [
+            ("turns", f"{data['turns']} ({data['turns_in_context']} in context, "
+                      f"{data['dropped_turns']} dropped)"),
+            ("context", f"{data['context_used']}/{data['n_ctx']} tokens"),
+            ("settings", f"strategy {data['strategy']} · draft {data['draft_max']} · "
+                         f"temp {data['temperature']:g} · max tokens {data['max_tokens']}"),
+            ("generated", f"{data['tokens']} tokens at "
+                          f"{_fmt_rate(data['tokens_per_second'])} tok/s"),
+        ]
+        if data["drafted"]:
+            rows.append(("acceptance", f"{100 * data['acceptance_rate']:.1f}% "
+                                       f"({data['accepted']}/{data['drafted']}) · mean accepted "
+                                       f"length {data['mean_accepted_length']:.2f}"))
+            by_pos = data["acceptance_by_position"]
+            rows.append(("by position", sparkline(by_pos) + "  " + " ".join(
+                f"{i + 1}:{100 * r:.0f}%" for i, r in enumerate(by_pos))))
+        plain = data.get("plain_tokens_per_second")
+        if plain:
+            line = f"{_fmt_rate(plain)} tok/s (measured here: {data['plain_source']})"
+            spec = data.get("speculative_tokens_per_second")
+            if spec and data["drafted"]:
+                line += f" · speculative {spec / plain:.2f}×"
+            rows.append(("plain", line))
+        else:
+            rows.append(("plain", "not measured"))
+        rows.append(("last prompt", f"{data['last_prompt_tokens']} tokens, "
+                                    f"{data['last_prompt_evaluated']} evaluated "
+                                    "(rest from the KV cache)"))
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold")
+        table.add_column()
+        for k, v in rows:
+            table.add_row(k, v)
+        self.console.print(table)
+
+    def goodbye(self) -> None:
+        self.console.print(Text("Bye.", style="dim"))
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def make_console(stderr: bool = False) -> Console:
+    """The chat console: Rich honours NO_COLOR and TERM=dumb and detects a non-TTY itself."""
+    return Console(highlight=False, file=sys.stderr if stderr else None)

@@ -1,0 +1,205 @@
+"""The chat's live panel, rendered from a recorded sequence of engine events (no models)."""
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
+from tandem.engine.stats import GenStats
+from tandem.tui import ChatView, LiveState, markdown_tail, render, render_answer, sparkline
+
+# A recorded answer: (time, event). Three verify steps with drafts of 4:
+#   step 0: 4 drafted, 4 accepted -> 4 draft tokens + 1 target token
+#   step 1: 4 drafted, 2 accepted -> 2 draft tokens + 1 target token
+#   step 2: 4 drafted, 0 accepted -> 1 target token
+# 9 tokens in all; 6 of 12 drafts accepted (50%); mean accepted length (6 + 3) / 3 = 3.00;
+# per position: 1: 2/3, 2: 2/3, 3: 1/3, 4: 1/3.
+WORDS = ["# Title", "\n\n", "Some ", "**bold** ", "text ", "and ", "`code`", " done", "\n"]
+FROM_DRAFT = [True, True, True, True, False, True, True, False, False]
+
+
+def recorded_events():
+    t = 10.0
+    evs = [(t, PrefillEvent(0, 100, 101)), (t + 0.5, PrefillEvent(100, 100, 101))]
+    t += 0.5
+    tok = 0
+    for step, (drafted, accepted) in enumerate([(4, 4), (4, 2), (4, 0)]):
+        for _ in range(accepted + 1):
+            t += 0.05
+            evs.append((t, TokenEvent(100 + tok, WORDS[tok], FROM_DRAFT[tok], step)))
+            tok += 1
+        evs.append((t, StepEvent(step, drafted, accepted, 4, 0.01, 0.02, 0.001)))
+    return evs, t
+
+
+def feed(state, evs):
+    for t, ev in evs:
+        state.apply(ev, t)
+    return state
+
+
+def export(renderable, width=100, **kw) -> str:
+    console = Console(record=True, width=width, file=io.StringIO(), **kw)
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_panel_content_from_recorded_events():
+    evs, t_end = recorded_events()
+    state = feed(LiveState(strategy="draft", n_max=4, plain_rate=10.0,
+                           plain_source="16-token plain probe"), evs)
+    assert state.n_tokens == 9 and state.drafted == 12 and state.accepted == 6
+    state.now = t_end
+    text = export(render(state, width=100))
+    # the answer so far, rendered as markdown (no literal ** or #)
+    assert "Title" in text and "bold" in text and "**" not in text and "# Title" not in text
+    # 9 tokens in 0.45 s since the prompt was evaluated: 20 tok/s average; all in the last second
+    assert "20.0 avg" in text
+    assert "tok/s now" in text
+    # speedup against the measured plain rate, clearly labelled as measured
+    assert "2.00× vs plain 10.0 tok/s" in text
+    assert "measured here: 16-token plain probe" in text
+    assert "accepted 50% (6/12 drafted)" in text
+    assert "mean accepted length 3.00" in text
+    assert "draft length 4" in text
+    assert "by position " + sparkline([2 / 3, 2 / 3, 1 / 3, 1 / 3]) in text
+    assert "1:67% 2:67% 3:33% 4:33%" in text
+
+
+def test_current_rate_uses_the_last_second():
+    state = LiveState(strategy="draft", n_max=4)
+    state.apply(PrefillEvent(0, 0, 5), 0.0)
+    for i in range(20):  # 10 tok/s for 2 s
+        state.apply(TokenEvent(i, "x", False, i), 0.1 * (i + 1))
+    state.now = 2.0
+    assert abs(state.avg_rate - 10.0) < 1e-9
+    for i in range(10):  # then 10 tokens in 0.2 s
+        state.apply(TokenEvent(i, "y", False, i), 2.0 + 0.02 * (i + 1))
+    state.now = 2.2
+    # window (1.2, 2.2]: 8 old tokens (1.3 .. 2.0) + 10 new ones
+    assert abs(state.current_rate - 18.0) < 1e-9
+    assert state.current_rate > state.avg_rate
+
+
+def test_final_stats_replace_live_estimates():
+    evs, t_end = recorded_events()
+    state = feed(LiveState(strategy="draft", n_max=4, plain_rate=None), evs)
+    stats = GenStats(strategy="draft", n_generated=9, t_total=1.5, t_prefill=0.5)
+    state.apply(DoneEvent(stats, "eos", "".join(WORDS), tuple(range(9))), t_end + 5)
+    text = export(render(state, width=100))
+    assert "9.0 tok/s" in text and "9 tokens" in text  # 9 tokens / 1.0 s of decoding
+    assert "no plain rate measured yet" in text
+
+
+def test_plain_strategy_panel():
+    state = LiveState(strategy="none", n_max=0, plain_rate=10.0)
+    state.apply(PrefillEvent(0, 0, 3), 0.0)
+    state.apply(TokenEvent(1, "hi", False, 0), 0.1)
+    state.apply(StepEvent(0, 0, 0, 0, 0.0, 0.1, 0.0), 0.1)
+    state.now = 0.1
+    text = export(render(state, width=100))
+    assert "plain decoding" in text and "accepted" not in text
+
+
+def test_prefill_progress_shown_before_the_first_token():
+    state = LiveState(strategy="draft", n_max=4)
+    state.apply(PrefillEvent(0, 2048, 2049), 0.0)
+    state.apply(PrefillEvent(512, 2048, 2049), 0.2)
+    text = export(render(state, width=100))
+    assert "evaluating prompt 512/2048 tokens" in text
+
+
+def test_narrow_terminal_gets_a_compact_panel():
+    evs, t_end = recorded_events()
+    state = feed(LiveState(strategy="draft", n_max=4, plain_rate=10.0, plain_source="probe"), evs)
+    state.now = t_end
+    text = export(render(state, width=40), width=40)
+    lines = text.splitlines()
+    assert all(len(line) <= 40 for line in lines)
+    assert "2.00× vs plain 10.0 (measured)" in text
+    assert "acc 50% · len 3.00 · draft 4" in text
+    assert "╭" not in text  # no box on narrow terminals
+
+
+def test_height_limit_shows_the_end_of_a_long_answer():
+    state = LiveState(strategy="draft", n_max=4)
+    state.apply(PrefillEvent(0, 0, 3), 0.0)
+    for i in range(200):
+        state.apply(TokenEvent(i, f"line {i}\n\n", False, i), 0.01 * i)
+    state.now = 2.0
+    text = export(render(state, width=80, height=20), width=80)
+    assert len(text.splitlines()) <= 20
+    assert "line 199" in text and "line 0\n" not in text
+
+
+def test_markdown_tail_reopens_a_cut_code_fence():
+    text = "intro\n```python\n" + "x = 1\n" * 500 + "```\n"
+    tail = markdown_tail(text[:-4], 100)
+    assert tail.startswith("```\n") and len(tail) <= 110
+    assert markdown_tail("short", 100) == "short"
+
+
+def test_show_draft_colours_accepted_draft_tokens_and_no_color_drops_colour():
+    evs, t_end = recorded_events()
+    for no_color in (False, True):
+        out = io.StringIO()
+        console = Console(file=out, width=100, force_terminal=True, no_color=no_color,
+                          color_system="standard")
+        clock = iter([t for t, _ in evs] + [t_end] * 10)
+        view = ChatView(console, show_draft=True, live=False, clock=lambda: next(clock))
+        view.start_answer("draft", 4)
+        for _, ev in evs:
+            view.event(ev)
+        view.finish()
+        # non-live mode streams the raw text, then the summary line
+        assert out.getvalue().startswith("# Title")
+        assert "accepted 50%" in out.getvalue()
+        # the final rendering with --show-draft styles draft tokens (bold survives NO_COLOR)
+        out2 = io.StringIO()
+        console2 = Console(file=out2, width=100, force_terminal=True, no_color=no_color,
+                           color_system="standard")
+        console2.print(render_answer(feed(LiveState(show_draft=True), evs)))
+        styled = out2.getvalue()
+        if no_color:
+            assert "32m" not in styled and "\x1b[1m# Title" in styled  # bold, no colour
+        else:
+            assert "\x1b[1;32m# Title" in styled  # bold green
+        assert "text " in styled and "\x1b[1;32mtext" not in styled  # the target's own token
+        assert "**bold**" in styled  # plain text, not rendered as markdown
+
+
+def test_no_color_environment_is_honoured(monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    from tandem.tui import make_console
+
+    console = make_console()
+    assert console.no_color
+
+
+def test_view_verbs_on_a_non_terminal():
+    out = io.StringIO()
+    console = Console(file=out, width=80)  # not a terminal: no live display, no escapes
+    view = ChatView(console)
+    assert not view.interactive
+    view.notice("dropped the 1 oldest turn")
+    view.error("draft must be in 1..64, got 99", "for example: /draft 8")
+    view.show_help([("draft", "N", "draft length")])
+    text = out.getvalue()
+    assert "\x1b[" not in text
+    assert "dropped the 1 oldest turn" in text
+    assert "✗ draft must be in 1..64, got 99" in text and "for example: /draft 8" in text
+    assert "/draft N" in text and "Ctrl-C" in text
+
+
+def test_summary_line_after_an_answer():
+    from tandem.tui import summary_line
+
+    evs, t_end = recorded_events()
+    state = feed(LiveState(strategy="draft", n_max=4, plain_rate=10.0), evs)
+    state.now, state.status = t_end, "interrupted"
+    line = summary_line(state, 100)
+    assert line.startswith("20.0 tok/s · 9 tokens · 2.00× vs plain 10.0 tok/s (measured)")
+    assert "accepted 50% (6/12)" in line and "mean accepted length 3.00" in line
+    assert line.endswith("stopped: Ctrl-C")
+    assert "\n" in summary_line(state, 40)  # narrow: one item a line
