@@ -62,28 +62,79 @@ def check_pair(target_path: Path, draft_path: Path) -> None:
 
 
 class PairSession:
-    def __init__(self, target_path: str | Path, draft_path: str | Path | None,
+    """A target and one or more drafts, loaded once. Contexts are made per ContextParams on
+    demand (spec-bench sweeps batch sizes and threads) and kept for reuse."""
+
+    MAX_CONTEXTS = 4  # per model; older unused contexts are closed
+
+    def __init__(self, target_path: str | Path,
+                 draft_path: str | Path | Sequence[str | Path] | None,
                  options: SessionOptions = SessionOptions()):
         self.options = options
         self.target_path = Path(target_path)
-        self.draft_path = Path(draft_path) if draft_path else None
-        if options.strategy == "draft" and self.draft_path is None:
+        if draft_path is None:
+            paths: list[Path] = []
+        elif isinstance(draft_path, (str, Path)):
+            paths = [Path(draft_path)]
+        else:
+            paths = [Path(p) for p in draft_path]
+        if options.strategy == "draft" and not paths:
             raise UsageError(f"strategy {options.strategy!r} needs a draft model",
                              "pass --model-draft PATH, a pair name, or --strategy ngram")
-        if self.draft_path is not None:
-            check_pair(self.target_path, self.draft_path)
+        for p in paths:
+            check_pair(self.target_path, p)
         self.target = Model(self.target_path, options.target_gpu_layers, verbose=options.verbose)
-        self.target_ctx = Context(self.target, options.target_ctx)
-        self.draft = self.draft_ctx = None
-        self._costs: CostModel | None = None
-        if self.draft_path is not None:
-            self.draft = Model(self.draft_path, options.draft_gpu_layers, verbose=options.verbose)
-            self.draft_ctx = Context(self.draft, options.draft_ctx or options.target_ctx)
+        self.drafts: dict[str, Model] = {}
+        self.draft_paths: dict[str, Path] = {}
+        for p in paths:
+            label = p.name if p.name not in self.drafts else f"{p.name}#{len(self.drafts) + 1}"
+            self.drafts[label] = Model(p, options.draft_gpu_layers, verbose=options.verbose)
+            self.draft_paths[label] = p
+        self._contexts: dict[tuple, Context] = {}
+        self._costs: dict[tuple, CostModel] = {}
+        self.target_ctx: Context | None = None
+        self.draft_ctx: Context | None = None
+        self.draft: Model | None = None
+        self.draft_label: str | None = None
+        self.configure(options.target_ctx, options.draft_ctx or options.target_ctx,
+                       next(iter(self.drafts), None))
+
+    @property
+    def draft_path(self) -> Path | None:
+        return self.draft_paths.get(self.draft_label) if self.draft_label else None
+
+    def configure(self, target_ctx: ContextParams | None = None,
+                  draft_ctx: ContextParams | None = None, draft: str | None = None) -> None:
+        """Make these context settings and this draft model the active ones."""
+        target_ctx = target_ctx or self.target_ctx.params
+        if draft is not None and draft not in self.drafts:
+            raise UsageError(f"no draft model {draft!r} in this session",
+                             f"loaded drafts: {', '.join(self.drafts) or 'none'}")
+        self.target_ctx = self._context("target", self.target, target_ctx)
+        self.draft_label = draft or self.draft_label
+        if self.draft_label is not None:
+            self.draft = self.drafts[self.draft_label]
+            params = draft_ctx or (self.draft_ctx.params if self.draft_ctx else target_ctx)
+            self.draft_ctx = self._context(self.draft_label, self.draft, params)
+
+    def _context(self, owner: str, model: Model, params: ContextParams) -> Context:
+        key = (owner, params)
+        ctx = self._contexts.pop(key, None)
+        if ctx is None:
+            mine = [k for k in self._contexts if k[0] == owner]
+            for old in mine[:max(0, len(mine) - self.MAX_CONTEXTS + 1)]:
+                if self._contexts[old] not in (self.target_ctx, self.draft_ctx):
+                    self._contexts.pop(old).close()
+            ctx = Context(model, params)
+        self._contexts[key] = ctx  # re-inserted: most recently used last
+        return ctx
 
     def close(self) -> None:
-        for obj in (self.draft_ctx, self.draft, self.target_ctx, self.target):
-            if obj is not None:
-                obj.close()
+        for ctx in self._contexts.values():
+            ctx.close()
+        self._contexts.clear()
+        for model in list(self.drafts.values()) + [self.target]:
+            model.close()
 
     def __enter__(self):
         return self
@@ -116,30 +167,34 @@ class PairSession:
                              adaptive=True, guard=True, name="auto")
 
     def costs(self) -> CostModel:
-        """This pair's cost model on this machine: cached, else calibrated once (seconds)."""
-        if self._costs is None:
+        """The active configuration's cost model on this machine: cached, else calibrated
+        once (a few seconds)."""
+        key = (self.target_ctx.params, self.draft_label,
+               self.draft_ctx.params if self.draft_ctx else None)
+        if key not in self._costs:
             path = self._costs_path()
-            cached = CostModel.load(path) if path else None
+            cached = CostModel.load(path)
             if cached is None or not cached.verify:
                 probe = self.target.tokenize("def main():\n    print('calibrating')\n",
                                              add_special=False, parse_special=False)
                 cached = calibrate(self.target_ctx, self.draft_ctx, probe)
-                if path:
-                    try:
-                        cached.save(path)
-                    except OSError:
-                        pass  # a read-only home only costs a recalibration next time
-            self._costs = cached
-        return self._costs
+                try:
+                    cached.save(path)
+                except OSError:
+                    pass  # a read-only home only costs a recalibration next time
+            self._costs[key] = cached
+        return self._costs[key]
 
-    def _costs_path(self) -> Path | None:
+    def _costs_path(self) -> Path:
         import hashlib
         import platform
 
         from tandem.store import tandem_home
 
-        parts = [platform.node(), platform.machine(), str(self.options.target_ctx.n_threads),
+        parts = [platform.node(), platform.machine(), repr(self.target_ctx.params),
                  str(self.options.target_gpu_layers), str(self.options.draft_gpu_layers)]
+        if self.draft_ctx is not None:
+            parts.append(repr(self.draft_ctx.params))
         for p in (self.target_path, self.draft_path):
             if p is not None:
                 parts += [p.name, str(p.stat().st_size)]
