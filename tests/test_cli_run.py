@@ -153,12 +153,11 @@ def test_incompatible_draft_is_a_model_error(cli, tiny_models):
     assert res.returncode == EXIT_MODEL, err(res)
 
 
-@pytest.mark.xfail(reason="tandem.app.main catches click.ClickException, but typer 0.29 raises its "
-                          "vendored typer._click exceptions: bad option values exit 1 as "
-                          "'unexpected BadParameter' instead of 2", strict=False)
 def test_unparsable_option_value_is_a_usage_error(cli):
     res = cli("--raw", "--temp", "warm", "hi")
     assert res.returncode == EXIT_USAGE and "unexpected" not in err(res)
+    res = cli("--raw", "--no-such-flag", "hi")
+    assert res.returncode == EXIT_USAGE and "No such option" in err(res)
 
 
 _SGR = re.compile(r"\x1b\[([0-9;]*)m")

@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
-import click
 import typer
+import typer.exceptions
+from typer._click import exceptions as _click  # typer 0.29 vendors its own click
 
 from tandem import __version__
 from tandem.errors import EXIT_INTERRUPTED, EXIT_USAGE, TandemError, UsageError
@@ -204,12 +205,14 @@ def main() -> None:
     except TandemError as exc:
         _report(exc.message, exc.hint)
         sys.exit(exc.exit_code)
-    except click.exceptions.Exit as exc:
+    except typer.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.ClickException as exc:
+    except _click.NoArgsIsHelpError:
+        sys.exit(0)  # the help text is already printed
+    except _click.ClickException as exc:
         exc.show()
         sys.exit(EXIT_USAGE if exc.exit_code == 2 else exc.exit_code)
-    except (KeyboardInterrupt, click.exceptions.Abort):
+    except (KeyboardInterrupt, typer.exceptions.Abort):
         print("\nInterrupted.", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
     except BrokenPipeError:

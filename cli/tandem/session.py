@@ -43,6 +43,7 @@ class SessionOptions:
     target_gpu_layers: int = 0
     draft_gpu_layers: int = 0
     verbose: bool = False
+    repack: bool = False  # repacked CPU weights: faster prompt processing, not batch-invariant
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -83,12 +84,14 @@ class PairSession:
                              "pass --model-draft PATH, a pair name, or --strategy ngram")
         for p in paths:
             check_pair(self.target_path, p)
-        self.target = Model(self.target_path, options.target_gpu_layers, verbose=options.verbose)
+        self.target = Model(self.target_path, options.target_gpu_layers, verbose=options.verbose,
+                            repack=options.repack)
         self.drafts: dict[str, Model] = {}
         self.draft_paths: dict[str, Path] = {}
         for p in paths:
             label = p.name if p.name not in self.drafts else f"{p.name}#{len(self.drafts) + 1}"
-            self.drafts[label] = Model(p, options.draft_gpu_layers, verbose=options.verbose)
+            self.drafts[label] = Model(p, options.draft_gpu_layers, verbose=options.verbose,
+                                       repack=options.repack)
             self.draft_paths[label] = p
         self._contexts: dict[tuple, Context] = {}
         self._costs: dict[tuple, CostModel] = {}

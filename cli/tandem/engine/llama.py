@@ -62,7 +62,7 @@ class Model:
     """A loaded GGUF model and its vocabulary."""
 
     def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, use_mmap: bool = True,
-                 verbose: bool = False):
+                 verbose: bool = False, repack: bool = False):
         init_backend(verbose)
         self.path = Path(path)
         if not self.path.is_file():
@@ -71,6 +71,10 @@ class Model:
         params = _lc.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.use_mmap = use_mmap
+        # Repacked CPU weights switch to a different GEMM kernel for batches of 4+ tokens, so
+        # verify-batch logits would differ from single-token decoding; without repacking (and
+        # with flash attention) the CPU backend gives bit-identical rows for any batch size.
+        params.use_extra_bufts = repack
         ptr = _lc.llama_model_load_from_file(str(self.path).encode(), params)
         if not ptr:
             raise ModelError(f"llama.cpp could not load {self.path.name}",
@@ -168,7 +172,7 @@ class ContextParams:
     n_ubatch: int = 512
     n_threads: int = 0  # 0: all physical cores (os.cpu_count as a fallback)
     n_threads_batch: int = 0
-    flash_attn: str = "auto"
+    flash_attn: str = "on"  # "on" keeps batched and single-token attention identical on CPU
     type_k: str = "f16"
     type_v: str = "f16"
 
