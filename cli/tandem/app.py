@@ -42,7 +42,7 @@ def _root(
 ModelOpt = Annotated[Optional[Path], typer.Option("--model", "-m", help="Target GGUF path (instead of a pair name).")]
 DraftOpt = Annotated[Optional[Path], typer.Option("--model-draft", "-md", "--spec-draft-model", help="Draft GGUF path.")]
 StrategyOpt = Annotated[Optional[str], typer.Option("--strategy", help="none | draft | ngram | hybrid | auto.")]
-DraftMaxOpt = Annotated[Optional[int], typer.Option("--draft-max", "--spec-draft-n-max", "--draft", help="Most tokens drafted per step.")]
+DraftMaxOpt = Annotated[Optional[int], typer.Option("--draft-max", "--spec-draft-n-max", help="Most tokens drafted per step.")]
 DraftMinOpt = Annotated[Optional[int], typer.Option("--draft-min", "--spec-draft-n-min", help="Drafts shorter than this are dropped.")]
 DraftPMinOpt = Annotated[Optional[float], typer.Option("--draft-p-min", "--spec-draft-p-min", help="Stop drafting below this draft probability.")]
 CtxOpt = Annotated[int, typer.Option("--ctx-size", "-c", help="Context size in tokens.")]

@@ -44,6 +44,8 @@ def spec_bench(
     args: Annotated[Optional[list[str]], typer.Argument(help="[PAIR]: a catalog pair name.", show_default=False)] = None,
     model: ModelOpt = None,
     model_draft: DraftOpt = None,
+    drafts: Annotated[Optional[list[str]], typer.Option("--draft", help="A draft to compare (repeatable): catalog name, user/repo:QUANT, user/repo/file.gguf or a path.")] = None,
+    calibrate_costs: Annotated[bool, typer.Option("--cost-curve/--no-cost-curve", help="Measure the verify-batch cost curve (k = 1..16) and each draft's token cost.")] = True,
     prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Spec-Bench JSONL, JSONL with prompt/category, a text file (prompts separated by blank lines), or - for stdin.")] = None,
     per_category: Annotated[Optional[int], typer.Option("--per-category", help="At most this many prompts per category.")] = None,
     category: Annotated[Optional[list[str]], typer.Option("--category", help="Only this category (repeatable).")] = None,
@@ -104,10 +106,14 @@ def spec_bench(
         raise UsageError("no prompts selected", "check --category and --per-category")
     base = DraftParams(*(d if v is None else v for d, v in zip(
         (DraftParams().n_max, DraftParams().n_min, DraftParams().p_min), (draft_max, draft_min, draft_p_min))))
-    configs = build_configs([s.strip() for s in strategies.split(",") if s.strip()], base,
-                            parse_sweep(sweep or []))
+    grid = parse_sweep(sweep or [])
     gen = GenParams(max_tokens=max_tokens, sampling=SamplingParams())
     target_path, draft_path = app_module._resolve_models(pair, model, model_draft)
+    draft_paths = [_fetch(ref) for ref in drafts] if drafts else ([draft_path] if draft_path else [])
+    labels = _labels(draft_paths)
+    configs = build_configs([s.strip() for s in strategies.split(",") if s.strip()], base, grid,
+                            drafts=labels if len(labels) > 1 else (),
+                            ctx=ContextParams(n_ctx=ctx_size, n_threads=threads))
     opts = SessionOptions(strategy="none", draft=base,
                           target_ctx=ContextParams(n_ctx=ctx_size, n_threads=threads), verbose=verbose)
     err = Console(stderr=True, no_color=bool(os.environ.get("NO_COLOR")) or None)
@@ -122,11 +128,14 @@ def spec_bench(
 
     old = signal.signal(signal.SIGINT, on_sigint)
     report = None
-    meta = {"target": target_path.name, "draft": draft_path.name if draft_path else None,
+    meta = {"target": target_path.name, "drafts": labels,
             "max_tokens": max_tokens, "reps": reps, "prompts": len(items),
             "greedy": True, "threads": threads or os.cpu_count()}
     try:
-        with PairSession(target_path, draft_path, opts) as session:
+        with PairSession(target_path, draft_paths, opts) as session:
+            if calibrate_costs:
+                err.print("measuring the verify-batch cost curve...", highlight=False)
+                meta["costs"] = measure_costs(session, configs)
             progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                 TimeRemainingColumn(), console=err)
             task = progress.add_task("spec-bench", total=len(items) * len(configs) * reps)
@@ -159,17 +168,60 @@ def spec_bench(
         err.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)
     if tune and results:
         tuned = tuning.choose(report)
-        path = tuning.tuned_path(tandem_home(), target_path, draft_path, threads)
+        winner = (tuned["overall"] or {}).get("draft_model")
+        chosen = draft_paths[labels.index(winner)] if winner in labels else (draft_paths[0] if draft_paths else None)
+        path = tuning.tuned_path(tandem_home(), target_path, chosen, threads)
         tuning.save(path, tuned, meta)
         o = tuned["overall"]
         err.print(f"tuned: {o['config']} ({o['speedup']:.2f}x overall) saved to {path}", highlight=False)
     if as_json:
         print(json.dumps({**report.to_dict(), "runs": [_run_dict(r) for r in results]}))
-    else:
+    elif sys.stdout.isatty():
         Console(no_color=bool(os.environ.get("NO_COLOR")) or None).print(_live_table(report, names))
+    else:  # piped: the Markdown report, which does not depend on a terminal width
+        sys.stdout.write(rep.to_markdown(report))
     if partial:
         err.print("Interrupted: partial results above (marked partial in the files).")
         raise typer.Exit(130)
+
+
+def _fetch(ref: str) -> Path:
+    """A draft reference as a local file: a path, or pulled through the store."""
+    from tandem import pairing
+    from tandem.store import Store
+
+    store = Store()
+    m = pairing.resolve(ref, "draft")
+    return pairing.local_path(m, store) or store.ensure(m.spec)
+
+
+def _labels(paths) -> list[str]:
+    out: list[str] = []
+    for p in paths:
+        out.append(p.name if p.name not in out else f"{p.name}#{len(out) + 1}")
+    return out
+
+
+def measure_costs(session, configs) -> dict:
+    """Verify cost of batches of 1..17 tokens for each target context setting benchmarked,
+    and each draft's token cost relative to a plain target token."""
+    from tandem.engine.costs import calibrate
+
+    probe = session.target.tokenize("def main():\n    print('calibrating costs')\n",
+                                    add_special=False, parse_special=False)
+    default = session.options.target_ctx
+    curves, drafts = {}, {}
+    for c in configs:
+        if c.is_plain:
+            session.configure(c.target_ctx or default, c.draft_ctx or c.target_ctx or default)
+            cm = calibrate(session.target_ctx, None, probe, sizes=range(1, 18), reps=2)
+            curves[c.name] = {n: round(1000 * t, 2) for n, t in sorted(cm.verify.items())}
+    for label in session.drafts:
+        session.configure(default, default, label)
+        cm = calibrate(session.target_ctx, session.draft_ctx, probe, sizes=(1,), reps=3)
+        drafts[label] = {"ms_per_token": round(1000 * cm.draft_token, 2),
+                         "relative_to_target": round(cm.draft_token / cm.plain, 3)}
+    return {"verify_ms": curves, "drafts": drafts}
 
 
 def _run_dict(r) -> dict:

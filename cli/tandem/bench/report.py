@@ -174,11 +174,54 @@ def to_markdown(report: Report) -> str:
         same = f"{c.identical}/{c.compared}" if c.compared else "-"
         lines.append(f"| {name} | {100 * c.acceptance_rate:.1f}% | {c.mean_accepted_length:.2f} | "
                      f"{pos or '-'} | {100 * c.draft_share:.0f}% / {100 * c.verify_share:.0f}% | {same} |")
+    costs = report.meta.get("costs") or {}
+    curves = costs.get("verify_ms") or {}
+    if curves:
+        sizes = sorted({int(n) for curve in curves.values() for n in curve})
+        lines += ["", "## Verify-batch cost (ms for a batch of k tokens; k = 1 is a plain step)", "",
+                  "| setting | " + " | ".join(str(n) for n in sizes) + " |",
+                  "|---" * (len(sizes) + 1) + "|"]
+        for name, curve in curves.items():
+            row = {int(k): v for k, v in curve.items()}
+            lines.append(f"| {name} | " + " | ".join(f"{row[n]:.1f}" if n in row else "-" for n in sizes) + " |")
+    explanation = explain_drafts(report)
+    if explanation:
+        lines += ["", "## Choosing a draft", "", explanation]
     mism = [m for c in report.cells if c.category == OVERALL for m in
             (f"{c.config}: {x}" for x in c.mismatches)]
     if mism:
         lines += ["", "## Outputs that differ from plain decoding", ""] + [f"- {m}" for m in mism]
     return "\n".join(lines) + "\n"
+
+
+def explain_drafts(report: Report) -> str:
+    """One or two sentences a user can act on, when several drafts were compared."""
+    drafts = (report.meta.get("costs") or {}).get("drafts") or {}
+    if len(drafts) < 2:
+        return ""
+    by_draft: dict[str, Cell] = {}
+    for cfg in report.configs:
+        label = cfg.get("draft_model")
+        cell = report.cell(cfg["name"])
+        if label in drafts and cell is not None and cell.speedup is not None:
+            if label not in by_draft or cell.speedup > by_draft[label].speedup:
+                by_draft[label] = cell
+    if len(by_draft) < 2:
+        return ""
+    ranked = sorted(by_draft.items(), key=lambda kv: kv[1].speedup, reverse=True)
+    (a, ca), (b, cb) = ranked[0], ranked[1]
+    cost_a, cost_b = drafts[a]["ms_per_token"], drafts[b]["ms_per_token"]
+    acc = 100 * (cb.acceptance_rate - ca.acceptance_rate)
+    ratio = cost_b / cost_a if cost_a > 0 else float("inf")
+    if acc > 0:
+        why = (f"{b} accepts {acc:.0f} points more ({100 * cb.acceptance_rate:.0f}% vs "
+               f"{100 * ca.acceptance_rate:.0f}%) but costs {ratio:.1f}x per token")
+    else:
+        why = (f"{a} accepts as much or more ({100 * ca.acceptance_rate:.0f}% vs "
+               f"{100 * cb.acceptance_rate:.0f}%) and costs {1 / ratio:.1f}x per token of {b}"
+               if ratio > 0 else f"{a} accepts as much or more")
+    return (f"{why}; {a} wins on this machine ({ca.speedup:.2f}x vs {cb.speedup:.2f}x over plain "
+            f"decoding, best configuration of each).")
 
 
 def to_svg(report: Report) -> str:

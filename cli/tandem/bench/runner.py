@@ -6,6 +6,7 @@ from typing import Callable, Iterator, Sequence
 
 from tandem.bench.workloads import Prompt
 from tandem.engine.events import DoneEvent
+from tandem.engine.llama import ContextParams
 from tandem.engine.speculative import GenParams
 from tandem.session import DraftParams
 
@@ -15,13 +16,21 @@ class BenchConfig:
     name: str
     strategy: str
     draft: DraftParams = DraftParams()
+    draft_model: str | None = None  # a draft label of the session (None: the session's first)
+    target_ctx: ContextParams | None = None  # None: the session's own settings
+    draft_ctx: ContextParams | None = None
 
     @property
     def is_plain(self) -> bool:
         return self.strategy == "none"
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "strategy": self.strategy, **asdict(self.draft)}
+        out = {"name": self.name, "strategy": self.strategy, **asdict(self.draft),
+               "draft_model": self.draft_model}
+        for key in ("target_ctx", "draft_ctx"):
+            value = getattr(self, key)
+            out[key] = asdict(value) if value is not None else None
+        return out
 
 
 @dataclass
@@ -106,6 +115,9 @@ def asdict_gen(gen: GenParams) -> dict:
 
 
 def _run_one(session, tokens: list[int], config: BenchConfig, gen: GenParams) -> DoneEvent:
+    session.configure(config.target_ctx or session.options.target_ctx,
+                      config.draft_ctx or session.options.draft_ctx or config.target_ctx
+                      or session.options.target_ctx, config.draft_model)
     done = None
     for ev in session.generate(tokens, gen, strategy=config.strategy, draft=config.draft):
         if isinstance(ev, DoneEvent):

@@ -2,22 +2,31 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Sequence
 
 from tandem.bench.runner import BenchConfig
+from tandem.engine.llama import ContextParams
 from tandem.errors import UsageError
 from tandem.session import STRATEGIES, DraftParams
 
-# key -> (DraftParams field, parser, valid range)
+# key -> (where, field, parser, allowed: (lo, hi) or a tuple of choices)
+# where: "draft" = DraftParams; "ctx" = both contexts; "target"/"draftctx" = one context.
 SWEEP_KEYS = {
-    "draft-max": ("n_max", int, (0, 64)),
-    "draft-min": ("n_min", int, (0, 64)),
-    "p-min": ("p_min", float, (0.0, 1.0)),
+    "draft-max": ("draft", "n_max", int, (0, 64)),
+    "draft-min": ("draft", "n_min", int, (0, 64)),
+    "p-min": ("draft", "p_min", float, (0.0, 1.0)),
+    "n-batch": ("ctx", "n_batch", int, (1, 8192)),
+    "n-ubatch": ("ctx", "n_ubatch", int, (1, 8192)),
+    "threads": ("target", "n_threads", int, (1, 512)),
+    "threads-draft": ("draftctx", "n_threads", int, (1, 512)),
+    "flash-attn": ("ctx", "flash_attn", str, ("on", "off", "auto")),
+    "kv-type": ("ctx", "kv_type", str, ("f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")),
 }
 
 
 def parse_sweep(specs: Sequence[str]) -> dict[str, list]:
-    """['draft-max=2,4,8', 'p-min=0,0.5'] -> {'n_max': [2, 4, 8], 'p_min': [0.0, 0.5]}"""
+    """['draft-max=2,4,8', 'p-min=0,0.5'] -> {'draft-max': [2, 4, 8], 'p-min': [0.0, 0.5]}"""
     grid: dict[str, list] = {}
     for spec in specs:
         key, sep, values = spec.partition("=")
@@ -26,42 +35,77 @@ def parse_sweep(specs: Sequence[str]) -> dict[str, list]:
             raise UsageError(f"bad --sweep {spec!r}", "write KEY=V1,V2,..., e.g. --sweep draft-max=2,4,8")
         if key not in SWEEP_KEYS:
             raise UsageError(f"unknown sweep key {key!r}", f"sweep keys: {', '.join(SWEEP_KEYS)}")
-        field, parse, (lo, hi) = SWEEP_KEYS[key]
+        _, _, parse, allowed = SWEEP_KEYS[key]
         parsed = []
         for raw in values.split(","):
+            raw = raw.strip()
             try:
-                v = parse(raw.strip())
+                v = parse(raw)
             except ValueError:
-                raise UsageError(f"--sweep {key}: {raw.strip()!r} is not a valid {parse.__name__}",
+                raise UsageError(f"--sweep {key}: {raw!r} is not a valid {parse.__name__}",
                                  None) from None
-            if not lo <= v <= hi:
-                raise UsageError(f"--sweep {key}: {v} is out of range {lo}..{hi}", None)
+            if parse is str:
+                if v not in allowed:
+                    raise UsageError(f"--sweep {key}: {v!r} is not one of {', '.join(allowed)}", None)
+            elif not allowed[0] <= v <= allowed[1]:
+                raise UsageError(f"--sweep {key}: {v} is out of range {allowed[0]}..{allowed[1]}", None)
             if v not in parsed:
                 parsed.append(v)
-        grid[field] = parsed
+        grid[key] = parsed
     return grid
 
 
-def build_configs(strategies: Sequence[str], base: DraftParams, grid: dict[str, list]) -> list[BenchConfig]:
-    """Plain first (the reference), then each strategy at each grid point."""
+def _apply_ctx(params: ContextParams, field: str, value) -> ContextParams:
+    if field == "kv_type":
+        return replace(params, type_k=value, type_v=value)
+    if field == "n_threads":
+        return replace(params, n_threads=value, n_threads_batch=value)
+    return replace(params, **{field: value})
+
+
+def build_configs(strategies: Sequence[str], base: DraftParams, grid: dict[str, list],
+                  drafts: Sequence[str] = (), ctx: ContextParams = ContextParams(),
+                  draft_ctx: ContextParams | None = None) -> list[BenchConfig]:
+    """Plain first (the reference), then each strategy x draft model x grid point.
+
+    Context keys (batch sizes, threads, flash attention, KV type) also give plain decoding
+    its own variants, since they change the plain rate too."""
     for s in strategies:
         if s not in STRATEGIES:
             raise UsageError(f"unknown strategy {s!r}", f"choose from: {', '.join(STRATEGIES)}")
-    configs = [BenchConfig("plain", "none")]
-    fields = list(grid)
-    points = list(itertools.product(*(grid[f] for f in fields))) or [()]
-    for strategy in strategies:
-        if strategy == "none":
-            continue
+    keys = list(grid)
+    points = [dict(zip(keys, p)) for p in itertools.product(*(grid[k] for k in keys))] or [{}]
+    draft_labels: list[str | None] = list(drafts) or [None]
+    # the reference: plain decoding with the session's own settings
+    configs: list[BenchConfig] = [BenchConfig("plain", "none", base)]
+    seen_plain = {""}
+    for strategy in ["none"] + [s for s in strategies if s != "none"]:
         for point in points:
-            values = dict(zip(fields, point))
-            params = {"n_max": base.n_max, "n_min": base.n_min, "p_min": base.p_min, **values}
+            params = {"n_max": base.n_max, "n_min": base.n_min, "p_min": base.p_min}
+            tctx, dctx = ctx, draft_ctx or ctx
+            for key, value in point.items():
+                where, field, _, _ = SWEEP_KEYS[key]
+                if where == "draft":
+                    params[field] = value
+                if where in ("ctx", "target"):
+                    tctx = _apply_ctx(tctx, field, value)
+                if where in ("ctx", "draftctx"):
+                    dctx = _apply_ctx(dctx, field, value)
             params["n_min"] = min(params["n_min"], params["n_max"])
-            draft = DraftParams(**params)
-            label = strategy + "".join(f" {_short(f)}={v}" for f, v in values.items())
-            configs.append(BenchConfig(label, strategy, draft))
+            ctx_label = "".join(f" {k}={v}" for k, v in point.items() if SWEEP_KEYS[k][0] != "draft")
+            if strategy == "none":
+                if ctx_label in seen_plain:
+                    continue
+                seen_plain.add(ctx_label)
+                configs.append(BenchConfig("plain" + ctx_label, "none", base, None, tctx, dctx))
+                continue
+            uses_model = strategy != "ngram"
+            for label in (draft_labels if uses_model else [None]):
+                name = strategy + (f" [{label}]" if label and len(draft_labels) > 1 else "")
+                name += "".join(f" {_short(k)}={v}" for k, v in point.items())
+                configs.append(BenchConfig(name, strategy, DraftParams(**params), label, tctx, dctx))
     return configs
 
 
-def _short(field: str) -> str:
-    return {"n_max": "max", "n_min": "min", "p_min": "pmin"}[field]
+def _short(key: str) -> str:
+    return {"draft-max": "max", "draft-min": "min", "p-min": "pmin"}.get(key, key)

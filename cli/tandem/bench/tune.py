@@ -34,7 +34,9 @@ def choose(report: Report) -> dict:
             return None
         cfg = configs[cell.config]
         return {"config": cell.config, "strategy": cfg["strategy"], "n_max": cfg["n_max"],
-                "n_min": cfg["n_min"], "p_min": cfg["p_min"], "speedup": cell.speedup}
+                "n_min": cfg["n_min"], "p_min": cfg["p_min"], "speedup": cell.speedup,
+                "draft_model": cfg.get("draft_model"), "target_ctx": cfg.get("target_ctx"),
+                "draft_ctx": cfg.get("draft_ctx")}
 
     return {"overall": entry(OVERALL),
             "by_category": {c: entry(c) for c in report.categories},
