@@ -1,0 +1,223 @@
+"""`tandem hw`: detected hardware, the chosen profile, settings with their sources, and the
+offload/memory plan for a pair. The core (hardware, profiles, settings, planner) computes;
+this module only renders, as Rich tables or one JSON object, on stdout.
+"""
+# No `from __future__ import annotations`: Typer reads the option annotations at runtime.
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("hw")
+    def hw(
+        profile: Annotated[Optional[str], typer.Option("--profile", help="Use this profile instead of the detected one.")] = None,
+        pair: Annotated[Optional[str], typer.Option("--pair", help="Plan for this catalog pair (default: the configured or default pair).")] = None,
+        model: Annotated[Optional[Path], typer.Option("--model", "-m", help="Plan for this target GGUF instead of a pair.")] = None,
+        model_draft: Annotated[Optional[Path], typer.Option("--model-draft", "-md", help="Draft GGUF (with --model).")] = None,
+        ctx_size: Annotated[Optional[int], typer.Option("--ctx-size", "-c", help="Plan for this context size.")] = None,
+        force_profile: Annotated[bool, typer.Option("--force-profile", help="Use --profile even if it does not match this machine.")] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+    ):
+        """Show the detected hardware, the chosen profile and the offload/memory plan.
+
+        The plan places the draft fully on the GPU first, then as many target layers as still
+        fit, and counts weights, KV caches and compute buffers of both models.
+
+        Examples:
+
+          tandem hw
+
+          tandem hw --pair qwen2.5-coder-7b --ctx-size 16384
+
+          tandem hw --profile rtx-4090 --force-profile --json
+        """
+        report = build_report(profile=profile, pair=pair, model=model, model_draft=model_draft,
+                              ctx_size=ctx_size, force_profile=force_profile)
+        if as_json:
+            print(json.dumps(report_json(report), indent=2))
+        else:
+            render(report)
+
+
+# ------------------------------------------------------------------------------ collect
+
+
+def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size=None,
+                 force_profile=False, hardware=None) -> dict:
+    """Everything `tandem hw` shows, as objects (the renderers only format)."""
+    from tandem import catalog, hardware as hwmod
+    from tandem.errors import UsageError
+    from tandem.settings import (cli_values, plan_for_settings, recommended_pairs,
+                                 resolve_settings)
+    from tandem.store import Store
+
+    if model_draft is not None and model is None:
+        raise UsageError("--model-draft needs --model", "pass the target GGUF with --model")
+    hw = hardware or hwmod.detect()
+    settings = resolve_settings(cli_values(profile=profile, pair=pair, ctx_size=ctx_size),
+                                hardware=hw, force_profile=force_profile or None)
+    store = Store()
+    if model is not None:
+        pair_name = None
+        target, draft = model, model_draft
+        label = (model.name, model_draft.name if model_draft else None)
+    else:
+        spec = catalog.get_pair(settings.pair)
+        pair_name = spec.name
+        target, draft = spec.target, spec.draft
+        label = (spec.target.name, spec.draft.name)
+    plan = plan_for_settings(settings, target, draft, store=store)
+    return {"hardware": hw, "settings": settings, "pair": pair_name, "labels": label,
+            "plan": plan, "recommended": recommended_pairs(settings, store)}
+
+
+def report_json(r: dict) -> dict:
+    s, hw, plan = r["settings"], r["hardware"], r["plan"]
+    prof = s.profile_obj
+    return {
+        "hardware": hw.to_dict(),
+        "profile": {"name": prof.name, "description": prof.description, "reason": s.profile_reason,
+                    "source": s.source("profile"), "origin": prof.origin, "path": prof.path,
+                    "backend": prof.backend, "cost": prof.cost_for(hw)},
+        "backend": s.backend,
+        "settings": s.to_dict(),
+        "pair": r["pair"],
+        "plan": plan.to_dict(),
+        "recommended_pairs": [{"name": a.name, "status": a.status, "note": a.note,
+                               "exact": a.exact,
+                               "total": _needs(a.plan)}
+                              for a in r["recommended"]],
+        "warnings": list(s.warnings),
+        "notes": list(hw.notes),
+    }
+
+
+# ------------------------------------------------------------------------------- render
+
+
+def _needs(plan) -> int | None:
+    """Both models' memory, GPU and RAM together (unified memory counted once)."""
+    return sum(m.total for m in plan.models) if plan is not None else None
+
+
+def _b(n) -> str:
+    from tandem.hardware import fmt_bytes
+
+    return fmt_bytes(n) if n else "-"
+
+
+def render(r: dict, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console(highlight=False)
+    hw, s, plan = r["hardware"], r["settings"], r["plan"]
+
+    t = Table(title="Hardware", title_justify="left", show_header=False, box=None, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column()
+    os_name = {"linux": "Linux", "darwin": "macOS", "windows": "Windows"}.get(hw.os, hw.os)
+    t.add_row("OS", f"{os_name} {hw.os_release} ({hw.cpu.arch})")
+    t.add_row("CPU", f"{hw.cpu.model}, {hw.cpu.physical_cores} cores / {hw.cpu.logical_cores} "
+                     f"threads; {' '.join(hw.cpu.simd) or 'no SIMD flags read'}")
+    avail = f" ({_b(hw.ram_available)} available)" if hw.ram_available is not None else ""
+    t.add_row("RAM", f"{_b(hw.ram_total)}{avail}")
+    if hw.gpus:
+        for g in hw.gpus:
+            if g.unified:
+                t.add_row("GPU", f"{g.name}: unified memory, Metal may use {_b(g.memory_free)}")
+            else:
+                t.add_row("GPU", f"{g.name}: {_b(g.memory_total)} ({_b(g.memory_free)} free)")
+    else:
+        t.add_row("GPU", "none")
+    b = hw.backend
+    if b is not None:
+        what = {"cpu": "CPU only (no GPU offload)", "unknown": "not loadable"}.get(b.name,
+                                                                                 b.name.upper())
+        t.add_row("llama.cpp", f"llama-cpp-python {b.llama_cpp_version}, {what}")
+    console.print(t)
+    console.print()
+
+    prof = s.profile_obj
+    pt = Table(title="Profile", title_justify="left", show_header=False, box=None,
+               pad_edge=False)
+    pt.add_column(style="bold")
+    pt.add_column()
+    pt.add_row("Name", f"{prof.name}: {prof.description}"
+               + (f" ({prof.origin})" if prof.origin != "builtin" else ""))
+    chosen = "detected" if s.source("profile") == "detected" else f"set by {s.origin('profile')}"
+    pt.add_row("Chosen", f"{chosen}; {s.profile_reason}")
+    tier = prof.tier_for(hw.accelerator_memory)
+    if tier is not None:
+        pt.add_row("Tier", f">= {tier.min_memory_gib:g} GiB" + (f" ({tier.note})" if tier.note
+                                                               else ""))
+    pt.add_row("Backend", s.backend + ("" if s.backend == prof.backend else
+                                       f" (the profile asks for {prof.backend})"))
+    console.print(pt)
+    console.print()
+
+    st = Table(title="Settings", title_justify="left")
+    st.add_column("Setting")
+    st.add_column("Value")
+    st.add_column("Source")
+    for key, setting in s.values.items():
+        st.add_row(key, str(setting.value), setting.describe())
+    console.print(st)
+    console.print()
+
+    target_label, draft_label = r["labels"]
+    title = f"Plan for {r['pair']}" if r["pair"] else "Plan"
+    exact = all(m.exact for m in plan.models)
+    title += " (GGUF files on disk)" if exact else " (sizes from the catalog, estimated)"
+    pt = Table(title=title, title_justify="left",
+               caption=f"target: {target_label}" + (f", draft: {draft_label}" if draft_label
+                                                     else ""), caption_justify="left")
+    for col in ("Model", "Layers on GPU", "Weights", "KV cache", "Compute", "On GPU", "In RAM",
+                "Total"):
+        pt.add_column(col, justify="left" if col == "Model" else "right")
+    for m in plan.models:
+        layers = f"{m.gpu_layers}/{m.max_layers}" if plan.backend != "cpu" else "0 (CPU)"
+        pt.add_row(m.role, layers, _b(m.weights), _b(m.kv), _b(m.compute),
+                   _b(m.gpu_total), _b(m.cpu_total), _b(m.total))
+    pt.add_row("both", "", _b(sum(m.weights for m in plan.models)),
+               _b(sum(m.kv for m in plan.models)), _b(sum(m.compute for m in plan.models)),
+               _b(plan.gpu_used if plan.gpu_budget is not None else 0),
+               _b(sum(m.cpu_total for m in plan.models)),
+               _b(sum(m.total for m in plan.models)), style="bold")
+    console.print(pt)
+    left = []
+    if plan.gpu_budget is not None:
+        left.append(f"GPU {_b(plan.gpu_left)} of {_b(plan.gpu_budget)}"
+                    f" (after keeping {_b(plan.gpu_reserve)} free)")
+    ram_kind = "unified memory" if plan.unified else "RAM"
+    left.append(f"{ram_kind} {_b(plan.ram_left)} of {_b(plan.ram_budget)} available")
+    console.print("Free memory left: " + "; ".join(left))
+    status = {"fits": "[green]fits[/green]", "partial": "[yellow]partial offload[/yellow]",
+              "does-not-fit": "[red]does not fit[/red]"}[plan.status]
+    console.print(f"Status: {status}")
+    for p in plan.problems:
+        console.print(f"  - {p}")
+    if plan.advice:
+        console.print("What to change:")
+        for a in plan.advice:
+            console.print(f"  - {a}")
+    console.print()
+
+    if r["recommended"]:
+        rt = Table(title=f"Recommended pairs for {prof.name}", title_justify="left")
+        rt.add_column("Pair")
+        rt.add_column("Status")
+        rt.add_column("Needs", justify="right")
+        rt.add_column("Note")
+        for a in r["recommended"]:
+            needs = _b(_needs(a.plan)) if a.plan else "-"
+            note = a.note or ("exact (on disk)" if a.exact else "estimated")
+            rt.add_row(a.name, a.status, needs, note)
+        console.print(rt)
+    for w in s.warnings:
+        console.print(f"[yellow]Warning:[/yellow] {w}")
+    for n in hw.notes:
+        console.print(f"Note: {n}")

@@ -1,0 +1,350 @@
+"""Settings precedence: cli > env > config > tuned > profile > default, each value with its
+source; the profile choice; tuned settings files; building the engine's SessionOptions."""
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+
+import pytest
+from hw_fixtures import machine
+
+from tandem.errors import UsageError
+from tandem.planner import Budget, ContextSpec, plan
+from tandem.profiles import ProfileError, ProfileMismatchError, load_profiles
+from tandem.settings import (SOURCES, cli_values, load_tuned, plan_for_settings,
+                             resolve_settings, save_tuned, session_options, tuned_path)
+
+TEST_PROFILE = """
+description: test profile
+match: {vendor: any}
+backend: cpu
+context: 4000
+speculative: {n_max: 5}
+"""
+CPU_BOX = machine("cpu-box")
+
+
+@pytest.fixture
+def home(tmp_path):
+    h = tmp_path / "home"
+    h.mkdir()
+    return h
+
+
+@pytest.fixture
+def profiles(tmp_path):
+    d = tmp_path / "profiles"
+    d.mkdir()
+    (d / "test.yaml").write_text(TEST_PROFILE)
+    return load_profiles(builtin_dir=d, include_user=False)
+
+
+def write_config(home, body: str):
+    (home / "config.yaml").write_text(textwrap.dedent(body).lstrip())
+
+
+def write_tuned(home, **settings):
+    return save_tuned(tuned_path("qwen2.5-coder-1.5b", CPU_BOX.device_id, home), settings,
+                      pair="qwen2.5-coder-1.5b", device=CPU_BOX.device_id)
+
+
+VALUES = {"cli": 8000, "env": 7000, "config": 6000, "tuned": 5000, "profile": 4000,
+          "default": 4096}
+
+
+@pytest.mark.parametrize("top", SOURCES)
+def test_each_source_wins_over_the_next(top, home, tmp_path):
+    """Set n_ctx in `top` and every weaker source: `top` wins and is reported as the source."""
+    weaker = SOURCES[SOURCES.index(top):]
+    cli = {"n_ctx": VALUES["cli"]} if "cli" in weaker else {}
+    env = {"TANDEM_CTX_SIZE": str(VALUES["env"])} if "env" in weaker else {}
+    if "config" in weaker:
+        write_config(home, f"""
+            # my settings
+            context: {VALUES['config']}
+            """)
+    tuned_file = write_tuned(home, n_ctx=VALUES["tuned"]) if "tuned" in weaker else None
+    d = tmp_path / "p"
+    d.mkdir()
+    body = TEST_PROFILE if "profile" in weaker else TEST_PROFILE.replace("context: 4000\n", "")
+    (d / "test.yaml").write_text(body)
+    profiles = load_profiles(builtin_dir=d, include_user=False)
+    s = resolve_settings(cli, env=env, home=home, hardware=CPU_BOX, profiles=profiles)
+    assert s.n_ctx == VALUES[top]
+    assert s.source("n_ctx") == top
+    origin = {"cli": "--ctx-size", "env": "TANDEM_CTX_SIZE",
+              "config": f"{home / 'config.yaml'}:2", "tuned": str(tuned_file),
+              "profile": "test", "default": ""}[top]
+    assert s.origin("n_ctx") == origin
+    assert s.values["n_ctx"].describe().startswith(top)
+
+
+def test_every_key_has_a_value_and_a_source(home, profiles):
+    s = resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+    assert (s.n_ctx, s.source("n_ctx")) == (4000, "profile")
+    assert (s.n_max, s.source("n_max")) == (5, "profile")
+    assert (s.n_batch, s.source("n_batch")) == (512, "default")
+    assert (s.strategy, s.source("strategy")) == ("draft", "default")
+    assert (s.profile, s.source("profile")) == ("test", "detected")
+    assert (s.pair, s.source("pair")) == ("qwen2.5-coder-1.5b", "default")
+    d = s.to_dict()
+    assert d["n_ctx"] == {"value": 4000, "source": "profile", "origin": "test"}
+    with pytest.raises(AttributeError):
+        s.no_such_setting  # noqa: B018
+
+
+def test_defaults_match_the_engine_defaults():
+    from tandem.engine.llama import ContextParams
+    from tandem.profiles import FIELDS_BY_KEY
+    from tandem.session import DraftParams
+
+    from tandem.session import SessionOptions
+    from tandem.settings import ENGINE_REPACK
+
+    assert ENGINE_REPACK == SessionOptions().repack  # what the planner assumes about loading
+    c, d = ContextParams(), DraftParams()
+    for key, value in (("n_ctx", c.n_ctx), ("n_batch", c.n_batch), ("n_ubatch", c.n_ubatch),
+                       ("n_threads", c.n_threads), ("flash_attn", c.flash_attn),
+                       ("type_k", c.type_k), ("type_v", c.type_v), ("n_max", d.n_max),
+                       ("n_min", d.n_min), ("p_min", d.p_min)):
+        assert FIELDS_BY_KEY[key].default == value, key
+
+
+def test_strategies_accepted_by_profiles_are_the_engines():
+    from tandem.profiles import STRATEGIES
+    from tandem.session import STRATEGIES as ENGINE
+
+    assert set(STRATEGIES) == set(ENGINE)
+
+
+def test_env_and_cli_values_are_checked(home, profiles):
+    with pytest.raises(UsageError, match="TANDEM_CTX_SIZE: must be a whole number, got 'big'"):
+        resolve_settings({}, env={"TANDEM_CTX_SIZE": "big"}, home=home, hardware=CPU_BOX,
+                         profiles=profiles)
+    with pytest.raises(UsageError, match="TANDEM_DRAFT_P_MIN: must be in 0..1"):
+        resolve_settings({}, env={"TANDEM_DRAFT_P_MIN": "2"}, home=home, hardware=CPU_BOX,
+                         profiles=profiles)
+    with pytest.raises(UsageError, match="--ctx-size: must be in 256"):
+        resolve_settings({"n_ctx": 10}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+    s = resolve_settings({}, env={"TANDEM_GPU_LAYERS": "all", "TANDEM_FLASH_ATTN": "OFF",
+                                  "TANDEM_CACHE_TYPE_K": "q8_0", "TANDEM_DRAFT_P_MIN": "0.9"},
+                         home=home, hardware=CPU_BOX, profiles=profiles)
+    assert (s.target_gpu_layers, s.flash_attn, s.type_k, s.p_min) == ("all", "off", "q8_0", 0.9)
+
+
+def test_cli_values_drop_unset_flags_and_map_names():
+    assert cli_values(ctx_size=None, draft_max=6, threads=2, profile="cpu") == {
+        "n_max": 6, "n_threads": 2, "profile": "cpu"}
+    with pytest.raises(TypeError):
+        cli_values(nonsense=1)
+
+
+def test_config_file_errors_name_file_line_and_key(home, profiles):
+    write_config(home, """
+        context: 8192
+        speculative:
+          n_max: 4
+          pmin: 0.5
+        """)
+    with pytest.raises(ProfileError) as e:
+        resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+    assert e.value.path == str(home / "config.yaml") and e.value.line == 4
+    assert e.value.key == "speculative.pmin"
+    write_config(home, "context: [8192\n")
+    with pytest.raises(ProfileError, match="YAML syntax error"):
+        resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+    write_config(home, "profile: 12\n")
+    with pytest.raises(ProfileError, match="key 'profile': must be a name"):
+        resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+    write_config(home, "")  # an empty file is no configuration
+    assert resolve_settings({}, env={}, home=home, hardware=CPU_BOX,
+                            profiles=profiles).n_ctx == 4000
+
+
+def test_profile_choice_precedence_and_refusal(home):
+    profiles = load_profiles(include_user=False)
+    hw = machine("rtx4090")
+    s = resolve_settings({}, env={}, home=home, hardware=hw, profiles=profiles)
+    assert (s.profile, s.source("profile")) == ("rtx-4090", "detected")
+    assert s.n_ctx == 8192 and s.source("n_ctx") == "profile"
+    write_config(home, "profile: nvidia-generic\n")
+    s = resolve_settings({}, env={}, home=home, hardware=hw, profiles=profiles)
+    assert (s.profile, s.source("profile")) == ("nvidia-generic", "config")
+    assert s.origin("n_ctx").startswith("nvidia-generic (tier >= 20 GiB)")
+    s = resolve_settings({}, env={"TANDEM_PROFILE": "cpu"}, home=home, hardware=hw,
+                         profiles=profiles)
+    assert (s.profile, s.source("profile")) == ("cpu", "env")
+    assert s.backend == "cpu"  # the user asked for the CPU profile on a GPU box
+    s = resolve_settings({"profile": "rtx-4090"}, env={"TANDEM_PROFILE": "cpu"}, home=home,
+                         hardware=hw, profiles=profiles)
+    assert (s.profile, s.source("profile")) == ("rtx-4090", "cli")
+    # a profile for other hardware is refused with the reason, unless forced
+    with pytest.raises(ProfileMismatchError, match="GPU named like 'RTX 4080'"):
+        resolve_settings({"profile": "rtx-4080"}, env={}, home=home, hardware=hw,
+                         profiles=profiles)
+    s = resolve_settings({"profile": "rtx-4080"}, env={"TANDEM_FORCE_PROFILE": "1"}, home=home,
+                         hardware=hw, profiles=profiles)
+    assert s.profile == "rtx-4080" and any("forced" in w for w in s.warnings)
+    write_config(home, "profile: rtx-4080\n")
+    with pytest.raises(ProfileMismatchError, match=r"profile set by .*config.yaml:1"):
+        resolve_settings({}, env={}, home=home, hardware=hw, profiles=profiles)
+    write_config(home, "profile: rtx-4080\nforce_profile: true\n")
+    assert resolve_settings({}, env={}, home=home, hardware=hw, profiles=profiles).profile == \
+        "rtx-4080"
+
+
+def test_user_profiles_come_from_the_home(home):
+    (home / "profiles").mkdir()
+    (home / "profiles" / "cpu.yaml").write_text("context: 2048\n")
+    s = resolve_settings({}, env={}, home=home, hardware=CPU_BOX)
+    assert s.profile == "cpu" and s.n_ctx == 2048 and s.profile_obj.origin == "user override"
+
+
+def test_pair_precedence(home, profiles):
+    write_config(home, "pair: qwen2.5-coder-3b\n")
+    s = resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+    assert (s.pair, s.source("pair")) == ("qwen2.5-coder-3b", "config")
+    s = resolve_settings({"pair": "x"}, env={"TANDEM_PAIR": "y"}, home=home, hardware=CPU_BOX,
+                         profiles=profiles)
+    assert (s.pair, s.source("pair")) == ("x", "cli")
+
+
+def test_weaker_conflicting_values_yield(home, profiles):
+    # the profile sets n_max 5; the user's --draft-min 7 is stronger, so n_max follows it
+    s = resolve_settings({"n_min": 7}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+    assert (s.n_min, s.n_max) == (7, 7) and s.source("n_max") == "cli"
+    assert any("draft min 7 exceeds draft max 5" in w for w in s.warnings)
+    s = resolve_settings({"n_max": 1}, env={"TANDEM_DRAFT_MIN": "3"}, home=home,
+                         hardware=CPU_BOX, profiles=profiles)
+    assert (s.n_min, s.n_max) == (1, 1)
+    s = resolve_settings({"flash_attn": "off"}, env={"TANDEM_CACHE_TYPE_V": "q8_0"}, home=home,
+                         hardware=CPU_BOX, profiles=profiles)
+    assert (s.flash_attn, s.type_v) == ("off", "f16")
+    with pytest.raises(UsageError, match="both from cli"):
+        resolve_settings({"n_min": 4, "n_max": 2}, env={}, home=home, hardware=CPU_BOX,
+                         profiles=profiles)
+
+
+# ---------------------------------------------------------------------------- tuned
+
+
+def test_tuned_settings_round_trip_and_tolerate_absence(home, profiles):
+    assert load_tuned("p", "d", home) == ({}, None, [])
+    path = write_tuned(home, n_max=2, n_ubatch=256, n_batch=256)
+    doc = json.loads(path.read_text())
+    assert doc["settings"] == {"speculative": {"n_max": 2},
+                               "batch": {"n_ubatch": 256, "n_batch": 256}}
+    s = resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+    assert (s.n_max, s.source("n_max"), s.origin("n_max")) == (2, "tuned", str(path))
+    assert s.tuned_path == str(path)
+    # measured for another pair or another device: not applied
+    other = resolve_settings({"pair": "qwen2.5-coder-3b"}, env={}, home=home, hardware=CPU_BOX,
+                             profiles=profiles)
+    assert other.n_max == 5 and other.source("n_max") == "profile"
+
+
+def test_tuned_specific_files_beat_generic_ones_and_broken_ones_are_skipped(home, profiles):
+    tdir = home / "tuned"
+    save_tuned(tdir / "generic.json", {"n_max": 9})
+    specific = write_tuned(home, n_max=3)
+    os.utime(specific, (1, 1))  # older, but more specific
+    (tdir / "broken.json").write_text("{not json")
+    (tdir / "bad-value.json").write_text(json.dumps({"settings": {"context": -1}}))
+    s = resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+    assert s.n_max == 3 and s.tuned_path == str(specific)
+    assert sum("ignored tuned settings" in w for w in s.warnings) == 2
+
+
+# --------------------------------------------------------------------- engine options
+
+
+def test_session_options_from_settings_and_plan(home, profiles, tiny_models):
+    s = resolve_settings({"n_ctx": 1024, "n_max": 6, "strategy": "draft"},
+                         env={"TANDEM_THREADS": "2", "TANDEM_CACHE_TYPE_K": "q8_0"}, home=home,
+                         hardware=CPU_BOX, profiles=profiles)
+    opts = session_options(s, verbose=True)
+    assert opts.strategy == "draft" and opts.verbose
+    assert (opts.draft.n_max, opts.draft.n_min, opts.draft.p_min) == (6, 0, 0.5)
+    c = opts.target_ctx
+    assert (c.n_ctx, c.n_threads, c.type_k, c.type_v, c.flash_attn) == (1024, 2, "q8_0", "f16",
+                                                                         "on")
+    assert opts.draft_ctx is None  # the draft uses the target's context settings
+    assert (opts.target_gpu_layers, opts.draft_gpu_layers) == (0, 0)  # cpu backend, auto
+
+    p = plan_for_settings(s, tiny_models["target"], tiny_models["draft"])
+    assert p.status == "fits" and p.target.exact
+    opts = session_options(s, p)
+    assert (opts.target_gpu_layers, opts.draft_gpu_layers) == (0, 0)
+
+
+def test_session_options_take_gpu_layers_from_the_plan(home):
+    s = resolve_settings({}, env={}, home=home, hardware=machine("rtx4090"))
+    from tandem.planner import ModelShape
+
+    t = ModelShape.estimate("qwen2.5-coder-7b-instruct-q4_k_m", int(4.68e9))
+    d = ModelShape.estimate("qwen2.5-coder-0.5b-instruct-q4_k_m", 491400064)
+    p = plan(t, d, Budget.for_hardware(s.hardware, s.gpu_reserve_mb, s.backend),
+             ContextSpec(n_ctx=s.n_ctx))
+    opts = session_options(s, p)
+    assert (opts.target_gpu_layers, opts.draft_gpu_layers) == (29, 25)  # all, output included
+    no_plan = session_options(s)
+    assert (no_plan.target_gpu_layers, no_plan.draft_gpu_layers) == (-1, -1)  # llama.cpp: all
+
+
+def test_planned_options_load_and_run_a_session(home, tiny_models):
+    """What `tandem run` does once wired: settings -> plan -> SessionOptions -> PairSession."""
+    from tandem.engine.events import DoneEvent
+    from tandem.engine.speculative import GenParams
+    from tandem.session import PairSession
+    from tandem.settings import prepare_session
+
+    # one thread: two OpenMP threads spin against whatever else runs on a 2-core machine
+    prep = prepare_session(cli_values(ctx_size=512, strategy="draft", draft_max=3, threads=1),
+                           lambda pair: (tiny_models["target"], tiny_models["draft"]),
+                           hardware=CPU_BOX, home=home)
+    assert prep.plan.status == "fits" and prep.settings.source("n_ctx") == "cli"
+    assert prep.options.target_ctx.n_ctx == 512 and prep.options.draft.n_max == 3
+    with PairSession(prep.target, prep.draft, prep.options) as session:
+        assert session.target_ctx.n_ctx == 512 and session.draft_ctx.n_ctx == 512
+        events = list(session.generate(session.prompt_tokens(
+            [{"role": "user", "content": "hi"}], raw=True), GenParams(max_tokens=4)))
+    assert isinstance(events[-1], DoneEvent) and events[-1].stats.to_dict()
+
+
+def test_a_pair_that_does_not_fit_is_refused_with_what_to_change(home):
+    from tandem.catalog import ModelSpec
+    from tandem.planner import PlanError
+    from tandem.settings import prepare_session
+
+    huge = ModelSpec("llama-3.3-70b-instruct-q4_k_m", "x/y", "huge.gguf", size=int(42.5e9))
+    small = ModelSpec("llama-3.2-1b-instruct-q4_k_m", "x/y", "small.gguf", size=int(0.81e9))
+    with pytest.raises(PlanError) as e:
+        prepare_session({}, lambda pair: (huge, small), hardware=CPU_BOX, home=home)
+    assert e.value.exit_code == 3
+    assert "does not fit" in e.value.message and "RAM" in e.value.message
+    assert "smaller pair" in e.value.hint
+
+
+def test_spec_bench_tuned_results_apply_to_their_model_files(home, profiles, tiny_models):
+    """spec-bench --tune writes its own format, keyed by the model files (tandem.bench.tune)."""
+    from tandem.bench import tune
+
+    target, draft = tiny_models["target"], tiny_models["draft"]
+    overall = {"config": "draft-k3", "strategy": "draft", "n_max": 3, "n_min": 1, "p_min": 0.6,
+               "speedup": 1.3, "draft_model": "draft",
+               "target_ctx": {"n_ctx": 2048, "n_batch": 256, "n_ubatch": 128, "n_threads": 0,
+                              "n_threads_batch": 0, "flash_attn": "on", "type_k": "f16",
+                              "type_v": "f16"}, "draft_ctx": None}
+    path = tune.tuned_path(home, target, draft, 0)
+    tune.save(path, {"overall": overall, "by_category": {}, "partial": False}, {"target": "t"})
+    s = resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+    assert s.n_max == 5 and not s.warnings  # files unknown yet: not applied, no noise
+    s = resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles,
+                         models=(target, draft))
+    assert (s.n_max, s.n_min, s.p_min, s.n_ubatch, s.n_batch) == (3, 1, 0.6, 128, 256)
+    assert s.source("n_max") == "tuned" and s.origin("n_max") == str(path)
+    assert s.n_ctx == 4000 and s.source("n_ctx") == "profile"  # the context is the user's
+    other = resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles,
+                             models=(target, tiny_models["draft_weak"]))
+    assert other.n_max == 5
