@@ -98,7 +98,9 @@ def spec_bench(
     if prompts is None:
         items = workloads.builtin()
     elif str(prompts) == "-":
-        items = workloads.parse_text(sys.stdin.read(), "stdin")
+        data = app_module._read_stdin()
+        items = (workloads.parse_jsonl(data.splitlines(), "stdin") if data.lstrip().startswith("{")
+                 else workloads.parse_text(data, "stdin"))
     else:
         items = workloads.read_file(prompts)
     items = workloads.select(items, per_category, category)
@@ -166,7 +168,7 @@ def spec_bench(
     if out is not None:
         files = rep.write_outputs(report, results, out)
         err.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)
-    if tune and results:
+    if tune and results and tuning.choose(report)["overall"] is not None:
         tuned = tuning.choose(report)
         winner = (tuned["overall"] or {}).get("draft_model")
         chosen = draft_paths[labels.index(winner)] if winner in labels else (draft_paths[0] if draft_paths else None)

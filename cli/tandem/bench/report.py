@@ -250,9 +250,9 @@ def to_svg(report: Report) -> str:
         for ni, v in enumerate(vals[ci]):
             x = x0 + ni * bar
             out.append(f'<rect x="{x:.1f}" y="{y(v):.1f}" width="{bar - 2}" height="{y(0) - y(v):.1f}" '
-                       f'fill="{colors[ni % len(colors)]}"><title>{names[ni]} on {cat}: {v:.2f}x</title></rect>')
+                       f'fill="{colors[ni % len(colors)]}"><title>{_xml(names[ni])} on {_xml(cat)}: {v:.2f}x</title></rect>')
         out.append(f'<text x="{x0 + bar * len(names) / 2:.1f}" y="{height + 48}" text-anchor="end" '
-                   f'transform="rotate(-35 {x0 + bar * len(names) / 2:.1f} {height + 48})">{cat}</text>')
+                   f'transform="rotate(-35 {x0 + bar * len(names) / 2:.1f} {height + 48})">{_xml(cat)}</text>')
     for ni, name in enumerate(names):
         ly = 40 + ni * 16
         lx = left + group * len(cats) + 16

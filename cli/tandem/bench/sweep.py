@@ -36,7 +36,7 @@ def parse_sweep(specs: Sequence[str]) -> dict[str, list]:
         if key not in SWEEP_KEYS:
             raise UsageError(f"unknown sweep key {key!r}", f"sweep keys: {', '.join(SWEEP_KEYS)}")
         _, _, parse, allowed = SWEEP_KEYS[key]
-        parsed = []
+        parsed = grid.setdefault(key, [])  # a repeated key adds its values
         for raw in values.split(","):
             raw = raw.strip()
             try:
@@ -51,7 +51,6 @@ def parse_sweep(specs: Sequence[str]) -> dict[str, list]:
                 raise UsageError(f"--sweep {key}: {v} is out of range {allowed[0]}..{allowed[1]}", None)
             if v not in parsed:
                 parsed.append(v)
-        grid[key] = parsed
     return grid
 
 
@@ -79,7 +78,7 @@ def build_configs(strategies: Sequence[str], base: DraftParams, grid: dict[str, 
     # the reference: plain decoding with the session's own settings
     configs: list[BenchConfig] = [BenchConfig("plain", "none", base)]
     seen_plain = {""}
-    for strategy in ["none"] + [s for s in strategies if s != "none"]:
+    for strategy in dict.fromkeys(["none"] + [s for s in strategies if s != "none"]):
         for point in points:
             params = {"n_max": base.n_max, "n_min": base.n_min, "p_min": base.p_min}
             tctx, dctx = ctx, draft_ctx or ctx

@@ -32,7 +32,7 @@ def builtin() -> list[Prompt]:
 
 def read_file(path: Path) -> list[Prompt]:
     """Spec-Bench JSONL (question_id, category, turns), plain JSONL (prompt/text, category),
-    or a text file (prompts separated by blank lines, category `text`)."""
+    or a text file (prompts separated by blank lines; the category is the file's stem)."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -49,6 +49,7 @@ def read_file(path: Path) -> list[Prompt]:
 
 def parse_jsonl(lines: Iterable[str], name: str) -> list[Prompt]:
     out = []
+    seen: dict[str, int] = {}
     for no, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -72,6 +73,10 @@ def parse_jsonl(lines: Iterable[str], name: str) -> list[Prompt]:
         if not isinstance(category, str) or not category:
             raise UsageError(f"{name}:{no}: `category` must be a non-empty string", None)
         qid = str(obj.get("question_id", obj.get("id", f"{category}-{no}")))
+        if qid in seen:
+            raise UsageError(f"{name}:{no}: duplicate id {qid!r} (also on line {seen[qid]})",
+                             "give every prompt its own question_id")
+        seen[qid] = no
         out.append(Prompt(qid, category, text, obj.get("system")))
     if not out:
         raise UsageError(f"{name}: no prompts found", "the file is empty")
