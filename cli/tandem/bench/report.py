@@ -125,7 +125,7 @@ def _cell(config: BenchConfig, category: str, runs: list[RunResult], plain: dict
 def best(report: Report, category: str = OVERALL) -> Cell | None:
     """The fastest configuration for a category: highest median speedup (plain counts as 1.0)."""
     cells = [c for c in report.cells if c.category == category and c.speedup is not None]
-    return max(cells, key=lambda c: (c.speedup, -c.runs)) if cells else None
+    return max(cells, key=lambda c: (c.speedup, c.runs)) if cells else None
 
 
 def to_csv(results: Sequence[RunResult]) -> str:
