@@ -60,6 +60,7 @@ def spec_bench(
     quick: Annotated[bool, typer.Option("--quick", help="A few minutes on a CPU: 2 prompts per category, 64 tokens.")] = False,
     out: Annotated[Optional[Path], typer.Option("--out", help="Write report.json, runs.csv, report.md and speedup.svg here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the machine-readable result on stdout.")] = False,
+    predict: Annotated[Optional[list[str]], typer.Option("--predict", help="Also predict the speedup on this hardware profile from the measured acceptance (repeatable; labelled as a prediction).")] = None,
     tune: Annotated[bool, typer.Option("--tune", help="Save the fastest configuration for run, chat and --strategy auto.")] = False,
     ctx_size: CtxOpt = 4096,
     threads: ThreadsOpt = 0,
@@ -165,6 +166,14 @@ def spec_bench(
         signal.signal(signal.SIGINT, old)
     partial = stop["now"]
     report = rep.aggregate(results, configs, partial=partial, meta=meta)
+    if predict:
+        from tandem.bench.predict import predict as predict_speedups
+        from tandem.profiles import get_profile
+
+        meta["predictions"] = {name: predict_speedups(
+            report, get_profile(name, force=True)[0].cost_for(), target_path.name,
+            labels[0] if labels else "")
+                               for name in predict}
     if out is not None:
         files = rep.write_outputs(report, results, out)
         err.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)

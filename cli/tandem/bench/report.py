@@ -33,6 +33,8 @@ class Cell:
     verify_share: float
     identical: int  # runs whose greedy output equals plain decoding's
     compared: int
+    tokens_per_step: float = 0.0  # generated tokens per target verify batch
+    drafted_per_step: float = 0.0
     mismatches: list[str] = field(default_factory=list)
 
 
@@ -119,7 +121,9 @@ def _cell(config: BenchConfig, category: str, runs: list[RunResult], plain: dict
         acceptance_by_position=[a / d if d else 0.0 for a, d in zip(a_at, d_at)],
         draft_share=sum(r.t_draft for r in runs) / t_all,
         verify_share=sum(r.t_verify for r in runs) / t_all,
-        identical=identical, compared=compared, mismatches=mismatches)
+        identical=identical, compared=compared, mismatches=mismatches,
+        tokens_per_step=sum(r.n_generated for r in runs) / max(sum(r.n_steps for r in runs), 1),
+        drafted_per_step=drafted / max(sum(r.n_steps for r in runs), 1))
 
 
 def best(report: Report, category: str = OVERALL) -> Cell | None:
@@ -184,6 +188,11 @@ def to_markdown(report: Report) -> str:
         for name, curve in curves.items():
             row = {int(k): v for k, v in curve.items()}
             lines.append(f"| {name} | " + " | ".join(f"{row[n]:.1f}" if n in row else "-" for n in sizes) + " |")
+    predictions = report.meta.get("predictions") or {}
+    for profile, pred in predictions.items():
+        lines += ["", f"## Prediction for profile `{profile}` (a model, not a measurement)", "",
+                  pred.get("basis", ""), "", "| config | predicted speedup |", "|---|---|"]
+        lines += [f"| {name} | {value:.2f}x |" for name, value in pred["speedup"].items()]
     explanation = explain_drafts(report)
     if explanation:
         lines += ["", "## Choosing a draft", "", explanation]
