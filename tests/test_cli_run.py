@@ -86,7 +86,7 @@ def test_stdin_is_joined_before_the_argument(cli):
 
 
 @pytest.mark.parametrize("spelling", [
-    ["--draft-max", "2"], ["--spec-draft-n-max", "2"], ["--draft", "2"],
+    ["--draft-max", "2"], ["--spec-draft-n-max", "2"],
 ])
 def test_draft_length_spellings(cli, spelling):
     res = cli("--raw", "-n", "30", "--json", *spelling, "hello there")

@@ -48,6 +48,13 @@ DraftPMinOpt = Annotated[Optional[float], typer.Option("--draft-p-min", "--spec-
 CtxOpt = Annotated[int, typer.Option("--ctx-size", "-c", help="Context size in tokens.")]
 ThreadsOpt = Annotated[int, typer.Option("--threads", "-t", help="CPU threads (0: all cores).")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log on stderr.")]
+SystemOpt = Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.")]
+TempOpt = Annotated[float, typer.Option("--temp", help="Temperature; 0 is greedy.")]
+TopKOpt = Annotated[int, typer.Option("--top-k", help="Top-k (0: off).")]
+TopPOpt = Annotated[float, typer.Option("--top-p", help="Top-p (1: off).")]
+MinPOpt = Annotated[float, typer.Option("--min-p", help="Min-p (0: off).")]
+RepeatPenaltyOpt = Annotated[float, typer.Option("--repeat-penalty", help="Repetition penalty (1: off).")]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed for sampling.")]
 
 
 def _read_stdin() -> str:
@@ -94,7 +101,7 @@ def _resolve_models(pair: str | None, model: Path | None, draft: Path | None,
 @app.command(context_settings={"allow_interspersed_args": True})
 def run(
     args: Annotated[Optional[list[str]], typer.Argument(help="[PAIR] [PROMPT]: a catalog pair name, then the prompt.", show_default=False)] = None,
-    system: Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.")] = None,
+    system: SystemOpt = None,
     model: ModelOpt = None,
     model_draft: DraftOpt = None,
     strategy: StrategyOpt = None,
@@ -102,12 +109,12 @@ def run(
     draft_min: DraftMinOpt = None,
     draft_p_min: DraftPMinOpt = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens to generate.")] = 256,
-    temp: Annotated[float, typer.Option("--temp", help="Temperature; 0 is greedy.")] = 0.0,
-    top_k: Annotated[int, typer.Option("--top-k", help="Top-k (0: off).")] = 40,
-    top_p: Annotated[float, typer.Option("--top-p", help="Top-p (1: off).")] = 1.0,
-    min_p: Annotated[float, typer.Option("--min-p", help="Min-p (0: off).")] = 0.0,
-    repeat_penalty: Annotated[float, typer.Option("--repeat-penalty", help="Repetition penalty (1: off).")] = 1.0,
-    seed: Annotated[Optional[int], typer.Option("--seed", help="Random seed for sampling.")] = None,
+    temp: TempOpt = 0.0,
+    top_k: TopKOpt = 40,
+    top_p: TopPOpt = 1.0,
+    min_p: MinPOpt = 0.0,
+    repeat_penalty: RepeatPenaltyOpt = 1.0,
+    seed: SeedOpt = None,
     stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable).")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="No chat template: the prompt is sent as is.")] = False,
     ctx_size: CtxOpt = 4096,

@@ -18,13 +18,13 @@ from tandem.errors import TandemError, UsageError
 def register(app: typer.Typer) -> None:
     from tandem.app import (
         CtxOpt, DraftMaxOpt, DraftMinOpt, DraftOpt, ModelOpt, StrategyOpt, ThreadsOpt, VerboseOpt,
-        DraftPMinOpt,
+        DraftPMinOpt, MinPOpt, RepeatPenaltyOpt, SeedOpt, SystemOpt, TempOpt, TopKOpt, TopPOpt,
     )
 
     @app.command()
     def chat(
         pair: Annotated[Optional[str], typer.Argument(help="Catalog pair name (default: the default pair).", show_default=False)] = None,
-        system: Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.")] = None,
+        system: SystemOpt = None,
         model: ModelOpt = None,
         model_draft: DraftOpt = None,
         strategy: StrategyOpt = None,
@@ -32,12 +32,12 @@ def register(app: typer.Typer) -> None:
         draft_min: DraftMinOpt = None,
         draft_p_min: DraftPMinOpt = None,
         max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens per answer.")] = 1024,
-        temp: Annotated[float, typer.Option("--temp", help="Temperature; 0 is greedy.")] = 0.0,
-        top_k: Annotated[int, typer.Option("--top-k", help="Top-k (0: off).")] = 40,
-        top_p: Annotated[float, typer.Option("--top-p", help="Top-p (1: off).")] = 1.0,
-        min_p: Annotated[float, typer.Option("--min-p", help="Min-p (0: off).")] = 0.0,
-        repeat_penalty: Annotated[float, typer.Option("--repeat-penalty", help="Repetition penalty (1: off).")] = 1.0,
-        seed: Annotated[Optional[int], typer.Option("--seed", help="Random seed for sampling.")] = None,
+        temp: TempOpt = 0.0,
+        top_k: TopKOpt = 40,
+        top_p: TopPOpt = 1.0,
+        min_p: MinPOpt = 0.0,
+        repeat_penalty: RepeatPenaltyOpt = 1.0,
+        seed: SeedOpt = None,
         ctx_size: CtxOpt = 4096,
         threads: ThreadsOpt = 0,
         show_draft: Annotated[bool, typer.Option("--show-draft", help="Colour the tokens the target accepted from the draft.")] = False,

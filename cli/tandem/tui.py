@@ -44,11 +44,7 @@ class LiveState:
     parts: list[tuple[str, bool]] = field(default_factory=list)  # (text, from_draft)
     n_tokens: int = 0
     n_from_draft: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    steps_drafted: int = 0
-    drafted_at: list[int] = field(default_factory=list)
-    accepted_at: list[int] = field(default_factory=list)
+    steps: GenStats = field(default_factory=GenStats)  # draft/accept counts, step by step
     draft_len: int | None = None  # draft length asked of the drafter at the latest step
     prefill_done: int = 0
     prefill_total: int = 0
@@ -82,17 +78,7 @@ class LiveState:
         elif isinstance(ev, StepEvent):
             if ev.n_max > 0:  # steps capped to 0 by max_tokens or the context say nothing
                 self.draft_len = ev.n_max
-            if ev.drafted:
-                self.steps_drafted += 1
-                self.drafted += ev.drafted
-                self.accepted += ev.accepted
-                while len(self.drafted_at) < ev.drafted:
-                    self.drafted_at.append(0)
-                    self.accepted_at.append(0)
-                for i in range(ev.drafted):
-                    self.drafted_at[i] += 1
-                for i in range(ev.accepted):
-                    self.accepted_at[i] += 1
+            self.steps.record_step(ev.drafted, ev.accepted)
         elif isinstance(ev, DoneEvent):
             self.final = ev.stats
             self.reason = ev.reason
@@ -124,18 +110,24 @@ class LiveState:
         return n / window
 
     @property
+    def drafted(self) -> int:
+        return self.steps.drafted
+
+    @property
+    def accepted(self) -> int:
+        return self.steps.accepted
+
+    @property
     def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+        return self.steps.acceptance_rate
 
     @property
     def mean_accepted_length(self) -> float:
-        if not self.steps_drafted:
-            return 0.0
-        return (self.accepted + self.steps_drafted) / self.steps_drafted
+        return self.steps.mean_accepted_length
 
     @property
     def by_position(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+        return self.steps.acceptance_by_position
 
     @property
     def speedup(self) -> float | None:
