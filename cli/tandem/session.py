@@ -43,7 +43,11 @@ class SessionOptions:
     target_gpu_layers: int = 0
     draft_gpu_layers: int = 0
     verbose: bool = False
-    repack: bool = False  # repacked CPU weights: faster prompt processing, not batch-invariant
+    # Repacked CPU weights are faster but make verify batches of 4+ tokens differ numerically
+    # from single-token decoding; the target stays unrepacked so greedy speculation is exactly
+    # plain decoding. The draft's numerics only affect acceptance, so it is repacked.
+    repack: bool = False
+    draft_repack: bool = True
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -91,7 +95,7 @@ class PairSession:
         for p in paths:
             label = p.name if p.name not in self.drafts else f"{p.name}#{len(self.drafts) + 1}"
             self.drafts[label] = Model(p, options.draft_gpu_layers, verbose=options.verbose,
-                                       repack=options.repack)
+                                       repack=options.draft_repack)
             self.draft_paths[label] = p
         self._contexts: dict[tuple, Context] = {}
         self._costs: dict[tuple, CostModel] = {}
