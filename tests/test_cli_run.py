@@ -22,7 +22,9 @@ def cli(tiny_models, tmp_path_factory):
 
     def run(*args, stdin: bytes | str | None = None, models: bool = True, env: dict | None = None,
             timeout: float = 60):
-        full_env = {**os.environ, "TANDEM_HOME": str(home), "NO_COLOR": "1", "COLUMNS": "100"}
+        # the strategy is pinned: the hardware profile's default (auto) may decode plainly
+        full_env = {**os.environ, "TANDEM_HOME": str(home), "NO_COLOR": "1", "COLUMNS": "100",
+                    "TANDEM_STRATEGY": "draft"}
         full_env.pop("FORCE_COLOR", None)
         full_env.update(env or {})
         data = stdin.encode() if isinstance(stdin, str) else stdin

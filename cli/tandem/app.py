@@ -47,6 +47,9 @@ DraftMinOpt = Annotated[Optional[int], typer.Option("--draft-min", "--spec-draft
 DraftPMinOpt = Annotated[Optional[float], typer.Option("--draft-p-min", "--spec-draft-p-min", help="Stop drafting below this draft probability.")]
 CtxOpt = Annotated[int, typer.Option("--ctx-size", "-c", help="Context size in tokens.")]
 ThreadsOpt = Annotated[int, typer.Option("--threads", "-t", help="CPU threads (0: all cores).")]
+# run/chat: unset means "from the profile, tuned settings or config" (see `tandem hw`)
+OptCtxOpt = Annotated[Optional[int], typer.Option("--ctx-size", "-c", help="Context size in tokens (default: from the hardware profile).")]
+OptThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", help="CPU threads (0: all cores; default: from the profile).")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log on stderr.")]
 SystemOpt = Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.")]
 TempOpt = Annotated[float, typer.Option("--temp", help="Temperature; 0 is greedy.")]
@@ -117,8 +120,8 @@ def run(
     seed: SeedOpt = None,
     stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable).")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="No chat template: the prompt is sent as is.")] = False,
-    ctx_size: CtxOpt = 4096,
-    threads: ThreadsOpt = 0,
+    ctx_size: OptCtxOpt = None,
+    threads: OptThreadsOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with text and statistics.")] = False,
     no_stream: Annotated[bool, typer.Option("--no-stream", help="Print the text once it is complete.")] = False,
     stats: Annotated[Optional[bool], typer.Option("--stats/--no-stats", help="Statistics on stderr (default: when stderr is a terminal).")] = None,
@@ -135,10 +138,9 @@ def run(
       tandem run -m target.gguf -md draft.gguf --draft-max 8 "hello"
     """
     from tandem.engine.events import DoneEvent, TokenEvent
-    from tandem.engine.llama import ContextParams
     from tandem.engine.sampling import SamplingParams
     from tandem.engine.speculative import GenParams
-    from tandem.session import DraftParams, PairSession, SessionOptions
+    from tandem.session import PairSession
 
     pair, prompt = _split_pair_and_prompt(args or [])
     piped = _read_stdin()
@@ -147,21 +149,9 @@ def run(
         raise UsageError("the prompt is empty", "pass a prompt argument or pipe text on stdin")
     sampling = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                               repeat_penalty=repeat_penalty, seed=seed)
-    defaults = DraftParams()
-    dparams = DraftParams(
-        n_max=defaults.n_max if draft_max is None else draft_max,
-        n_min=defaults.n_min if draft_min is None else draft_min,
-        p_min=defaults.p_min if draft_p_min is None else draft_p_min,
-    )
-    if model is not None and model_draft is None and strategy is None:
-        strategy = "none"
-    opts = SessionOptions(strategy=strategy or "draft", draft=dparams,
-                          target_ctx=ContextParams(n_ctx=ctx_size, n_threads=threads),
-                          verbose=verbose)
     gen = GenParams(max_tokens=max_tokens, sampling=sampling, stop=tuple(stop or ()))
-    target_path, draft_path = _resolve_models(pair, model, model_draft)
-    if opts.strategy == "none" and model_draft is None and model is not None:
-        draft_path = None
+    target_path, draft_path, opts = load_plan(pair, model, model_draft, strategy, draft_max,
+                                              draft_min, draft_p_min, ctx_size, threads, verbose)
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt}]
     show_stats = sys.stderr.isatty() if stats is None else stats
@@ -186,6 +176,26 @@ def run(
         out.flush()
     if show_stats:
         print(done.stats.summary(), file=sys.stderr)
+
+
+def load_plan(pair, model, model_draft, strategy, draft_max, draft_min, draft_p_min, ctx_size,
+              threads, verbose):
+    """Settings (flags > env > config > tuned > profile > defaults) -> model files -> memory
+    plan -> SessionOptions; warnings go to stderr. Shared by run and chat."""
+    from tandem.settings import cli_values, prepare_session
+
+    if model is not None and model_draft is None and strategy is None:
+        strategy = "none"  # a lone -m means plain decoding unless a strategy is asked for
+    cli = cli_values(strategy=strategy, draft_max=draft_max, draft_min=draft_min,
+                     draft_p_min=draft_p_min, ctx_size=ctx_size, threads=threads, pair=pair)
+    prepared = prepare_session(cli, lambda name: _resolve_models(name, model, model_draft),
+                               verbose=verbose)
+    for warning in prepared.warnings:
+        print(f"Warning: {warning}", file=sys.stderr)
+    draft = prepared.draft
+    if prepared.options.strategy == "none" and model is not None and model_draft is None:
+        draft = None
+    return prepared.target, draft, prepared.options
 
 
 def _register_commands() -> None:

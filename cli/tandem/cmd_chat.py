@@ -17,8 +17,9 @@ from tandem.errors import TandemError, UsageError
 
 def register(app: typer.Typer) -> None:
     from tandem.app import (
-        CtxOpt, DraftMaxOpt, DraftMinOpt, DraftOpt, ModelOpt, StrategyOpt, ThreadsOpt, VerboseOpt,
-        DraftPMinOpt, MinPOpt, RepeatPenaltyOpt, SeedOpt, SystemOpt, TempOpt, TopKOpt, TopPOpt,
+        DraftMaxOpt, DraftMinOpt, DraftOpt, DraftPMinOpt, MinPOpt, ModelOpt, OptCtxOpt,
+        OptThreadsOpt, RepeatPenaltyOpt, SeedOpt, StrategyOpt, SystemOpt, TempOpt, TopKOpt,
+        TopPOpt, VerboseOpt,
     )
 
     @app.command()
@@ -38,8 +39,8 @@ def register(app: typer.Typer) -> None:
         min_p: MinPOpt = 0.0,
         repeat_penalty: RepeatPenaltyOpt = 1.0,
         seed: SeedOpt = None,
-        ctx_size: CtxOpt = 4096,
-        threads: ThreadsOpt = 0,
+        ctx_size: OptCtxOpt = None,
+        threads: OptThreadsOpt = None,
         show_draft: Annotated[bool, typer.Option("--show-draft", help="Colour the tokens the target accepted from the draft.")] = False,
         plain_probe: Annotated[int, typer.Option("--plain-probe", help="Tokens of plain decoding measured at start for the speedup figure (0: off; plain turns also count).")] = 16,
         verbose: VerboseOpt = False,
@@ -67,32 +68,22 @@ def _chat(*, pair, system, model, model_draft, strategy, draft_max, draft_min, d
           show_draft, plain_probe, verbose) -> None:
     from tandem import app as _app
     from tandem.chat import ChatSession
-    from tandem.engine.llama import ContextParams
     from tandem.engine.sampling import SamplingParams
     from tandem.engine.speculative import GenParams
-    from tandem.session import DraftParams, PairSession, SessionOptions
+    from tandem.session import PairSession
     from tandem.tui import ChatView, make_console
 
     if pair is not None and model is not None:
         raise UsageError("give a pair name or --model, not both")
     sampling = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                               repeat_penalty=repeat_penalty, seed=seed)
-    d = DraftParams()
-    dparams = DraftParams(n_max=d.n_max if draft_max is None else draft_max,
-                          n_min=d.n_min if draft_min is None else draft_min,
-                          p_min=d.p_min if draft_p_min is None else draft_p_min)
-    if model is not None and model_draft is None and strategy is None:
-        strategy = "none"
-    opts = SessionOptions(strategy=strategy or "draft", draft=dparams,
-                          target_ctx=ContextParams(n_ctx=ctx_size, n_threads=threads),
-                          verbose=verbose)
-    gen = GenParams(max_tokens=max_tokens, sampling=sampling, n_max=min(dparams.n_max, 64))
-
     view = ChatView(make_console(), show_draft=show_draft)
     with view.loading("Finding the models…"):
-        target_path, draft_path = _app._resolve_models(pair, model, model_draft)
-    if opts.strategy == "none" and model_draft is None and model is not None:
-        draft_path = None
+        target_path, draft_path, opts = _app.load_plan(
+            pair, model, model_draft, strategy, draft_max, draft_min, draft_p_min, ctx_size,
+            threads, verbose)
+    dparams = opts.draft
+    gen = GenParams(max_tokens=max_tokens, sampling=sampling, n_max=min(dparams.n_max, 64))
     names = target_path.name + (f" + {Path(draft_path).name}" if draft_path else "")
     with view.loading(f"Loading {names}…"):
         session = PairSession(target_path, draft_path, opts)
