@@ -682,3 +682,19 @@ def test_tuned_path_depends_on_pair_files_and_threads(tmp_path):
     (bigger / "draft.gguf").write_bytes(b"d" * 10)
     assert tune.tuned_path(home, bigger / "target.gguf", bigger / "draft.gguf") == p
     assert tune.tuned_path(tmp_path / "elsewhere", target, draft).name == p.name
+
+
+def test_group_mt_bench_merges_and_interleaves_the_eight_categories():
+    from tandem.bench import workloads as w
+
+    if not SPEC_BENCH.exists():
+        pytest.skip("shared/spec_bench is not beside this checkout")
+    prompts = w.read_file(SPEC_BENCH)
+    grouped = w.select(w.group_mt_bench(prompts), per_category=8)
+    mt = [p for p in grouped if p.category == "mt-bench"]
+    assert len(mt) == 8
+    # one of each original category first
+    originals = {p.id: p.category for p in prompts}
+    assert sorted(originals[p.id] for p in mt) == sorted(w.MT_BENCH)
+    assert {p.category for p in grouped} == {"mt-bench", "translation", "summarization", "qa",
+                                             "math_reasoning", "rag"}

@@ -49,6 +49,7 @@ def spec_bench(
     prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Spec-Bench JSONL, JSONL with prompt/category, a text file (prompts separated by blank lines), or - for stdin.")] = None,
     per_category: Annotated[Optional[int], typer.Option("--per-category", help="At most this many prompts per category.")] = None,
     category: Annotated[Optional[list[str]], typer.Option("--category", help="Only this category (repeatable).")] = None,
+    group_mt_bench: Annotated[bool, typer.Option("--group-mt-bench", help="Report Spec-Bench's eight MT-bench categories as one (as the Spec-Bench paper does).")] = False,
     strategies: Annotated[str, typer.Option("--strategies", help="Comma-separated strategies to compare with plain decoding.")] = "draft,ngram,hybrid,auto",
     sweep: Annotated[Optional[list[str]], typer.Option("--sweep", help="KEY=V1,V2 grid: draft-max, draft-min, p-min (repeatable).")] = None,
     draft_max: DraftMaxOpt = None,
@@ -104,6 +105,8 @@ def spec_bench(
                  else workloads.parse_text(data, "stdin"))
     else:
         items = workloads.read_file(prompts)
+    if group_mt_bench:
+        items = workloads.group_mt_bench(items)
     items = workloads.select(items, per_category, category)
     if not items:
         raise UsageError("no prompts selected", "check --category and --per-category")

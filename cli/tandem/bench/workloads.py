@@ -90,6 +90,21 @@ def parse_text(text: str, category: str = "text") -> list[Prompt]:
     return [Prompt(f"{category}-{i + 1}", category, b) for i, b in enumerate(blocks)]
 
 
+MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+
+
+def group_mt_bench(prompts: list[Prompt]) -> list[Prompt]:
+    """Spec-Bench reports its eight MT-bench categories as one, "mt-bench"; interleave them
+    (one of each first) so a per-category limit still samples every kind."""
+    from dataclasses import replace
+    from itertools import zip_longest
+
+    groups = [[p for p in prompts if p.category == c] for c in MT_BENCH]
+    mixed = [p for row in zip_longest(*groups) for p in row if p is not None]
+    rest = [p for p in prompts if p.category not in MT_BENCH]
+    return [replace(p, category="mt-bench") for p in mixed] + rest
+
+
 def select(prompts: list[Prompt], per_category: int | None = None,
            categories: Iterable[str] | None = None) -> list[Prompt]:
     wanted = set(categories) if categories else None
