@@ -125,8 +125,14 @@ def test_env_and_cli_values_are_checked(home, profiles):
     with pytest.raises(UsageError, match="TANDEM_DRAFT_P_MIN: must be in 0..1"):
         resolve_settings({}, env={"TANDEM_DRAFT_P_MIN": "2"}, home=home, hardware=CPU_BOX,
                          profiles=profiles)
-    with pytest.raises(UsageError, match="--ctx-size: must be in 256"):
+    with pytest.raises(UsageError, match="context size must be in 256..1048576, got 10"):
         resolve_settings({"n_ctx": 10}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+    with pytest.raises(UsageError, match="draft max must be in 0..64, got 100"):
+        resolve_settings({"n_max": 100}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+    with pytest.raises(UsageError, match=r"unknown strategy 'warp' \(--strategy\)") as e:
+        resolve_settings({"strategy": "warp"}, env={}, home=home, hardware=CPU_BOX,
+                         profiles=profiles)
+    assert e.value.hint.startswith("choose one of: none, draft")
     s = resolve_settings({}, env={"TANDEM_GPU_LAYERS": "all", "TANDEM_FLASH_ATTN": "OFF",
                                   "TANDEM_CACHE_TYPE_K": "q8_0", "TANDEM_DRAFT_P_MIN": "0.9"},
                          home=home, hardware=CPU_BOX, profiles=profiles)

@@ -70,6 +70,7 @@ class Field:
     hi: float | None = None
     choices: tuple[str, ...] = ()
     help: str = ""
+    label: str = ""  # how messages name it ("draft max"), as the engine's own errors do
 
     @property
     def dotted(self) -> str:
@@ -123,35 +124,39 @@ def _show(value: Any) -> str:
 
 SETTING_FIELDS: tuple[Field, ...] = (
     Field("strategy", ("speculative", "strategy"), "TANDEM_STRATEGY", "choice", "draft",
-          choices=STRATEGIES, help="none | draft | ngram | hybrid | auto"),
+          choices=STRATEGIES, help="none | draft | ngram | hybrid | auto", label="strategy"),
     Field("n_max", ("speculative", "n_max"), "TANDEM_DRAFT_MAX", "int", 4, 0, 64,
-          help="most tokens drafted per step"),
+          help="most tokens drafted per step", label="draft max"),
     Field("n_min", ("speculative", "n_min"), "TANDEM_DRAFT_MIN", "int", 0, 0, 64,
-          help="drafts shorter than this are dropped"),
+          help="drafts shorter than this are dropped", label="draft min"),
     Field("p_min", ("speculative", "p_min"), "TANDEM_DRAFT_P_MIN", "float", 0.5, 0.0, 1.0,
-          help="stop drafting below this draft probability"),
+          help="stop drafting below this draft probability", label="draft p-min"),
     Field("n_ctx", ("context",), "TANDEM_CTX_SIZE", "int", 4096, 256, MAX_CONTEXT,
-          help="context size in tokens (both models)"),
+          help="context size in tokens (both models)", label="context size"),
     Field("n_batch", ("batch", "n_batch"), "TANDEM_BATCH_SIZE", "int", 512, 1, 65536,
-          help="logical batch: most tokens per llama_decode call"),
+          help="logical batch: most tokens per llama_decode call", label="batch size"),
     Field("n_ubatch", ("batch", "n_ubatch"), "TANDEM_UBATCH_SIZE", "int", 512, 1, 65536,
-          help="physical batch; sizes the compute buffers"),
+          help="physical batch; sizes the compute buffers", label="ubatch size"),
     Field("n_threads", ("threads", "n_threads"), "TANDEM_THREADS", "int", 0, 0, 1024,
-          help="generation threads (0: all cores)"),
+          help="generation threads (0: all cores)", label="threads"),
     Field("n_threads_batch", ("threads", "n_threads_batch"), "TANDEM_THREADS_BATCH", "int", 0,
-          0, 1024, help="prompt/verify-batch threads (0: same as n_threads)"),
+          0, 1024, help="prompt/verify-batch threads (0: same as n_threads)",
+          label="batch threads"),
     Field("flash_attn", ("flash_attn",), "TANDEM_FLASH_ATTN", "choice", "on",
-          choices=FLASH_ATTN, help="auto | on | off"),
+          choices=FLASH_ATTN, help="auto | on | off", label="flash attention"),
     Field("type_k", ("kv_cache", "type_k"), "TANDEM_CACHE_TYPE_K", "choice", "f16",
-          choices=KV_TYPES, help="K cache type"),
+          choices=KV_TYPES, help="K cache type", label="K cache type"),
     Field("type_v", ("kv_cache", "type_v"), "TANDEM_CACHE_TYPE_V", "choice", "f16",
-          choices=KV_TYPES, help="V cache type (quantized needs flash attention)"),
+          choices=KV_TYPES, help="V cache type (quantized needs flash attention)",
+          label="V cache type"),
     Field("target_gpu_layers", ("offload", "target"), "TANDEM_GPU_LAYERS", "layers", "auto",
-          help="target layers on the GPU: auto (planner) | all | N"),
+          help="target layers on the GPU: auto (planner) | all | N", label="GPU layers"),
     Field("draft_gpu_layers", ("offload", "draft"), "TANDEM_GPU_LAYERS_DRAFT", "layers", "auto",
-          help="draft layers on the GPU: auto (all if it fits) | all | N"),
+          help="draft layers on the GPU: auto (all if it fits) | all | N",
+          label="draft GPU layers"),
     Field("gpu_reserve_mb", ("offload", "reserve_mb"), "TANDEM_GPU_RESERVE_MB", "int", 512, 0,
-          1 << 20, help="MiB of GPU memory left free (driver context, fragmentation)"),
+          1 << 20, help="MiB of GPU memory left free (driver context, fragmentation)",
+          label="GPU reserve (MiB)"),
 )
 FIELDS_BY_KEY: Mapping[str, Field] = MappingProxyType({f.key: f for f in SETTING_FIELDS})
 FIELDS_BY_PATH: Mapping[tuple[str, ...], Field] = MappingProxyType(

@@ -135,7 +135,11 @@ def _check_cli(values: Mapping[str, Any]) -> dict[str, Located]:
         if problem is None:
             value, problem = f.check(value)
         if problem:
-            raise UsageError(f"{CLI_FLAGS.get(key, key)}: {problem}", None)
+            flag = CLI_FLAGS.get(key, key)
+            if f.kind == "choice":
+                raise UsageError(f"unknown {f.label} {values[key]!r} ({flag})",
+                                 f"choose one of: {', '.join(f.choices)}")
+            raise UsageError(f"{f.label} {problem}", f"check {flag}")
         out[key] = Located(value, CLI_FLAGS.get(key, key), None)
     return out
 
