@@ -517,12 +517,13 @@ def effective_backend(profile: Profile, hardware: Any) -> str:
 
 def context_spec(settings: Settings, role: str = "target"):
     """The planner's ContextSpec for one model of the pair."""
+    from tandem.engine.llama import MAX_OUTPUTS
     from tandem.planner import ContextSpec
 
     rows = settings.n_max + 1 if role == "target" else 1
     return ContextSpec(n_ctx=settings.n_ctx, n_batch=settings.n_batch, n_ubatch=settings.n_ubatch,
                        flash_attn=settings.flash_attn, type_k=settings.type_k,
-                       type_v=settings.type_v, logit_rows=rows)
+                       type_v=settings.type_v, logit_rows=rows, n_outputs_max=MAX_OUTPUTS)
 
 
 def model_shape(ref: Any, store: Any = None):

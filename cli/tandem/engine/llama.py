@@ -54,6 +54,11 @@ def system_info() -> str:
     return _lc.llama_print_system_info().decode("utf-8", "replace")
 
 
+# Rows of logits one decode may ask for: a verify batch of up to 64 drafts + the last token.
+# llama.cpp reserves compute memory for n_outputs_max rows (default: n_batch, ~300 MiB with
+# a 152k vocabulary); capping it keeps the reservation to what verification can use.
+MAX_OUTPUTS = 65
+
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 
@@ -70,7 +75,7 @@ class Model:
                              "run `tandem pull` or check the path")
         params = _lc.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
-        params.use_mmap = use_mmap
+        params.load_mode = 1 if use_mmap else 0  # LLAMA_LOAD_MODE_MMAP / NONE
         # Repacked CPU weights switch to a different GEMM kernel for batches of 4+ tokens, so
         # verify-batch logits would differ from single-token decoding; without repacking (and
         # with flash attention) the CPU backend gives bit-identical rows for any batch size.
@@ -175,6 +180,7 @@ class ContextParams:
     flash_attn: str = "on"  # "on" keeps batched and single-token attention identical on CPU
     type_k: str = "f16"
     type_v: str = "f16"
+    n_outputs_max: int = MAX_OUTPUTS
 
 
 def default_threads() -> int:
@@ -192,6 +198,7 @@ class Context:
         cp.n_batch = params.n_batch
         cp.n_ubatch = min(params.n_ubatch, params.n_batch)
         cp.n_seq_max = 1
+        cp.n_outputs_max = params.n_outputs_max
         threads = params.n_threads or default_threads()
         cp.n_threads = threads
         cp.n_threads_batch = params.n_threads_batch or threads
@@ -248,8 +255,8 @@ class Context:
             raise ContextOverflowError(
                 f"{len(self.tokens) + n} tokens do not fit the context of {self.n_ctx}",
                 "shorten the prompt or raise --ctx-size")
-        if all_logits and n > self.n_batch:
-            raise ValueError("all_logits decode is limited to n_batch tokens")
+        if all_logits and n > min(self.n_batch, self.params.n_outputs_max):
+            raise ValueError("all_logits decode is limited to n_batch and n_outputs_max rows")
         start = 0
         while start < n:
             chunk = tokens[start:start + self.n_batch]
