@@ -105,7 +105,7 @@ def test_kv_cache_sizes():
 
 def test_compute_buffer_is_logits_bound_unless_attention_is_bigger():
     s = toy(vocab=150_000, embd=1024)
-    fa = place(s, ContextSpec(n_ctx=4096), 0)
+    fa = place(s, ContextSpec(n_ctx=4096, n_outputs_max=0), 0)  # llama.cpp's default: n_batch rows
     assert fa.compute_cpu == 4 * (512 * 150_000 + 2 * 512 * 1024)
     few_outputs = place(s, ContextSpec(n_ctx=4096, n_outputs_max=8), 0)
     assert few_outputs.compute_cpu < fa.compute_cpu / 4
@@ -263,3 +263,10 @@ def test_estimate_is_close_to_the_real_header(tiny_models):
     assert (s.n_layer, s.n_embd, s.n_head_kv[0], s.head_dim_k) == (28, 1536, 2, 128)
     kv = place(s, ContextSpec(n_ctx=4096), 0).kv
     assert kv == 112 * MiB  # llama.cpp: "llama_kv_cache: size = 112.00 MiB"
+
+
+def test_planner_assumes_the_engines_logits_row_cap():
+    pytest.importorskip("llama_cpp")
+    from tandem.engine.llama import MAX_OUTPUTS, ContextParams
+
+    assert ContextSpec().n_outputs_max == MAX_OUTPUTS == ContextParams().n_outputs_max

@@ -278,7 +278,8 @@ class ContextSpec:
     flash_attn: str = "auto"  # auto resolves to on: every backend tandem targets supports it
     type_k: str = "f16"
     type_v: str = "f16"
-    n_outputs_max: int = 0  # llama.cpp's default 0 means n_batch
+    # tandem's contexts cap logits rows at engine.llama.MAX_OUTPUTS (llama.cpp's 0 = n_batch)
+    n_outputs_max: int = 65
     logit_rows: int = 1  # rows of logits one decode asks for (verify: n_max + 1)
 
     @property
