@@ -55,3 +55,13 @@ def test_real_pair_draft_equal_to_target_accepts_all(real_pair):
     assert done.stats.drafted > 0
     # batched verification may flip a near-tie; on this prompt it does not
     assert done.stats.accepted == done.stats.drafted
+
+
+@pytest.mark.parametrize("strategy", ["ngram", "hybrid", "auto"])
+def test_real_pair_every_strategy_equals_plain(session, strategy):
+    for prompt in (PROMPTS[0], PROMPTS[4]):
+        tokens = session.prompt_tokens([{"role": "user", "content": prompt}])
+        plain = _generate(session, tokens, "none")
+        spec = _generate(session, tokens, strategy, DraftParams(n_max=6, n_min=0, p_min=0.5))
+        assert spec.stats.strategy == strategy
+        assert_same_as_plain(session.target, tokens, plain.tokens, spec.tokens)
