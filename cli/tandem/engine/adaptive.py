@@ -44,8 +44,10 @@ class LengthController:
     uses_model: bool = True  # drafting costs draft-model decodes (else: free, n-gram)
     probe_every: int = 12  # after this many plain choices, draft anyway to re-measure
     probe_len: int = 2
+    max_probe_every: int = 256  # probes that keep confirming "plain" back off up to this
     tracker: AcceptanceTracker = field(default_factory=AcceptanceTracker)
     _plain_run: int = 0
+    _interval: int = 0  # current probe interval (0: not started, use probe_every)
 
     def choose(self, cap: int) -> int:
         cap = min(cap, self.n_max)
@@ -59,11 +61,16 @@ class LengthController:
                 best_k, best = k, rate
         if best_k == 0:
             self._plain_run += 1
-            if self._plain_run >= self.probe_every:
+            interval = self._interval or self.probe_every
+            if self._plain_run >= interval:
+                # each probe costs more than a plain step when drafting does not pay, so
+                # probes that keep confirming plain decoding come less and less often
                 self._plain_run = 0
+                self._interval = min(interval * 2, self.max_probe_every)
                 return min(max(self.probe_len, self.n_min), cap)
         else:
             self._plain_run = 0
+            self._interval = 0
         return best_k
 
 

@@ -151,8 +151,9 @@ class HybridDrafter:
         self.n_max = n_max
         self.model_len = LengthController(self.costs, n_min, n_max, True,
                                           tracker=AcceptanceTracker(max(n_max, 1)))
+        # n-gram matches are often coincidental: start neutral, not optimistic
         self.ngram_len = LengthController(self.costs, 1, max(n_max, 16), False,
-                                          tracker=AcceptanceTracker(max(n_max, 16)))
+                                          tracker=AcceptanceTracker(max(n_max, 16), prior=0.5))
         self.guard = FallbackGuard() if guard else None
         self._last: Draft = Draft()
         self._last_model_decodes = 0
