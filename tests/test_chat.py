@@ -245,33 +245,9 @@ def test_plain_rate_is_measured_here(pair):
     assert "plain turns of this chat" in chat.plain_source
 
 
-def _real_pair_paths():
-    """The real default pair if it is already on disk (no download): TANDEM_REAL_MODELS_HOME,
-    /tmp/tandem-real-check, or the user's store."""
-    import os
-    from pathlib import Path
-
-    from tandem.catalog import get_pair
-    from tandem.store import Store, tandem_home
-
-    homes = [os.environ.get("TANDEM_REAL_MODELS_HOME"), "/tmp/tandem-real-check", None]
-    spec = get_pair()
-    for home in homes:
-        try:
-            store = Store(Path(home) if home else tandem_home())
-            target, draft = store.path_for(spec.target), store.path_for(spec.draft)
-        except TandemError:
-            continue
-        if target.is_file() and draft.is_file():
-            return target, draft
-    return None
-
-
 @pytest.mark.slow
-def test_real_pair_second_turn_does_not_reevaluate_the_first():
-    paths = _real_pair_paths()
-    if paths is None:
-        pytest.skip("the real pair is not on disk (set TANDEM_REAL_MODELS_HOME or run tandem pull)")
+def test_real_pair_second_turn_does_not_reevaluate_the_first(real_pair):
+    paths = real_pair  # conftest fetches the default pair once
     opts = SessionOptions(strategy="draft", target_ctx=ContextParams(n_ctx=2048))
     with PairSession(paths[0], paths[1], opts) as p:
         chat = ChatSession(p, gen=GenParams(max_tokens=16))

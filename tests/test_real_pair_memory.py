@@ -6,20 +6,15 @@ skips when it is not there: it loads the models once, it never downloads or gene
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 import pytest
 
-from tandem.catalog import get_pair
 from tandem.hardware import detect
 from tandem.planner import ContextSpec, ModelShape, place
-from tandem.store import Store, tandem_home
 
 pytestmark = pytest.mark.slow
 
 # read at import, before any test points TANDEM_HOME at a temporary directory
-REAL_HOME = Path(os.environ.get("TANDEM_REAL_MODELS_HOME") or tandem_home())
 MiB = 1 << 20
 
 CONFIGS = {  # the cpu profile's settings, then a long context without flash attention
@@ -29,24 +24,12 @@ CONFIGS = {  # the cpu profile's settings, then a long context without flash att
 }
 
 
-def _real_pair() -> dict[str, Path]:
-    pair = get_pair()
-    store = Store(REAL_HOME)
-    paths = {"target": store.path_for(pair.target), "draft": store.path_for(pair.draft)}
-    for role, spec in (("target", pair.target), ("draft", pair.draft)):
-        p = paths[role]
-        if not p.is_file() or (spec.size is not None and p.stat().st_size != spec.size):
-            pytest.skip(f"the default pair is not in {REAL_HOME} (run `tandem pull`, or set "
-                        "TANDEM_REAL_MODELS_HOME)")
-    return paths
-
-
-def test_planner_within_10_percent_of_llama_cpp():
+def test_planner_within_10_percent_of_llama_cpp(real_pair):
     from llama_log import llama_reports
 
     from tandem.gguf_meta import read_gguf_header
 
-    paths = _real_pair()
+    paths = {"target": real_pair[0], "draft": real_pair[1]}  # conftest fetches it once
     ctxs = {name: {"n_ctx": c.n_ctx, "n_batch": c.n_batch, "n_ubatch": c.n_ubatch,
                    "flash_attn": c.flash_attn, "type_k": c.type_k, "type_v": c.type_v}
             for name, c in CONFIGS.items()}
