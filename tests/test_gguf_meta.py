@@ -114,7 +114,7 @@ def test_reads_only_what_it_needs_from_a_stream(tiny_models):
 def test_tensor_bytes_for_quantized_types():
     gguf = pytest.importorskip("gguf")
     tensors, offset = [], 0
-    for type_id, (name, block, size) in GGML_TYPES.items():
+    for type_id, (_name, block, size) in GGML_TYPES.items():
         tensors.append((f"t{type_id}", (block * 4, 3), type_id, offset))
         offset += (4 * 3 * size + 31) // 32 * 32
     h = parse(build_header(tensors=tensors))
