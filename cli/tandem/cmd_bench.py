@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 import signal
 import sys
 from pathlib import Path
@@ -14,7 +15,8 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from tandem.app import CtxOpt, DraftMaxOpt, DraftMinOpt, DraftOpt, DraftPMinOpt, ModelOpt, ThreadsOpt, VerboseOpt
+from tandem.app import (DraftMaxOpt, DraftMinOpt, DraftOpt, DraftPMinOpt, ModelOpt, OptCtxOpt,
+                        OptThreadsOpt, VerboseOpt)
 from tandem.errors import UsageError
 
 
@@ -63,8 +65,8 @@ def spec_bench(
     as_json: Annotated[bool, typer.Option("--json", help="Print the machine-readable result on stdout.")] = False,
     predict: Annotated[Optional[list[str]], typer.Option("--predict", help="Also predict the speedup on this hardware profile from the measured acceptance (repeatable; labelled as a prediction).")] = None,
     tune: Annotated[bool, typer.Option("--tune", help="Save the fastest configuration for run, chat and --strategy auto.")] = False,
-    ctx_size: CtxOpt = 4096,
-    threads: ThreadsOpt = 0,
+    ctx_size: OptCtxOpt = None,
+    threads: OptThreadsOpt = None,
     verbose: VerboseOpt = False,
 ):
     """Measure plain decoding against speculative strategies on a workload, side by side.
@@ -83,10 +85,9 @@ def spec_bench(
     from tandem.bench import workloads
     from tandem.bench.runner import run_bench
     from tandem.bench.sweep import build_configs, parse_sweep
-    from tandem.engine.llama import ContextParams
     from tandem.engine.sampling import SamplingParams
     from tandem.engine.speculative import GenParams
-    from tandem.session import DraftParams, PairSession, SessionOptions
+    from tandem.session import PairSession
     from tandem.store import tandem_home
 
     if reps < 1:
@@ -110,18 +111,19 @@ def spec_bench(
     items = workloads.select(items, per_category, category)
     if not items:
         raise UsageError("no prompts selected", "check --category and --per-category")
-    base = DraftParams(*(d if v is None else v for d, v in zip(
-        (DraftParams().n_max, DraftParams().n_min, DraftParams().p_min), (draft_max, draft_min, draft_p_min))))
     grid = parse_sweep(sweep or [])
     gen = GenParams(max_tokens=max_tokens, sampling=SamplingParams())
-    target_path, draft_path = app_module._resolve_models(pair, model, model_draft)
+    # the same settings chain as run and chat (flags > env > config > tuned > profile)
+    target_path, draft_path, planned = app_module.load_plan(
+        pair, model, model_draft, "none", draft_max, draft_min, draft_p_min, ctx_size, threads,
+        verbose)
+    base = planned.draft
+    threads = planned.target_ctx.n_threads
     draft_paths = [_fetch(ref) for ref in drafts] if drafts else ([draft_path] if draft_path else [])
     labels = _labels(draft_paths)
     configs = build_configs([s.strip() for s in strategies.split(",") if s.strip()], base, grid,
-                            drafts=labels if len(labels) > 1 else (),
-                            ctx=ContextParams(n_ctx=ctx_size, n_threads=threads))
-    opts = SessionOptions(strategy="none", draft=base,
-                          target_ctx=ContextParams(n_ctx=ctx_size, n_threads=threads), verbose=verbose)
+                            drafts=labels if len(labels) > 1 else (), ctx=planned.target_ctx)
+    opts = replace(planned, strategy="none", verbose=verbose)
     err = Console(stderr=True, no_color=bool(os.environ.get("NO_COLOR")) or None)
     names = [c.name for c in configs]
     results = []

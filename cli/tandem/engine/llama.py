@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -207,6 +207,13 @@ class Context:
         cp.type_v = KV_TYPES[params.type_v]
         cp.no_perf = False
         ptr = _lc.llama_init_from_model(model._ptr, cp)
+        if not ptr and (params.type_k, params.type_v) != ("f16", "f16"):
+            # a quantized KV cache needs head sizes that are a multiple of its block (32);
+            # models that do not have them get the f16 cache instead
+            cp.type_k = cp.type_v = KV_TYPES["f16"]
+            ptr = _lc.llama_init_from_model(model._ptr, cp)
+            params = replace(params, type_k="f16", type_v="f16")
+            self.params = params
         if not ptr:
             raise ModelError(f"llama.cpp could not create a context for {model.path.name}",
                              "try a smaller --ctx-size, or f16 KV cache types")
