@@ -170,8 +170,8 @@ class PairSession:
         if strategy == "hybrid":
             return HybridDrafter(model, n_min=draft.n_min, n_max=draft.n_max)
         # auto: adaptive lengths from this machine's measured costs, plus the plain fallback
-        return HybridDrafter(model, costs=self.costs(), n_min=draft.n_min, n_max=draft.n_max,
-                             adaptive=True, guard=True, name="auto")
+        return HybridDrafter(model, ngram_match=2, costs=self.costs(), n_min=draft.n_min,
+                             n_max=draft.n_max, adaptive=True, guard=True, name="auto")
 
     def costs(self) -> CostModel:
         """The active configuration's cost model on this machine: cached, else calibrated

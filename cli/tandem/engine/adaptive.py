@@ -48,9 +48,11 @@ class LengthController:
     tracker: AcceptanceTracker = field(default_factory=AcceptanceTracker)
     _plain_run: int = 0
     _interval: int = 0  # current probe interval (0: not started, use probe_every)
+    last_was_probe: bool = False  # the latest choice drafted only to re-measure acceptance
 
     def choose(self, cap: int) -> int:
         cap = min(cap, self.n_max)
+        self.last_was_probe = False
         if cap <= 0:
             return 0
         draft_cost = None if self.uses_model else 0.0
@@ -67,6 +69,7 @@ class LengthController:
                 # probes that keep confirming plain decoding come less and less often
                 self._plain_run = 0
                 self._interval = min(interval * 2, self.max_probe_every)
+                self.last_was_probe = True
                 return min(max(self.probe_len, self.n_min), cap)
         else:
             self._plain_run = 0

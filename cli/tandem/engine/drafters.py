@@ -146,14 +146,16 @@ class HybridDrafter:
         self.model = model
         self.ngram = NgramDrafter(2, 4, min_match=1)
         self.ngram_match = ngram_match
+        self.max_probe_lag = 8
         self.costs = costs or CostModel()
         self.adaptive = adaptive
         self.n_max = n_max
         self.model_len = LengthController(self.costs, n_min, n_max, True,
                                           tracker=AcceptanceTracker(max(n_max, 1)))
-        # n-gram matches are often coincidental: start neutral, not optimistic
-        self.ngram_len = LengthController(self.costs, 1, max(n_max, 16), False,
-                                          tracker=AcceptanceTracker(max(n_max, 16), prior=0.5))
+        # n-gram drafts cost no model time, so their probes are cheap: probe often
+        self.ngram_len = LengthController(self.costs, 1, max(n_max, 16), False, probe_every=4,
+                                          probe_len=1, max_probe_every=32,
+                                          tracker=AcceptanceTracker(max(n_max, 16), prior=0.6))
         self.guard = FallbackGuard() if guard else None
         self._last: Draft = Draft()
         self._last_model_decodes = 0
@@ -164,13 +166,21 @@ class HybridDrafter:
             return self._last
         idx = self.ngram.index
         idx.sync(tokens)
-        cont, match = idx.lookup(self.ngram_len.choose(n_max) if self.adaptive else n_max)
+        cont, match = idx.lookup(n_max)
         if match >= self.ngram_match and cont:
-            self._last = Draft(cont, [None] * len(cont) if sample else None, n_model=0)
-            return self._last
+            k = self.ngram_len.choose(len(cont)) if self.adaptive else len(cont)
+            if k > 0:
+                cont = cont[:k]
+                self._last = Draft(cont, [None] * len(cont) if sample else None, n_model=0)
+                return self._last
         if self.model is None:
             return self._last
         k = self.model_len.choose(n_max) if self.adaptive else min(n_max, self.n_max)
+        lag = len(tokens) - len(self.model.ctx.tokens)
+        if self.model_len.last_was_probe and lag > self.max_probe_lag:
+            # a probe would first re-read every token since the draft was last used, which
+            # costs more than the probe can tell us: stay plain
+            k = 0
         if k <= 0:
             return self._last
         before = self.model.ctx.n_decoded
