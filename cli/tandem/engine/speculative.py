@@ -86,7 +86,8 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
         if len(draft.tokens) > k_cap:
             draft = Draft(draft.tokens[:k_cap], draft.dists[:k_cap] if draft.dists else None)
         t1 = time.perf_counter()
-        target.prefill(tokens[:-1])  # a no-op unless someone else used this context
+        if len(target.tokens) != len(tokens) - 1:  # only if someone else used this context
+            target.prefill(tokens[:-1])
         rows = target.decode([tokens[-1]] + draft.tokens, all_logits=True)
         t2 = time.perf_counter()
         new, n_acc = _verify(rows, draft, tokens, sp, params.verify, rng, model.n_vocab)
