@@ -36,7 +36,12 @@ def test_ngram_lookup_with_uncommitted_extra_tokens():
 def test_acceptance_tracker_counts_positions_reached():
     t = AcceptanceTracker(n_max=4, prior=0.5, weight=0.5)
     t.update(drafted=4, accepted=1)  # position 0 accepted, 1 rejected, 2-3 never reached
-    assert t.accept == [0.75, 0.25, 0.5, 0.5]
+    # never-reached positions follow the deepest measured one, not the prior
+    assert t.accept == [0.75, 0.25, 0.25, 0.25]
+    t.update(drafted=4, accepted=4)  # all four reached and accepted
+    assert t.accept == [0.875, 0.625, 0.625, 0.625]
+    t.update(drafted=2, accepted=0)  # only position 0 reached: deeper estimates are kept
+    assert t.accept == [0.4375, 0.625, 0.625, 0.625]
 
 
 def _costs(verify, draft):

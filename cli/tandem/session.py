@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from tandem import chat_template
+from tandem.engine.adaptive import model_draft_gain
 from tandem.engine.costs import CostModel, calibrate
 from tandem.engine.drafters import (DraftModelDrafter, Drafter, HybridDrafter, NgramDrafter,
                                     NoDrafter)
@@ -18,6 +19,11 @@ from tandem.engine.speculative import GenParams, generate
 from tandem.errors import UsageError
 
 STRATEGIES = ("none", "draft", "ngram", "hybrid", "auto")
+# auto uses the draft model only where the calibrated costs predict at least this speedup at
+# this acceptance per position; n-gram drafts (free to make) may grow to AUTO_NGRAM_CAP tokens
+AUTO_MODEL_GAIN = 1.15
+AUTO_MODEL_ACCEPT = 0.9
+AUTO_NGRAM_CAP = 16
 
 
 @dataclass(frozen=True)
@@ -170,8 +176,20 @@ class PairSession:
         if strategy == "hybrid":
             return HybridDrafter(model, n_min=draft.n_min, n_max=draft.n_max)
         # auto: adaptive lengths from this machine's measured costs, plus the plain fallback
-        return HybridDrafter(model, ngram_match=2, costs=self.costs(), n_min=draft.n_min,
-                             n_max=draft.n_max, adaptive=True, guard=True, name="auto")
+        costs = self.costs()
+        notes = []
+        if model is not None:
+            gain = model_draft_gain(costs, draft.n_max, AUTO_MODEL_ACCEPT)
+            if gain < AUTO_MODEL_GAIN:
+                # measured overheads (syncs, sampling) eat a predicted gain this small
+                model = None
+                notes.append(f"draft model off: this machine's costs predict {gain:.2f}x at "
+                             f"{AUTO_MODEL_ACCEPT:.0%} acceptance (needs {AUTO_MODEL_GAIN:.2f}x)")
+        drafter = HybridDrafter(model, ngram_match=2, costs=costs, n_min=draft.n_min,
+                                n_max=draft.n_max, adaptive=True, guard=True, name="auto",
+                                ngram_cap=AUTO_NGRAM_CAP, ngram_n=8)
+        drafter.notes.extend(notes)
+        return drafter
 
     def costs(self) -> CostModel:
         """The active configuration's cost model on this machine: cached, else calibrated
@@ -224,6 +242,8 @@ class PairSession:
         drafter = self.drafter(strategy, draft)
         if drafter.name == "none":
             gen = replace(gen, n_max=0)
+        elif drafter.name == "auto":
+            gen = replace(gen, n_max=max(draft.n_max, AUTO_NGRAM_CAP))
         else:
             gen = replace(gen, n_max=draft.n_max)
         return generate(self.target_ctx, prompt, drafter, gen)

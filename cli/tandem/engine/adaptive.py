@@ -21,6 +21,7 @@ class AcceptanceTracker:
     weight: float = 0.15
     accept: list[float] = field(default_factory=list)
     steps: int = 0
+    deepest: int = 0  # positions < deepest have been reached at least once
 
     def __post_init__(self):
         if not self.accept:
@@ -31,9 +32,15 @@ class AcceptanceTracker:
         if drafted <= 0:
             return
         self.steps += 1
-        for i in range(min(drafted, accepted + 1, len(self.accept))):
+        reached = min(drafted, accepted + 1, len(self.accept))
+        for i in range(reached):
             hit = 1.0 if i < accepted else 0.0
             self.accept[i] = (1 - self.weight) * self.accept[i] + self.weight * hit
+        self.deepest = max(self.deepest, reached)
+        # positions never reached follow the deepest measured one: a source that keeps being
+        # right (a copied passage) may then try longer drafts instead of being held at the prior
+        for i in range(self.deepest, len(self.accept)):
+            self.accept[i] = self.accept[self.deepest - 1]
 
 
 @dataclass
@@ -118,3 +125,14 @@ class FallbackGuard:
 
 def _ema(old: float, new: float, w: float) -> float:
     return (1 - w) * old + w * new
+
+
+def model_draft_gain(costs: CostModel, n_max: int, accept: float = 0.9) -> float:
+    """Best predicted speedup of draft-model drafting over plain decoding at a steady `accept`
+    rate per position, from this machine's measured costs (1.0: cannot pay at all)."""
+    if costs.plain <= 0 or costs.draft_token <= 0:
+        return 1.0
+    plain_rate = 1.0 / costs.plain
+    best = max((costs.expected_rate(k, [accept] * k) for k in range(1, max(n_max, 1) + 1)),
+               default=0.0)
+    return max(best / plain_rate, 1.0) if best > 0 else 1.0

@@ -39,6 +39,10 @@ class Drafter(Protocol):
         """Up to n_max tokens to follow `tokens`; `sample`: draw from q instead of argmax."""
         ...
 
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """Read the prompt while the target reads it (prompt time, as in llama.cpp)."""
+        ...
+
     def observe(self, step: StepEvent) -> None:
         """Feedback after verification: what was drafted, accepted, and what it cost."""
         ...
@@ -49,6 +53,9 @@ class NoDrafter:
 
     def propose(self, tokens, n_max, sampling, rng, sample) -> Draft:
         return Draft()
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        pass
 
     def observe(self, step: StepEvent) -> None:
         pass
@@ -104,6 +111,10 @@ class DraftModelDrafter:
             return Draft()
         return Draft(out, dists, n_model=len(out))
 
+    def prefill(self, prompt: Sequence[int]) -> None:
+        # propose() re-evaluates the last token for its logits; everything before it goes now
+        self.ctx.prefill(prompt[:-1])
+
     def observe(self, step: StepEvent) -> None:
         pass
 
@@ -124,6 +135,9 @@ class NgramDrafter:
         cont, match = self.index.lookup(n_max)
         return Draft(cont) if match >= self.min_match else Draft()
 
+    def prefill(self, prompt: Sequence[int]) -> None:
+        self.index.sync(prompt)
+
     def observe(self, step: StepEvent) -> None:
         pass
 
@@ -133,42 +147,59 @@ class HybridDrafter:
     otherwise; when the model stops early (p_min), n-gram tokens continue its draft.
 
     With `adaptive`, each source's draft length is chosen per step from its measured
-    acceptance and this machine's costs (see adaptive.py); with `guard`, speculation that
-    measures slower than plain decoding on this request is switched off for a while.
+    acceptance and this machine's costs (see adaptive.py); n-gram acceptance is tracked per
+    match length, since a 4-token match predicts far better than a 2-token one. With `guard`,
+    speculation that measures slower than plain decoding on this request is switched off for
+    a while.
     """
 
     name = "hybrid"
 
     def __init__(self, model: DraftModelDrafter | None, ngram_match: int = 3,
                  costs: CostModel | None = None, n_min: int = 0, n_max: int = 8,
-                 adaptive: bool = False, guard: bool = False, name: str = "hybrid"):
+                 adaptive: bool = False, guard: bool = False, name: str = "hybrid",
+                 ngram_cap: int | None = None, ngram_n: int = 4):
         self.name = name
         self.model = model
-        self.ngram = NgramDrafter(2, 4, min_match=1)
+        self.ngram = NgramDrafter(min(2, ngram_n), ngram_n, min_match=1)
         self.ngram_match = ngram_match
         self.max_probe_lag = 8
         self.costs = costs or CostModel()
         self.adaptive = adaptive
         self.n_max = n_max
+        # n-gram drafts may be longer than the model's: they cost no draft time
+        self.ngram_cap = max(n_max, ngram_cap or n_max)
         self.model_len = LengthController(self.costs, n_min, n_max, True,
                                           tracker=AcceptanceTracker(max(n_max, 1)))
         # n-gram drafts cost no model time, so their probes are cheap: probe often
-        self.ngram_len = LengthController(self.costs, 1, max(n_max, 16), False, probe_every=4,
-                                          probe_len=1, max_probe_every=32,
-                                          tracker=AcceptanceTracker(max(n_max, 16), prior=0.6))
+        self.ngram_len = {
+            n: LengthController(self.costs, 1, self.ngram_cap, False, probe_every=4,
+                                probe_len=1, max_probe_every=32,
+                                tracker=AcceptanceTracker(self.ngram_cap, prior=0.6))
+            for n in range(min(ngram_match, ngram_n), ngram_n + 1)}
         self.guard = FallbackGuard() if guard else None
+        self.notes: list[str] = []  # decisions a report may show (e.g. why the model is off)
         self._last: Draft = Draft()
+        self._last_ngram: LengthController | None = None
         self._last_model_decodes = 0
 
+    def prefill(self, prompt: Sequence[int]) -> None:
+        self.ngram.prefill(prompt)
+        if self.model is not None:
+            self.model.prefill(prompt)
+
     def propose(self, tokens, n_max, sampling, rng, sample) -> Draft:
-        self._last, self._last_model_decodes = Draft(), 0
+        self._last, self._last_ngram, self._last_model_decodes = Draft(), None, 0
         if n_max <= 0 or (self.guard is not None and self.guard.want_plain()):
             return self._last
         idx = self.ngram.index
         idx.sync(tokens)
-        cont, match = idx.lookup(n_max)
+        cont, match = idx.lookup(min(n_max, self.ngram_cap))
         if match >= self.ngram_match and cont:
-            k = self.ngram_len.choose(len(cont)) if self.adaptive else len(cont)
+            k = len(cont)
+            if self.adaptive:
+                self._last_ngram = self.ngram_len[min(match, idx.n_max)]
+                k = self._last_ngram.choose(k)
             if k > 0:
                 cont = cont[:k]
                 self._last = Draft(cont, [None] * len(cont) if sample else None, n_model=0)
@@ -204,8 +235,8 @@ class HybridDrafter:
         if n_model:
             self.model_len.tracker.update(n_model, min(step.accepted, n_model))
         n_ng = step.drafted - n_model
-        if n_ng and step.accepted >= n_model:
-            self.ngram_len.tracker.update(n_ng, step.accepted - n_model)
+        if n_ng and step.accepted >= n_model and self._last_ngram is not None:
+            self._last_ngram.tracker.update(n_ng, step.accepted - n_model)
         if self.guard is not None:
             produced = step.accepted + 1
             self.guard.observe(produced, step.t_draft + step.t_verify + step.t_sample,

@@ -59,7 +59,8 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
     sp = params.sampling
     rng = np.random.default_rng(sp.seed)
     sample_drafts = not sp.greedy and params.verify == "rejection"
-    stats = GenStats(strategy=drafter.name, n_prompt=len(prompt))
+    stats = GenStats(strategy=drafter.name, n_prompt=len(prompt),
+                     notes=list(getattr(drafter, "notes", ())))
     model = target.model
     text = TextStream(params.stop)
     tokens = list(prompt)
@@ -69,6 +70,7 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
     total = max(len(tokens) - 1 - _cached(target, tokens[:-1]), 0)
     yield PrefillEvent(0, total, len(prompt))
     stats.n_prompt_eval = target.prefill(tokens[:-1]) + 1
+    drafter.prefill(tokens)
     stats.t_prefill = time.perf_counter() - t_start
     yield PrefillEvent(total, total, len(prompt))
 

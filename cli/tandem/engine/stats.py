@@ -21,6 +21,7 @@ class GenStats:
     t_verify: float = 0.0
     t_sample: float = 0.0
     t_total: float = 0.0
+    notes: list[str] = field(default_factory=list)  # the drafter's decisions (e.g. model off)
 
     def record_step(self, drafted: int, accepted: int) -> None:
         self.n_steps += 1
@@ -85,4 +86,6 @@ class GenStats:
         if t > 0:
             line += (f" | time: draft {100 * self.t_draft / t:.0f}% verify "
                      f"{100 * self.t_verify / t:.0f}% sample {100 * self.t_sample / t:.0f}%")
+        for note in self.notes:
+            line += f" | {note}"
         return line

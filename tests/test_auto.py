@@ -1,0 +1,80 @@
+"""strategy auto: the draft model is used only where this machine's costs say it can pay, and
+n-gram acceptance is learnt per match length."""
+from __future__ import annotations
+
+import numpy as np
+
+from tandem.engine.adaptive import model_draft_gain
+from tandem.engine.costs import CostModel
+from tandem.engine.drafters import HybridDrafter
+from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent
+from tandem.engine.llama import ContextParams
+from tandem.engine.sampling import SamplingParams
+from tandem.engine.speculative import GenParams
+from tandem.session import AUTO_MODEL_GAIN, PairSession, SessionOptions
+
+# this CPU's calibrated figures (docs/benchmarks.md): a 0.5B draft token costs 0.43 of a plain step
+CPU = CostModel({1: 0.086, 2: 0.123, 3: 0.149, 4: 0.182, 5: 0.211, 8: 0.272, 17: 0.389}, 0.0368)
+# an RTX 4090-like profile: verify batches cost about a plain step, the draft ~8% of it
+GPU = CostModel({1: 0.0100, 2: 0.0102, 5: 0.0106, 9: 0.0112, 17: 0.0125}, 0.0008)
+
+
+def test_model_draft_gain_from_costs():
+    # CPU: k=2 at 90%: (1 + .9 + .81) / (2 * .0368 + .149) = 12.2 tok/s vs 11.6 plain
+    assert 1.0 < model_draft_gain(CPU, 3) < AUTO_MODEL_GAIN
+    assert model_draft_gain(GPU, 8) > 3.0
+    assert model_draft_gain(CostModel({1: 0.1}, 0.0), 4) == 1.0  # draft cost unknown
+
+
+def _auto(tiny_models, tmp_path, monkeypatch, costs: CostModel):
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
+    opts = SessionOptions(strategy="auto", target_ctx=ContextParams(n_ctx=512, n_threads=2))
+    session = PairSession(tiny_models["target"], tiny_models["draft"], opts)
+    costs.save(session._costs_path())  # as if calibrated on such a machine
+    return session
+
+
+def test_auto_drops_the_draft_model_where_it_cannot_pay(tiny_models, tmp_path, monkeypatch):
+    with _auto(tiny_models, tmp_path, monkeypatch, CPU) as s:
+        drafter = s.drafter("auto")
+        assert drafter.model is None
+        assert drafter.notes and "draft model off" in drafter.notes[0]
+        prompt = s.target.tokenize("one two three one two three one two", add_special=True,
+                                   parse_special=False)
+        plain = auto = None
+        for strategy in ("none", "auto"):
+            s.target_ctx.truncate(0)
+            for ev in s.generate(prompt, GenParams(max_tokens=24), strategy=strategy):
+                if isinstance(ev, DoneEvent):
+                    plain, auto = (ev, auto) if strategy == "none" else (plain, ev)
+        assert auto.tokens == plain.tokens
+        assert "draft model off" in auto.stats.summary()
+        assert s.draft_ctx.tokens == []  # never read the prompt: it was never going to draft
+
+
+def test_auto_keeps_the_draft_model_where_it_pays(tiny_models, tmp_path, monkeypatch):
+    with _auto(tiny_models, tmp_path, monkeypatch, GPU) as s:
+        drafter = s.drafter("auto")
+        assert drafter.model is not None and drafter.notes == []
+        prompt = s.target.tokenize("alpha beta gamma", add_special=True, parse_special=False)
+        seen = []
+        for ev in s.generate(prompt, GenParams(max_tokens=4), strategy="auto"):
+            if isinstance(ev, PrefillEvent):
+                seen.append(list(s.draft_ctx.tokens))
+        # when the prompt phase ends, the draft has read the prompt too (as llama.cpp does),
+        # so its reading is not counted as decoding time
+        assert seen[-1] == prompt[:-1]
+
+
+def test_ngram_acceptance_is_learnt_per_match_length():
+    d = HybridDrafter(None, ngram_match=2, costs=CPU, adaptive=True, ngram_n=4, ngram_cap=8)
+    sp, rng = SamplingParams(temperature=0.0), np.random.default_rng(0)
+    # "5 6" recurs (a 2-token match) but is followed by something else each time
+    tokens = [1, 5, 6, 7, 2, 5, 6, 8, 3, 5, 6]
+    d.prefill(tokens)
+    draft = d.propose(tokens, 8, sp, rng, False)
+    assert draft.tokens and draft.tokens[0] == 8
+    before4 = list(d.ngram_len[4].tracker.accept)
+    d.observe(StepEvent(0, len(draft.tokens), 0, 8, 0.0, 0.12, 0.0))  # rejected at once
+    assert d.ngram_len[2].tracker.accept[0] < 0.6
+    assert d.ngram_len[4].tracker.accept == before4  # long matches keep their own record
