@@ -11,7 +11,7 @@ from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent
 from tandem.engine.llama import ContextParams
 from tandem.engine.sampling import SamplingParams
 from tandem.engine.speculative import GenParams
-from tandem.session import AUTO_MODEL_GAIN, PairSession, SessionOptions
+from tandem.session import AUTO_MODEL_GAIN, DraftParams, PairSession, SessionOptions
 
 # this CPU's calibrated figures (docs/benchmarks.md): a 0.5B draft token costs 0.43 of a plain step
 CPU = CostModel({1: 0.086, 2: 0.123, 3: 0.149, 4: 0.182, 5: 0.211, 8: 0.272, 17: 0.389}, 0.0368)
@@ -78,3 +78,20 @@ def test_ngram_acceptance_is_learnt_per_match_length():
     d.observe(StepEvent(0, len(draft.tokens), 0, 8, 0.0, 0.12, 0.0))  # rejected at once
     assert d.ngram_len[2].tracker.accept[0] < 0.6
     assert d.ngram_len[4].tracker.accept == before4  # long matches keep their own record
+
+
+def test_drafts_never_exceed_the_exact_batch(tiny_models, tmp_path, monkeypatch):
+    from tandem.engine.llama import EXACT_BATCH
+
+    with _auto(tiny_models, tmp_path, monkeypatch, GPU) as s:
+        prompt = s.target.tokenize("a b c a b c a b c a b c a b", add_special=True,
+                                   parse_special=False)
+        steps, done = [], None
+        for ev in s.generate(prompt, GenParams(max_tokens=40, ignore_eos=True), strategy="draft",
+                             draft=DraftParams(n_max=12, p_min=0.0)):
+            if isinstance(ev, StepEvent):
+                steps.append(ev.drafted)
+            elif isinstance(ev, DoneEvent):
+                done = ev
+        assert max(steps) == EXACT_BATCH - 1
+        assert any(f"drafts capped at {EXACT_BATCH - 1}" in n for n in done.stats.notes)

@@ -65,3 +65,27 @@ def test_real_pair_every_strategy_equals_plain(session, strategy):
         spec = _generate(session, tokens, strategy, DraftParams(n_max=6, n_min=0, p_min=0.5))
         assert spec.stats.strategy == strategy
         assert_same_as_plain(session.target, tokens, plain.tokens, spec.tokens)
+
+
+def test_real_pair_verify_batches_up_to_the_exact_limit_match_single_decoding(session):
+    """The premise of EXACT_BATCH: after a long context (past the 512-token point where f16 KV
+    changes kernels), batches of 2..EXACT_BATCH rows give the logits of one-by-one decoding."""
+    import numpy as np
+
+    from tandem.engine.llama import EXACT_BATCH, Context
+
+    text = " ".join(f"item {i} costs {i * 7 % 13} dollars;" for i in range(120))
+    tokens = session.target.tokenize(text, add_special=True, parse_special=False)[:700]
+    ctx = Context(session.target, ContextParams(n_ctx=1024, n_threads=2, type_k="q8_0",
+                                                type_v="q8_0"))
+    try:
+        base = len(tokens) - EXACT_BATCH
+        ctx.prefill(tokens[:base])
+        single = [np.array(ctx.decode([t])[0]) for t in tokens[base:]]
+        for k in range(2, EXACT_BATCH + 1):
+            ctx.truncate(base)
+            rows = np.array(ctx.decode(tokens[base:base + k], all_logits=True))
+            for j in range(k):
+                assert np.array_equal(rows[j], single[j]), f"batch {k}, row {j}"
+    finally:
+        ctx.close()

@@ -14,7 +14,7 @@ from tandem.engine.adaptive import model_draft_gain
 from tandem.engine.costs import CostModel, calibrate
 from tandem.engine.drafters import (DraftModelDrafter, Drafter, HybridDrafter, NgramDrafter,
                                     NoDrafter)
-from tandem.engine.llama import Context, ContextParams, Model
+from tandem.engine.llama import EXACT_BATCH, Context, ContextParams, Model
 from tandem.engine.speculative import GenParams, generate
 from tandem.errors import UsageError
 
@@ -23,7 +23,7 @@ STRATEGIES = ("none", "draft", "ngram", "hybrid", "auto")
 # this acceptance per position; n-gram drafts (free to make) may grow to AUTO_NGRAM_CAP tokens
 AUTO_MODEL_GAIN = 1.15
 AUTO_MODEL_ACCEPT = 0.9
-AUTO_NGRAM_CAP = 16
+AUTO_NGRAM_CAP = EXACT_BATCH - 1
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import numpy as np
 
 from tandem.engine.drafters import Draft, Drafter, recent
 from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
-from tandem.engine.llama import Context, common_prefix
+from tandem.engine.llama import EXACT_BATCH, Context, common_prefix
 from tandem.engine.sampling import Dist, SamplingParams, distribution, greedy_token, residual
 from tandem.engine.stats import GenStats
 from tandem.engine.textstream import TextStream
@@ -64,6 +64,10 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
     model = target.model
     text = TextStream(params.stop)
     tokens = list(prompt)
+    n_max = min(params.n_max, EXACT_BATCH - 1)
+    if n_max < params.n_max:
+        stats.notes.append(f"drafts capped at {n_max}: larger verify batches are not "
+                           "bit-identical to single-token decoding (measured on llama.cpp's CPU kernels)")
     t_start = time.perf_counter()
 
     # The last prompt token goes into the first verify batch, so prefill stops one short.
@@ -81,7 +85,7 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
             reason = "context"
             break
         # drafts go at positions len(tokens)..; keep them inside the context and max_tokens
-        k_cap = min(params.n_max, target.n_ctx - len(tokens),
+        k_cap = min(n_max, target.n_ctx - len(tokens),
                     params.max_tokens - stats.n_generated - 1)
         t0 = time.perf_counter()
         draft = drafter.propose(tokens, k_cap, sp, rng, sample_drafts) if k_cap > 0 else Draft()
