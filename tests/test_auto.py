@@ -95,3 +95,18 @@ def test_drafts_never_exceed_the_exact_batch(tiny_models, tmp_path, monkeypatch)
                 done = ev
         assert max(steps) == EXACT_BATCH - 1
         assert any(f"drafts capped at {EXACT_BATCH - 1}" in n for n in done.stats.notes)
+
+
+def test_calibration_times_the_same_number_of_draft_tokens_whatever_the_sizes(
+        tiny_models, tmp_path, monkeypatch):
+    # spec-bench calibrates drafts with sizes=(1,): the draft cost must still be the time of
+    # DRAFT_PROBE_TOKENS decodes divided by that count (it once divided one decode by 8)
+    from tandem.engine.costs import DRAFT_PROBE_TOKENS, calibrate
+
+    with _auto(tiny_models, tmp_path, monkeypatch, CPU) as s:
+        probe = s.target.tokenize("def f(): pass", add_special=False, parse_special=False)
+        for sizes in ((1,), (1, 2, 3, 17)):
+            s.draft_ctx.truncate(0)
+            calibrate(s.target_ctx, s.draft_ctx, probe, sizes=sizes, reps=1)
+            assert s.draft_ctx.n_decoded - len(probe) == DRAFT_PROBE_TOKENS, sizes
+            s.draft_ctx.n_decoded = 0

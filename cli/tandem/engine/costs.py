@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-MAX_BATCH = 17  # verify batches of 1 (plain) .. 17 (16 drafts + the last token)
+MAX_BATCH = 17
+DRAFT_PROBE_TOKENS = 8  # single-token draft decodes timed by calibrate()  # verify batches of 1 (plain) .. 17 (16 drafts + the last token)
 
 
 @dataclass
@@ -105,9 +106,10 @@ def calibrate(target, draft, tokens: Sequence[int], sizes: Sequence[int] = (1, 2
     if draft is not None:
         draft.prefill(tokens)
         dbase = len(draft.tokens)
+        n = DRAFT_PROBE_TOKENS  # independent of `sizes`, which may be as short as (1,)
         t0 = time.perf_counter()
-        for tok in filler[:8]:
+        for tok in list(tokens[-1:]) * n:
             draft.decode([tok])
-        model.draft_token = (time.perf_counter() - t0) / 8
+        model.draft_token = (time.perf_counter() - t0) / n
         draft.truncate(dbase)
     return model

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Replay n-gram drafting policies offline on recorded greedy outputs.
+
+Greedy output does not depend on the drafter, so whether a drafted token is accepted is a pure
+function of plain decoding's output; the time of a step is the calibrated cost of its verify
+batch (CostModel) plus a fixed per-step overhead. This predicts, in milliseconds instead of
+minutes, what a policy would do on a workload, and bounds what any n-gram policy could do
+("oracle": drafts exactly the tokens that will be accepted). Predictions, not measurements:
+spec-bench measures.
+
+  .venv/bin/python scripts/ngram_replay.py --record out.json --prompts question.dev.jsonl
+  .venv/bin/python scripts/ngram_replay.py --replay out.json --costs ~/.local/share/tandem/costs/X.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def record(prompts_file: Path, out: Path, per_category: int, n: int, threads: int) -> None:
+    from tandem.bench.workloads import group_mt_bench, read_file, select
+    from tandem.catalog import get_pair
+    from tandem.engine.events import DoneEvent
+    from tandem.engine.llama import ContextParams
+    from tandem.engine.speculative import GenParams
+    from tandem.session import PairSession, SessionOptions
+    from tandem.store import Store
+
+    pair, store = get_pair(), Store()
+    prompts = select(group_mt_bench(read_file(prompts_file)), per_category)
+    ctx = ContextParams(n_ctx=4096, n_threads=threads, type_k="q8_0", type_v="q8_0")
+    items = []
+    with PairSession(store.ensure(pair.target), None,
+                     SessionOptions(strategy="none", target_ctx=ctx)) as s:
+        for p in prompts:
+            tokens = s.prompt_tokens([{"role": "user", "content": p.text}])
+            for ev in s.generate(tokens, GenParams(max_tokens=n), strategy="none"):
+                if isinstance(ev, DoneEvent):
+                    items.append({"id": p.id, "cat": p.category, "prompt": tokens,
+                                  "out": list(ev.tokens)})
+                    print(p.id, p.category, len(tokens), len(ev.tokens), file=sys.stderr)
+    out.write_text(json.dumps(items))
+
+
+def replay(items: list[dict], make, n_max: int, costs, overhead: float, oracle: bool) -> float:
+    """Predicted speedup over plain decoding for each item."""
+    from tandem.engine.events import StepEvent
+    from tandem.engine.sampling import SamplingParams
+
+    sp = SamplingParams(temperature=0.0)
+    out = []
+    for item in items:
+        seq = item["prompt"] + item["out"]
+        pos, end = len(item["prompt"]), len(seq)
+        drafter, t, step = make(), 0.0, 0
+        drafter.prefill(seq[:pos])
+        while pos < end:
+            cap = min(n_max, end - pos - 1)
+            toks = drafter.propose(seq[:pos], cap, sp, None, False).tokens[:cap] if cap > 0 else []
+            acc = 0
+            while acc < len(toks) and toks[acc] == seq[pos + acc]:
+                acc += 1
+            if oracle:
+                toks = toks[:acc]
+            cost = costs.verify_cost(len(toks) + 1)
+            t += cost + overhead
+            drafter.observe(StepEvent(step, len(toks), acc, cap, 0.0, cost, overhead))
+            pos, step = pos + acc + 1, step + 1
+        out.append((len(item["out"]) / t) * (costs.plain + overhead))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--record", type=Path, help="write plain greedy outputs here")
+    ap.add_argument("--prompts", type=Path, default=Path("../shared/spec_bench/question.dev.jsonl"))
+    ap.add_argument("--per-category", type=int, default=5)
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--replay", type=Path, help="recorded outputs to replay")
+    ap.add_argument("--costs", type=Path, help="a calibrated cost model ($TANDEM_HOME/costs/*.json)")
+    ap.add_argument("--overhead-ms", type=float, default=4.0, help="per-step time outside verify")
+    ns = ap.parse_args()
+    if ns.record:
+        record(ns.prompts, ns.record, ns.per_category, ns.n, ns.threads)
+    if not ns.replay:
+        return 0
+
+    from tandem.engine.costs import CostModel
+    from tandem.engine.drafters import HybridDrafter, NgramDrafter
+    from tandem.engine.llama import EXACT_BATCH
+    from tandem.session import AUTO_NGRAM_CAP
+
+    costs = CostModel.load(ns.costs) if ns.costs else None
+    if costs is None or not costs.verify:
+        print("error: --costs must name a calibrated cost model", file=sys.stderr)
+        return 2
+    items = json.loads(ns.replay.read_text())
+
+    def auto():
+        return HybridDrafter(None, ngram_match=2, costs=CostModel(dict(costs.verify)), n_max=3,
+                             adaptive=True, guard=True, name="auto", ngram_cap=AUTO_NGRAM_CAP,
+                             ngram_n=8)
+
+    cap = EXACT_BATCH - 1
+    policies = {"ngram (n_max 4)": (NgramDrafter, 4, False), "auto": (auto, cap, False),
+                f"oracle bound (n_max {cap})": (lambda: NgramDrafter(2, 8), cap, True)}
+    cats = sorted({i["cat"] for i in items})
+    print("| policy | " + " | ".join(cats) + " | overall |")
+    print("|---" * (len(cats) + 2) + "|")
+    for name, (make, n_max, oracle) in policies.items():
+        cells, every = [], []
+        for c in cats:
+            r = replay([i for i in items if i["cat"] == c], make, n_max, costs,
+                       ns.overhead_ms / 1000, oracle)
+            every += r
+            cells.append(f"{statistics.median(r):.2f}x")
+        print(f"| {name} | " + " | ".join(cells) + f" | {statistics.median(every):.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
