@@ -665,9 +665,14 @@ def test_tuned_path_depends_on_pair_files_and_threads(tmp_path):
     assert p.parent == home / "tuned" and p.suffix == ".json" and len(p.stem) == 16
     assert tune.tuned_path(home, target, draft) == p  # stable
     assert tune.tuned_path(home, target, draft, 0) == p
+    # "all cores" and the explicit core count are the same setting
+    import os
+
+    assert tune.tuned_path(home, target, draft, os.cpu_count()) == p
+    assert tune.tuned_path(home, target, draft, os.cpu_count() + 1) != p
     others = {
-        tune.tuned_path(home, target, draft, 4),
-        tune.tuned_path(home, target, draft, 8),
+        tune.tuned_path(home, target, draft, os.cpu_count() + 2),
+        tune.tuned_path(home, target, draft, os.cpu_count() + 4),
         tune.tuned_path(home, target, None),
         tune.tuned_path(home, draft, target),
         tune.tuned_path(home, target, write(tmp_path, "draft2.gguf", b"d" * 10)),  # another draft
