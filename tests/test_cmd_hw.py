@@ -108,3 +108,19 @@ def test_hw_subprocess_error_and_output_streams(home):
     bad = subprocess.run(cmd + ["--pair", "no-such-pair"], env=env, capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "unknown pair 'no-such-pair'" in bad.stderr
+
+
+def test_hw_shows_spec_bench_tuned_settings_for_files_on_disk(home, monkeypatch, tiny_models):
+    # what spec-bench --tune writes for these files on this machine (any thread count = all)
+    from tandem.bench import tune
+
+    target, draft = tiny_models["target"], tiny_models["draft"]
+    tune.save(tune.tuned_path(home, target, draft),
+              {"overall": {"config": "ngram", "strategy": "ngram", "n_max": 5, "n_min": 0,
+                           "p_min": 0.5, "speedup": 1.2}, "by_category": {}, "partial": False},
+              {})
+    res = run_hw(monkeypatch, "cpu-box", "--json", "-m", str(target), "-md", str(draft))
+    assert res.exit_code == 0, res.output
+    settings = json.loads(res.stdout)["settings"]
+    assert settings["strategy"]["value"] == "ngram" and settings["strategy"]["source"] == "tuned"
+    assert settings["n_max"]["value"] == 5

@@ -69,9 +69,30 @@ def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size
         pair_name = spec.name
         target, draft = spec.target, spec.draft
         label = (spec.target.name, spec.draft.name)
+    files = _files_on_disk(store, target, draft)
+    if files is not None:
+        # with the files known, spec-bench --tune's results for them apply (as in run and chat)
+        settings = resolve_settings(cli_values(profile=profile, pair=pair, ctx_size=ctx_size),
+                                    hardware=hw, force_profile=force_profile or None,
+                                    models=files)
     plan = plan_for_settings(settings, target, draft, store=store)
     return {"hardware": hw, "settings": settings, "pair": pair_name, "labels": label,
             "plan": plan, "recommended": recommended_pairs(settings, store)}
+
+
+def _files_on_disk(store, target, draft):
+    """(target, draft) paths when they are on disk already (never downloads), else None."""
+    from pathlib import Path
+
+    paths = []
+    for item in (target, draft):
+        if item is None or isinstance(item, Path):
+            paths.append(item)
+        elif store.is_present(item):
+            paths.append(store.path_for(item))
+        else:
+            return None
+    return tuple(paths) if paths[0] is not None and paths[0].exists() else None
 
 
 def report_json(r: dict) -> dict:
