@@ -3,6 +3,7 @@ n-gram acceptance is learnt per match length."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from tandem.engine.adaptive import model_draft_gain
 from tandem.engine.costs import CostModel
@@ -110,3 +111,28 @@ def test_calibration_times_the_same_number_of_draft_tokens_whatever_the_sizes(
             calibrate(s.target_ctx, s.draft_ctx, probe, sizes=sizes, reps=1)
             assert s.draft_ctx.n_decoded - len(probe) == DRAFT_PROBE_TOKENS, sizes
             s.draft_ctx.n_decoded = 0
+
+
+def test_an_implausible_cached_cost_curve_is_measured_again(tiny_models, tmp_path, monkeypatch):
+    # a calibration that ran while the cores were busy: 6 tokens "cheaper" than 1
+    busy = CostModel({1: 0.43, 2: 0.54, 6: 0.29, 17: 0.26}, 0.33)
+    assert not busy.plausible() and CPU.plausible() and GPU.plausible()
+    assert not CostModel({}, 0.0).plausible()
+    import tandem.session as session_module
+
+    calls = []
+
+    def fake_calibrate(target, draft, tokens):
+        calls.append(len(tokens))
+        return CostModel(dict(CPU.verify), CPU.draft_token, source="calibrated")
+
+    monkeypatch.setattr(session_module, "calibrate", fake_calibrate)
+    with _auto(tiny_models, tmp_path, monkeypatch, busy) as s:
+        costs = s.costs()
+        assert len(calls) == 1 and costs.source == "calibrated"
+        costs.observe_verify(1, 0.090)  # a step measured during the session
+        path = s._costs_path()
+    # what the session measured (refined online) is what the next one starts from
+    saved = CostModel.load(path)
+    assert saved.verify[1] == pytest.approx(0.8 * 0.086 + 0.2 * 0.090)
+    assert saved.verify[17] == CPU.verify[17]

@@ -295,3 +295,30 @@ def test_user_override_beats_the_builtin_tiers(tmp_path):
     assert p.values_for(hw)["n_ctx"].value == 4096
     assert p.values_for(hw)["type_k"].value == "q8_0"
     assert p.pairs_for(hw)[0] == "llama3.3-70b"  # the tier's other keys still apply
+
+
+def test_profiles_dir_outside_a_checkout_is_the_wheels_share_dir(tmp_path, monkeypatch):
+    import sys
+
+    import tandem.profiles as profiles_module
+
+    monkeypatch.delenv("TANDEM_PROFILES_DIR", raising=False)
+    monkeypatch.setattr(profiles_module, "__file__", str(tmp_path / "site" / "tandem" / "profiles.py"))
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "venv"))
+    assert profiles_dir() == tmp_path / "venv" / "share" / "tandem" / "profiles"
+
+
+def test_the_wheel_carries_every_profile(tmp_path):
+    pytest.importorskip("setuptools")  # the build backend, used without isolation (offline)
+    import subprocess
+    import sys
+    import zipfile
+
+    res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                          "-q", "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    (wheel,) = tmp_path.glob("tandem-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    shipped = {Path(n).name for n in names if "/data/share/tandem/profiles/" in n}
+    assert shipped == {p.name for p in (ROOT / "profiles").glob("*.yaml")}
+    assert "tandem/data/catalog.yaml" in names

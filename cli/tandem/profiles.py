@@ -621,12 +621,19 @@ def parse_profile(doc: Any, path: str | Path, name: str, origin: str = "builtin"
 
 
 def profiles_dir() -> Path:
-    """Built-in profiles: $TANDEM_PROFILES_DIR, else <source tree>/profiles next to cli/."""
+    """Built-in profiles: $TANDEM_PROFILES_DIR, else <source tree>/profiles next to cli/
+    (a checkout or an editable install), else <prefix>/share/tandem/profiles (a wheel
+    installs them there, see pyproject.toml)."""
     env = os.environ.get("TANDEM_PROFILES_DIR")
     if env:
         return Path(env).expanduser()
     # cli/tandem/profiles.py -> the repository root is two levels above the package
-    return Path(__file__).resolve().parents[2] / "profiles"
+    source = Path(__file__).resolve().parents[2] / "profiles"
+    if source.is_dir():
+        return source
+    import sys
+
+    return Path(sys.prefix) / "share" / "tandem" / "profiles"
 
 
 def user_profiles_dir() -> Path:

@@ -143,6 +143,7 @@ class PairSession:
         return ctx
 
     def close(self) -> None:
+        self.save_costs()
         for ctx in self._contexts.values():
             ctx.close()
         self._contexts.clear()
@@ -199,7 +200,7 @@ class PairSession:
         if key not in self._costs:
             path = self._costs_path()
             cached = CostModel.load(path)
-            if cached is None or not cached.verify:
+            if cached is None or not cached.plausible():
                 probe = self.target.tokenize("def main():\n    print('calibrating')\n",
                                              add_special=False, parse_special=False)
                 cached = calibrate(self.target_ctx, self.draft_ctx, probe)
@@ -209,6 +210,19 @@ class PairSession:
                     pass  # a read-only home only costs a recalibration next time
             self._costs[key] = cached
         return self._costs[key]
+
+    def save_costs(self) -> None:
+        """Keep what this session's steps measured (costs are refined online) for the next one;
+        only the active configuration's model, and only a plausible one."""
+        key = (self.target_ctx.params, self.draft_label,
+               self.draft_ctx.params if self.draft_ctx else None)
+        model = self._costs.get(key)
+        if model is None or not model.plausible():
+            return
+        try:
+            model.save(self._costs_path())
+        except OSError:
+            pass  # a read-only home only costs a recalibration next time
 
     def _costs_path(self) -> Path:
         import hashlib

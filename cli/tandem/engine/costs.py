@@ -64,6 +64,14 @@ class CostModel:
         cost = k * per_draft + self.verify_cost(k + 1)
         return tokens / cost if cost > 0 else 0.0
 
+    def plausible(self) -> bool:
+        """False for a curve no quiet machine produces: a batch of n tokens measured cheaper
+        than 80% of a single token (the calibration ran while something else had the cores)."""
+        if not self.verify or any(v <= 0 for v in self.verify.values()):
+            return False
+        one = self.verify.get(1)
+        return one is None or all(v >= 0.8 * one for n, v in self.verify.items() if n > 1)
+
     def to_json(self) -> str:
         return json.dumps({"verify": {str(k): v for k, v in sorted(self.verify.items())},
                            "draft_token": self.draft_token, "source": self.source}, indent=1)
