@@ -34,10 +34,12 @@ NGRAM = BenchConfig("ngram", "ngram")
 # ------------------------------------------------------------------ recorded event streams
 
 def recorded(config: str, prompt: Prompt, *, tokens_per_second: float, steps=(), times=(0.0, 0.0, 0.0),
-             tokens=(1, 2, 3), rep: int = 0, n_generated: int = 100, reason: str = "length") -> RunResult:
+             tokens=(1, 2, 3), rep: int = 0, n_generated: int = 100, reason: str = "length",
+             notes=()) -> RunResult:
     """A RunResult made the way run_bench makes it: a GenStats fed step by step
     (record_step, as the engine does), wrapped in the DoneEvent that ends generate()."""
-    stats = GenStats(strategy=config, n_prompt=10, n_prompt_eval=10, n_generated=n_generated)
+    stats = GenStats(strategy=config, n_prompt=10, n_prompt_eval=10, n_generated=n_generated,
+                     notes=list(notes))
     for drafted, accepted in steps:
         stats.record_step(drafted, accepted)
     stats.t_draft, stats.t_verify, stats.t_sample = times
@@ -274,6 +276,20 @@ def test_markdown(results):
     assert "**Partial results**" in partial
     row_b = next(line for line in partial.splitlines() if line.startswith("| B |"))
     assert row_b.endswith("| - | - |")  # draft and ngram never ran on B
+
+
+def test_drafter_notes_are_counted_and_reported():
+    off = "draft model off: this machine's costs predict {}x at 90% acceptance (needs 1.15x)"
+    runs = [recorded("plain", P1, tokens_per_second=10.0), recorded("plain", P2, tokens_per_second=10.0),
+            recorded("auto", P1, tokens_per_second=11.0, notes=[off.format("1.05")]),
+            recorded("auto", P2, tokens_per_second=12.0, notes=[off.format("1.06")])]
+    report = rep.aggregate(runs, [PLAIN, BenchConfig("auto", "auto")])
+    # the same decision with refined figures counts once, shown with the latest figures
+    assert report.cell("auto").notes == {off.format("1.06"): 2}
+    assert report.cell("plain").notes == {}
+    md = rep.to_markdown(report)
+    assert "## What the drafters decided" in md
+    assert f"- auto (2/2 runs): {off.format('1.06')}" in md
 
 
 def test_csv(results):

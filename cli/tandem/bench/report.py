@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ class Cell:
     tokens_per_step: float = 0.0  # generated tokens per target verify batch
     drafted_per_step: float = 0.0
     mismatches: list[str] = field(default_factory=list)
+    notes: dict[str, int] = field(default_factory=dict)  # drafter note -> runs that gave it
 
 
 @dataclass
@@ -123,7 +125,20 @@ def _cell(config: BenchConfig, category: str, runs: list[RunResult], plain: dict
         verify_share=sum(r.t_verify for r in runs) / t_all,
         identical=identical, compared=compared, mismatches=mismatches,
         tokens_per_step=sum(r.n_generated for r in runs) / max(sum(r.n_steps for r in runs), 1),
-        drafted_per_step=drafted / max(sum(r.n_steps for r in runs), 1))
+        drafted_per_step=drafted / max(sum(r.n_steps for r in runs), 1),
+        notes=_group_notes(n for r in runs for n in r.notes))
+
+
+def _group_notes(notes) -> dict[str, int]:
+    """Count notes that differ only in their figures (costs are refined run by run) as one,
+    shown with the latest figures."""
+    latest: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for note in notes:
+        key = re.sub(r"\d+(\.\d+)?", "#", note)
+        latest[key] = note
+        counts[key] = counts.get(key, 0) + 1
+    return {latest[k]: counts[k] for k in counts}
 
 
 def best(report: Report, category: str = OVERALL) -> Cell | None:
@@ -196,6 +211,10 @@ def to_markdown(report: Report) -> str:
     explanation = explain_drafts(report)
     if explanation:
         lines += ["", "## Choosing a draft", "", explanation]
+    notes = [f"- {c.config} ({count}/{c.runs} runs): {note}" for c in report.cells
+             if c.category == OVERALL for note, count in c.notes.items()]
+    if notes:
+        lines += ["", "## What the drafters decided", ""] + notes
     mism = [m for c in report.cells if c.category == OVERALL for m in
             (f"{c.config}: {x}" for x in c.mismatches)]
     if mism:

@@ -54,6 +54,7 @@ class RunResult:
     reason: str
     tokens: list[int] = field(repr=False, default_factory=list)
     text: str = field(repr=False, default="")
+    notes: list[str] = field(default_factory=list)  # the drafter's decisions (GenStats.notes)
 
     @classmethod
     def from_done(cls, config: str, prompt: Prompt, rep: int, done: DoneEvent) -> "RunResult":
@@ -61,7 +62,7 @@ class RunResult:
         return cls(config, prompt.id, prompt.category, rep, s.n_generated, s.tokens_per_second,
                    s.t_decode, s.drafted, s.accepted, s.n_steps, s.n_steps_drafted,
                    list(s.drafted_at), list(s.accepted_at), s.t_draft, s.t_verify, s.t_sample,
-                   done.reason, list(done.tokens), done.text)
+                   done.reason, list(done.tokens), done.text, list(s.notes))
 
 
 @dataclass(frozen=True)
