@@ -105,6 +105,7 @@ class PairSession:
             self.draft_paths[label] = p
         self._contexts: dict[tuple, Context] = {}
         self._costs: dict[tuple, CostModel] = {}
+        self._calibrated: dict[tuple, CostModel] = {}
         self.target_ctx: Context | None = None
         self.draft_ctx: Context | None = None
         self.draft: Model | None = None
@@ -143,7 +144,6 @@ class PairSession:
         return ctx
 
     def close(self) -> None:
-        self.save_costs()
         for ctx in self._contexts.values():
             ctx.close()
         self._contexts.clear()
@@ -180,7 +180,9 @@ class PairSession:
         costs = self.costs()
         notes = []
         if model is not None:
-            gain = model_draft_gain(costs, draft.n_max, AUTO_MODEL_ACCEPT)
+            # judged on the calibration: its draft and verify figures share one context, while
+            # online refinement moves the verify costs only (the draft is not run when off)
+            gain = model_draft_gain(self.costs(calibrated=True), draft.n_max, AUTO_MODEL_ACCEPT)
             if gain < AUTO_MODEL_GAIN:
                 # measured overheads (syncs, sampling) eat a predicted gain this small
                 model = None
@@ -192,9 +194,11 @@ class PairSession:
         drafter.notes.extend(notes)
         return drafter
 
-    def costs(self) -> CostModel:
+    def costs(self, calibrated: bool = False) -> CostModel:
         """The active configuration's cost model on this machine: cached, else calibrated
-        once (a few seconds)."""
+        once (a few seconds). Steps refine it during the session (never saved: a refined curve
+        mixes contexts of every length); `calibrated=True` gives the calibration itself, whose
+        figures were all measured under the same conditions."""
         key = (self.target_ctx.params, self.draft_label,
                self.draft_ctx.params if self.draft_ctx else None)
         if key not in self._costs:
@@ -208,21 +212,9 @@ class PairSession:
                     cached.save(path)
                 except OSError:
                     pass  # a read-only home only costs a recalibration next time
-            self._costs[key] = cached
-        return self._costs[key]
-
-    def save_costs(self) -> None:
-        """Keep what this session's steps measured (costs are refined online) for the next one;
-        only the active configuration's model, and only a plausible one."""
-        key = (self.target_ctx.params, self.draft_label,
-               self.draft_ctx.params if self.draft_ctx else None)
-        model = self._costs.get(key)
-        if model is None or not model.plausible():
-            return
-        try:
-            model.save(self._costs_path())
-        except OSError:
-            pass  # a read-only home only costs a recalibration next time
+            self._calibrated[key] = cached
+            self._costs[key] = CostModel(dict(cached.verify), cached.draft_token, cached.source)
+        return (self._calibrated if calibrated else self._costs)[key]
 
     def _costs_path(self) -> Path:
         import hashlib
