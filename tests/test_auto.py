@@ -3,7 +3,6 @@ n-gram acceptance is learnt per match length."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from tandem.engine.adaptive import model_draft_gain
 from tandem.engine.costs import CostModel
