@@ -92,6 +92,16 @@ def test_final_stats_replace_live_estimates():
     assert "no plain rate measured yet" in text
 
 
+def test_drafter_notes_shown_once_the_answer_is_done():
+    evs, t_end = recorded_events()
+    state = feed(LiveState(strategy="auto", n_max=4, plain_rate=10.0), evs)
+    note = "draft model off: this machine's costs predict 1.05x at 90% acceptance (needs 1.15x)"
+    assert "draft model off" not in export(render(state, width=120))
+    stats = GenStats(strategy="auto", n_generated=9, t_total=1.5, t_prefill=0.5, notes=[note])
+    state.apply(DoneEvent(stats, "eos", "".join(WORDS), tuple(range(9))), t_end + 5)
+    assert note in export(render(state, width=120)).replace("\n", " ")
+
+
 def test_plain_strategy_panel():
     state = LiveState(strategy="none", n_max=0, plain_rate=10.0)
     state.apply(PrefillEvent(0, 0, 3), 0.0)

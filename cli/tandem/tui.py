@@ -223,6 +223,9 @@ def panel_lines(state: LiveState, width: int | None = None) -> list[Text]:
         else:
             pos.append("by position: no drafts yet")
         lines.append(pos)
+    # the drafter's decisions (e.g. auto turning the draft model off), once the answer is done
+    for note in (state.final.notes if state.final is not None else []):
+        lines.append(Text(note, style="dim"))
     return lines
 
 
