@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-MAX_BATCH = 17
-DRAFT_PROBE_TOKENS = 8  # single-token draft decodes timed by calibrate()  # verify batches of 1 (plain) .. 17 (16 drafts + the last token)
+MAX_BATCH = 17  # verify batches of 1 (plain) .. 17 (16 drafts + the last token)
+DRAFT_PROBE_TOKENS = 8  # single-token draft decodes timed by calibrate()
 
 
 @dataclass

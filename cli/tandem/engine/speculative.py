@@ -67,7 +67,8 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
     n_max = min(params.n_max, EXACT_BATCH - 1)
     if n_max < params.n_max:
         stats.notes.append(f"drafts capped at {n_max}: larger verify batches are not "
-                           "bit-identical to single-token decoding (measured on llama.cpp's CPU kernels)")
+                           "bit-identical to single-token decoding (measured on llama.cpp's "
+                           "CPU kernels)")
     t_start = time.perf_counter()
 
     # The last prompt token goes into the first verify batch, so prefill stops one short.
