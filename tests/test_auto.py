@@ -135,3 +135,17 @@ def test_an_implausible_cached_cost_curve_is_measured_again(tiny_models, tmp_pat
         assert s.costs(calibrated=True).verify == CPU.verify
         path = s._costs_path()
     assert CostModel.load(path).verify == CPU.verify
+
+
+def test_a_prompt_too_long_for_the_draft_context_decodes_plainly(tiny_models, tmp_path,
+                                                                monkeypatch):
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
+    opts = SessionOptions(strategy="draft", target_ctx=ContextParams(n_ctx=512, n_threads=2),
+                          draft_ctx=ContextParams(n_ctx=64, n_threads=2))
+    with PairSession(tiny_models["target"], tiny_models["draft"], opts) as s:
+        prompt = s.target.tokenize(" ".join(["word"] * 100), add_special=True,
+                                   parse_special=False)
+        assert s.draft_ctx.n_ctx < len(prompt) < s.target_ctx.n_ctx
+        done = [ev for ev in s.generate(prompt, GenParams(max_tokens=8, ignore_eos=True))
+                if isinstance(ev, DoneEvent)][0]
+        assert done.stats.n_generated == 8 and done.stats.drafted == 0

@@ -112,8 +112,10 @@ class DraftModelDrafter:
         return Draft(out, dists, n_model=len(out))
 
     def prefill(self, prompt: Sequence[int]) -> None:
-        # propose() re-evaluates the last token for its logits; everything before it goes now
-        self.ctx.prefill(prompt[:-1])
+        # propose() re-evaluates the last token for its logits; everything before it goes now.
+        # A prompt the draft's context cannot hold is not an error: propose() then drafts nothing
+        if len(prompt) <= self.ctx.n_ctx:
+            self.ctx.prefill(prompt[:-1])
 
     def observe(self, step: StepEvent) -> None:
         pass
