@@ -93,6 +93,7 @@ def test_drafts_never_exceed_the_exact_batch(tiny_models, tmp_path, monkeypatch)
                 steps.append(ev.drafted)
             elif isinstance(ev, DoneEvent):
                 done = ev
+        assert not s.target.on_gpu and s.target_ctx.verify_limit == EXACT_BATCH
         assert max(steps) == EXACT_BATCH - 1
         assert any(f"drafts capped at {EXACT_BATCH - 1}" in n for n in done.stats.notes)
 

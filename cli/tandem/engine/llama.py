@@ -61,7 +61,8 @@ MAX_OUTPUTS = 65
 
 # Largest batch whose logits equal single-token decoding's bit for bit on llama.cpp's CPU
 # kernels (unrepacked weights, flash attention, q8_0 KV): measured identical for 1..7 rows,
-# up to 0.57 apart from 8 rows on. Verify batches stay within it, so drafts are capped at 6.
+# up to 0.57 apart from 8 rows on. Verify batches on the CPU stay within it (drafts <= 6);
+# GPU kernels were not measured here, so a GPU target keeps the profile's draft length.
 EXACT_BATCH = 7
 
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
@@ -80,10 +81,12 @@ class Model:
                              "run `tandem pull` or check the path")
         params = _lc.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        self.on_gpu = n_gpu_layers != 0 and supports_gpu_offload()
         params.load_mode = 1 if use_mmap else 0  # LLAMA_LOAD_MODE_MMAP / NONE
         # Repacked CPU weights switch to a different GEMM kernel for batches of 4+ tokens, so
         # verify-batch logits would differ from single-token decoding; without repacking (and
-        # with flash attention) the CPU backend gives bit-identical rows for any batch size.
+        # with flash attention, q8_0 KV) the CPU backend gives bit-identical rows for batches
+        # of up to EXACT_BATCH tokens.
         params.use_extra_bufts = repack
         ptr = _lc.llama_model_load_from_file(str(self.path).encode(), params)
         if not ptr:
@@ -225,6 +228,8 @@ class Context:
         self._ptr = ptr
         self.n_ctx = _lc.llama_n_ctx(ptr)
         self.n_batch = _lc.llama_n_batch(ptr)  # llama.cpp caps it at the requested n_ctx
+        # the largest verify batch generate() may send (see EXACT_BATCH)
+        self.verify_limit = params.n_outputs_max if model.on_gpu else EXACT_BATCH
         self._mem = _lc.llama_get_memory(ptr)
         self._batch = _lc.llama_batch_init(max(self.n_batch, 1), 0, 1)
         for i in range(self.n_batch):

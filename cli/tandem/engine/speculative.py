@@ -17,7 +17,7 @@ import numpy as np
 
 from tandem.engine.drafters import Draft, Drafter, recent
 from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
-from tandem.engine.llama import EXACT_BATCH, Context, common_prefix
+from tandem.engine.llama import Context, common_prefix
 from tandem.engine.sampling import Dist, SamplingParams, distribution, greedy_token, residual
 from tandem.engine.stats import GenStats
 from tandem.engine.textstream import TextStream
@@ -64,7 +64,7 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
     model = target.model
     text = TextStream(params.stop)
     tokens = list(prompt)
-    n_max = min(params.n_max, EXACT_BATCH - 1)
+    n_max = min(params.n_max, target.verify_limit - 1)
     if n_max < params.n_max:
         stats.notes.append(f"drafts capped at {n_max}: larger verify batches are not "
                            "bit-identical to single-token decoding (measured on llama.cpp's "
