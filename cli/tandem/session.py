@@ -177,7 +177,6 @@ class PairSession:
         if strategy == "hybrid":
             return HybridDrafter(model, n_min=draft.n_min, n_max=draft.n_max)
         # auto: adaptive lengths from this machine's measured costs, plus the plain fallback
-        costs = self.costs()
         notes = []
         if model is not None:
             # judged on the calibration: its draft and verify figures share one context, while
@@ -188,10 +187,10 @@ class PairSession:
                 model = None
                 notes.append(f"draft model off: this machine's costs predict {gain:.2f}x at "
                              f"{AUTO_MODEL_ACCEPT:.0%} acceptance (needs {AUTO_MODEL_GAIN:.2f}x)")
-        drafter = HybridDrafter(model, ngram_match=2, costs=costs, n_min=draft.n_min,
+        drafter = HybridDrafter(model, ngram_match=2, costs=self.costs(), n_min=draft.n_min,
                                 n_max=draft.n_max, adaptive=True, guard=True, name="auto",
                                 ngram_cap=AUTO_NGRAM_CAP, ngram_n=8)
-        drafter.notes.extend(notes)
+        drafter.notes += notes
         return drafter
 
     def costs(self, calibrated: bool = False) -> CostModel:

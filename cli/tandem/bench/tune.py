@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import time
 from pathlib import Path
 
 from tandem.bench.report import OVERALL, Report, best
+from tandem.engine.llama import default_threads
 
 
 def machine_pair_key(target: Path, draft: Path | None, threads: int = 0) -> str:
-    # 0 means "all cores" (engine.llama.default_threads): key on the count actually used, so
-    # a result tuned with -t 2 applies to a plain `tandem run` on a 2-core machine
-    threads = threads if threads > 0 else max(1, os.cpu_count() or 1)
+    # 0 means "all cores": key on the count actually used, so a result tuned with -t 2
+    # applies to a plain `tandem run` on a 2-core machine
+    threads = threads if threads > 0 else default_threads()
     parts = [platform.node(), platform.machine(), str(threads)]
     for p in (target, draft):
         if p is not None:
