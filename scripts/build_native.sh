@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Build llama.cpp's native tools (llama-speculative-simple, llama-bench, llama-simple) from the
-# llama.cpp source that the pinned llama-cpp-python sdist vendors, with the same CMake flags
-# as our wheel, so benchmarks compare tandem against the very same kernels.
+# Build llama.cpp's native tools (llama-speculative-simple, llama-bench, llama-simple, llama-server)
+# from the llama.cpp source that the pinned llama-cpp-python sdist vendors, with the same CMake
+# flags as our wheel, so benchmarks compare tandem against the very same kernels.
 #   scripts/build_native.sh            # prints the bin directory on stdout
 set -euo pipefail
 LLAMA_VERSION="0.3.36"
@@ -9,8 +9,10 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 ARGS="${CMAKE_ARGS:-$(python3 "$ROOT/scripts/cmake_flags.py")}"
 KEY="$(printf '%s|%s' "$LLAMA_VERSION" "$ARGS" | sha256sum | cut -c1-16)"
 OUT="${TANDEM_CACHE_DIR:-$HOME/.cache/tandem}/native/$KEY"
-TARGETS="llama-speculative-simple llama-bench llama-simple"
-if [ -x "$OUT/bin/llama-speculative-simple" ] && [ -x "$OUT/bin/llama-bench" ]; then
+TARGETS="llama-speculative-simple llama-bench llama-simple llama-server"
+built=1
+for t in $TARGETS; do [ -x "$OUT/bin/$t" ] || built=0; done
+if [ "$built" = 1 ]; then
   echo "$OUT/bin"; exit 0
 fi
 mkdir -p "$OUT"
@@ -24,7 +26,7 @@ fi
 echo "building native llama.cpp tools ($ARGS)" >&2
 # shellcheck disable=SC2086
 cmake -S "$OUT/src" -B "$OUT/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF $ARGS >&2
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON $ARGS >&2
 cmake --build "$OUT/build" --config Release -j "$(nproc)" --target $TARGETS >&2
 mkdir -p "$OUT/bin"
 for t in $TARGETS; do cp "$OUT/build/bin/$t" "$OUT/bin/"; done
