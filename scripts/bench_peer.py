@@ -1,0 +1,588 @@
+#!/usr/bin/env python3
+"""tandem against the llama-server a user already runs: same pair, prompts and settings.
+
+Starts llama.cpp's llama-server (built by scripts/build_native.sh from the llama.cpp that
+llama-cpp-python vendors, with our wheel's CMake flags) on 127.0.0.1 in several named
+configurations, one server process each, loaded once. Then, prompt by prompt, it sends the
+prompt to every server through /v1/chat/completions (the model's own chat template via
+--jinja; greedy, fixed seed, cache_prompt false) and runs `tandem run --json` on the same
+prompt, so every configuration sees the same machine state. Only one thing computes at a
+time. Decode speed comes from each tool's own timings (llama-server:
+timings.predicted_per_second; tandem: stats.tokens_per_second; both exclude the prompt).
+
+Prints, per category, a Markdown table: for each configuration the median and geometric mean
+of the per-prompt ratio of decode tok/s to llama-server `plain` (its defaults), the draft
+acceptance where there is one, and how many greedy outputs equal llama-server plain's text
+(after stripping). Raw per-prompt rows go to --out (JSON).
+
+  .venv/bin/python scripts/bench_peer.py --per-category 3 --coding --out peer.json
+  .venv/bin/python scripts/bench_peer.py -m target.gguf -md draft.gguf --per-category 1 -n 16
+  .venv/bin/python scripts/bench_peer.py --no-spec-bench --coding \\
+      --tandem default= --tandem none="--strategy none" --tandem draft="--strategy draft"
+  .venv/bin/python scripts/bench_peer.py --server plain --server \\
+      exact="--no-repack -fa on -ctk q8_0 -ctv q8_0" --per-category 2
+
+Server configurations (--server, repeatable; `plain` is always run, as the baseline): a
+built-in name (plain, draft, ngram) or NAME="extra llama-server args", appended to
+`-t T -c C -np 1 --jinja`; {draft} and {threads} in them are replaced by the draft path and
+-t. Tandem configurations (--tandem NAME="extra tandem run args", repeatable; default: one,
+`default=`, tandem's own defaults).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC_BENCH = ROOT.parent / "shared" / "spec_bench" / "question.dev.jsonl"
+DEFAULT_PROMPTS = SPEC_BENCH if SPEC_BENCH.exists() else Path("/work/shared/spec_bench/question.dev.jsonl")
+BASELINE = "plain"
+
+# Base arguments of every server configuration; -m, --host and --port are added by Server.
+BASE_SERVER_ARGS = "-t {threads} -c {ctx} -np 1 --jinja"
+SERVER_CONFIGS = {
+    # llama-server's own defaults (repacked weights, f16 KV cache, flash attention auto)
+    "plain": "",
+    # In this llama.cpp `-md` alone loads the draft but does not speculate: --spec-type does.
+    # Draft length: llama-server's default (--spec-draft-n-max); p-min as tandem's profile.
+    "draft": "--spec-type draft-simple -md {draft} -td {threads} --spec-draft-p-min 0.75",
+    # ngram-mod's defaults (n-min 48) target long repeated code; short n-grams suit 128 tokens.
+    "ngram": ("--spec-type ngram-mod --spec-ngram-mod-n-min 1 --spec-ngram-mod-n-max 8 "
+              "--spec-ngram-mod-n-match 3"),
+}
+DEFAULT_SERVERS = ["plain", "draft", "ngram"]
+
+# Held-out coding prompts: none of them is in scripts/bench_native.py or the built-in suite
+# (cli/tandem/data/workloads.yaml), so nothing was tuned on them.
+CODING_PROMPTS = [
+    "Write a Python function that parses a duration string such as '1h30m15s' into a number "
+    "of seconds and raises ValueError on malformed input.",
+    "Write a Go function that reverses the order of the words in a sentence, with a "
+    "table-driven test.",
+    "Implement a thread-safe bounded blocking queue in Java using a ReentrantLock and two "
+    "Conditions.",
+    "Write a Rust function that counts word frequencies in a string and returns the N most "
+    "frequent words, sorted by count.",
+    "Write a TypeScript function that deep-merges two plain objects without mutating either "
+    "of them, with a precise type signature.",
+    "Write a Python script that reads a CSV file of date,amount rows and prints the total "
+    "amount per month, using only the standard library.",
+    "Implement Dijkstra's shortest-path algorithm in Python with heapq, for a graph given as "
+    "a dict of adjacency lists of (neighbour, weight) pairs.",
+    "Write a C function that removes duplicates from a sorted int array in place and returns "
+    "the new length, with a small main() that tests it.",
+    "Write a regular expression that matches valid IPv4 addresses and a Python function that "
+    "uses it, with a few test cases.",
+    "Write a Dockerfile for a small Flask app that installs requirements.txt, runs as a "
+    "non-root user and serves on port 8000 with gunicorn.",
+]
+
+
+# ----------------------------------------------------------------------------- data
+
+@dataclass
+class Row:
+    """One prompt through one configuration."""
+    prompt_id: str
+    category: str
+    config: str
+    kind: str  # "server" | "tandem"
+    tok_s: float = 0.0  # decode tokens per second, from the tool's own timings
+    n_generated: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    text: str = ""
+    error: str | None = None
+    extra: dict = field(default_factory=dict)  # strategy, notes, prompt tokens, ...
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.tok_s > 0
+
+
+@dataclass
+class Summary:
+    config: str
+    n: int  # prompts with a ratio
+    median: float
+    geomean: float
+    lo: float
+    hi: float
+    median_tok_s: float
+    acceptance: float | None  # accepted / drafted over all prompts, None when nothing drafted
+    same: int  # greedy outputs equal to the baseline's text
+    compared: int  # prompts where both texts exist
+
+
+def same_text(a: str, b: str) -> bool:
+    """Greedy outputs agree when their texts match after stripping surrounding whitespace."""
+    return a.strip() == b.strip()
+
+
+def geomean(xs: list[float]) -> float:
+    xs = [x for x in xs if x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def summarize(rows: list[Row], configs: list[str], baseline: str = BASELINE) -> dict[str, Summary]:
+    """Per configuration: per-prompt ratios of decode tok/s to the baseline's on the same
+    prompt (median, geometric mean, range), acceptance, and outputs equal to the baseline's."""
+    base = {r.prompt_id: r for r in rows if r.config == baseline}
+    out: dict[str, Summary] = {}
+    for config in configs:
+        mine = [r for r in rows if r.config == config]
+        ratios, speeds, same, compared = [], [], 0, 0
+        drafted = accepted = 0
+        for r in mine:
+            b = base.get(r.prompt_id)
+            if r.ok:
+                speeds.append(r.tok_s)
+                drafted += r.drafted
+                accepted += r.accepted
+            if b is None or b.error is not None or r.error is not None:
+                continue
+            compared += 1
+            same += same_text(r.text, b.text)
+            if r.ok and b.ok:
+                ratios.append(r.tok_s / b.tok_s)
+        nan = float("nan")
+        out[config] = Summary(
+            config=config, n=len(ratios),
+            median=statistics.median(ratios) if ratios else nan,
+            geomean=geomean(ratios),
+            lo=min(ratios) if ratios else nan, hi=max(ratios) if ratios else nan,
+            median_tok_s=statistics.median(speeds) if speeds else nan,
+            acceptance=accepted / drafted if drafted else None,
+            same=same, compared=compared)
+    return out
+
+
+def _f(x: float, fmt: str = "{:.2f}") -> str:
+    return "" if x is None or math.isnan(x) else fmt.format(x)
+
+
+def render_table(title: str, summaries: dict[str, Summary], baseline: str = BASELINE) -> str:
+    """Markdown table of one category's summaries, in the order given."""
+    n_prompts = max((s.compared for s in summaries.values()), default=0)
+    lines = [f"### {title} ({n_prompts} prompt{'s' if n_prompts != 1 else ''})", "",
+             f"| configuration | median ratio to {baseline} | geomean | range | median tok/s "
+             f"| acceptance | same output as {baseline} |",
+             "|---|---|---|---|---|---|---|"]
+    for s in summaries.values():
+        rng = f"{_f(s.lo)}-{_f(s.hi)}" if s.n else ""
+        acc = f"{100 * s.acceptance:.1f}%" if s.acceptance is not None else ""
+        lines.append(f"| {s.config} | {_f(s.median)} | {_f(s.geomean)} | {rng} | "
+                     f"{_f(s.median_tok_s, '{:.1f}')} | {acc} | {s.same}/{s.compared} |")
+    return "\n".join(lines)
+
+
+def render_overview(per_category: dict[str, dict[str, Summary]], configs: list[str]) -> str:
+    """One line per configuration, one column per category: the median ratio to plain."""
+    cats = list(per_category)
+    lines = ["| configuration | " + " | ".join(cats) + " |",
+             "|---|" + "---|" * len(cats)]
+    for c in configs:
+        cells = [_f(per_category[cat][c].median) if c in per_category[cat] else "" for cat in cats]
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def report(rows: list[Row], configs: list[str], categories: list[str]) -> str:
+    parts, per_cat = [], {}
+    for cat in categories:
+        cat_rows = [r for r in rows if r.category == cat]
+        if not cat_rows:
+            continue
+        per_cat[cat] = summarize(cat_rows, configs)
+        parts.append(render_table(cat, per_cat[cat]))
+    if len(per_cat) > 1:
+        parts.append("### median ratio to plain, per category\n\n" + render_overview(per_cat, configs))
+    return "\n\n".join(parts)
+
+
+def parse_named(spec: str, builtins: dict[str, str] | None = None) -> tuple[str, str]:
+    """"NAME=ARGS" -> (NAME, ARGS); a bare built-in NAME -> (NAME, its built-in ARGS)."""
+    if "=" in spec:
+        name, args = spec.split("=", 1)
+        name = name.strip()
+        if not name:
+            raise ValueError(f"configuration {spec!r} has no name (NAME=ARGS)")
+        return name, args.strip()
+    if builtins is not None and spec in builtins:
+        return spec, builtins[spec]
+    known = ", ".join(sorted(builtins)) if builtins else "none"
+    raise ValueError(f"unknown configuration {spec!r}: use NAME=\"ARGS\" (built-in: {known})")
+
+
+# ----------------------------------------------------------------------------- prompts
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    id: str
+    category: str
+    text: str
+    system: str | None = None
+
+
+def load_prompts(path: Path | None, per_category: int | None, categories: list[str] | None,
+                 group: bool, coding: int) -> list[BenchPrompt]:
+    out: list[BenchPrompt] = []
+    if path is not None:
+        from tandem.bench import workloads
+
+        items = workloads.read_file(path)  # Spec-Bench: the first turn of each question
+        if group:
+            items = workloads.group_mt_bench(items)
+        items = workloads.select(items, per_category, categories)
+        out += [BenchPrompt(p.id, p.category, p.text, p.system) for p in items]
+    out += [BenchPrompt(f"code-{i + 1}", "code", t) for i, t in enumerate(CODING_PROMPTS[:coding])]
+    return out
+
+
+def messages_for(p: BenchPrompt) -> list[dict]:
+    return ([{"role": "system", "content": p.system}] if p.system else []) + [
+        {"role": "user", "content": p.text}]
+
+
+# ----------------------------------------------------------------------------- llama-server
+
+class ServerError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One llama-server process on 127.0.0.1, its log in log_dir/NAME.log."""
+
+    def __init__(self, name: str, binary: Path, model: Path, args: list[str], log_dir: Path):
+        self.name, self.binary, self.model, self.args = name, binary, model, args
+        self.log_path = log_dir / f"server-{name}.log"
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+
+    @property
+    def cmd(self) -> list[str]:
+        return [str(self.binary), "-m", str(self.model), "--host", "127.0.0.1",
+                "--port", str(self.port), *self.args]
+
+    def log_tail(self, n: int = 25) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def start(self, timeout: float = 600.0) -> None:
+        self.port = free_port()
+        log = open(self.log_path, "wb")
+        try:
+            self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT)
+        except OSError as exc:
+            raise ServerError(f"cannot start llama-server ({self.binary}): {exc}") from exc
+        finally:
+            log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rc = self.proc.poll()
+            if rc is not None:
+                raise ServerError(
+                    f"llama-server '{self.name}' exited with code {rc} while starting.\n"
+                    f"command: {shlex.join(self.cmd)}\nlast lines of {self.log_path}:\n"
+                    f"{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass  # 503 while loading, or not listening yet
+            time.sleep(0.25)
+        raise ServerError(f"llama-server '{self.name}' not ready after {timeout:.0f}s; "
+                          f"last lines of {self.log_path}:\n{self.log_tail()}")
+
+    def chat(self, messages: list[dict], n: int, seed: int, timeout: float = 900.0) -> dict:
+        body = {"messages": messages, "max_tokens": n, "n_predict": n, "temperature": 0.0,
+                "seed": seed, "cache_prompt": False, "stream": False}
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/chat/completions",
+                                     data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:500]
+            raise ServerError(f"llama-server '{self.name}': HTTP {exc.code}: {detail}") from exc
+        except (urllib.error.URLError, OSError) as exc:
+            rc = self.proc.poll() if self.proc else None
+            why = f" (it exited with code {rc}; log:\n{self.log_tail()})" if rc is not None else ""
+            raise ServerError(f"llama-server '{self.name}': {exc}{why}") from exc
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def server_row(server: Server, p: BenchPrompt, n: int, seed: int) -> Row:
+    row = Row(p.id, p.category, server.name, "server")
+    try:
+        resp = server.chat(messages_for(p), n, seed)
+    except ServerError as exc:
+        row.error = str(exc)
+        return row
+    return parse_server_response(row, resp)
+
+
+def parse_server_response(row: Row, resp: dict) -> Row:
+    timings = resp.get("timings") or {}
+    choice = (resp.get("choices") or [{}])[0]
+    row.text = (choice.get("message") or {}).get("content") or ""
+    row.tok_s = float(timings.get("predicted_per_second") or 0.0)
+    row.n_generated = int(timings.get("predicted_n") or 0)
+    row.drafted = int(timings.get("draft_n") or 0)
+    row.accepted = int(timings.get("draft_n_accepted") or 0)
+    row.extra = {"finish_reason": choice.get("finish_reason"),
+                 "prompt_n": timings.get("prompt_n"),
+                 "prompt_per_second": timings.get("prompt_per_second")}
+    if row.tok_s <= 0:
+        row.error = f"no timings.predicted_per_second in the response: {json.dumps(resp)[:300]}"
+    return row
+
+
+# ----------------------------------------------------------------------------- tandem
+
+def tandem_command(tandem: list[str], p: BenchPrompt, n: int, threads: int, ctx: int, seed: int,
+                   model_args: list[str], extra: list[str]) -> list[str]:
+    cmd = [*tandem, "run", "--json", "-n", str(n), "-t", str(threads), "-c", str(ctx),
+           "--temp", "0", "--seed", str(seed), *model_args, *extra]
+    if p.system:
+        cmd += ["-s", p.system]
+    return cmd + ["--", p.text]
+
+
+def parse_tandem_output(row: Row, stdout: str) -> Row:
+    lines = [ln for ln in stdout.splitlines() if ln.lstrip().startswith("{")]
+    if not lines:
+        row.error = f"no JSON on tandem's stdout: {stdout[-300:]!r}"
+        return row
+    obj = json.loads(lines[-1])
+    stats = obj.get("stats") or {}
+    row.text = obj.get("text") or ""
+    row.tok_s = float(stats.get("tokens_per_second") or 0.0)
+    row.n_generated = int(stats.get("n_generated") or 0)
+    row.drafted = int(stats.get("drafted") or 0)
+    row.accepted = int(stats.get("accepted") or 0)
+    row.extra = {"finish_reason": obj.get("finish_reason"), "strategy": stats.get("strategy"),
+                 "notes": stats.get("notes"), "prompt_n": stats.get("n_prompt")}
+    if row.tok_s <= 0:
+        row.error = "tandem reported no decode speed"
+    return row
+
+
+def tandem_row(name: str, cmd: list[str], p: BenchPrompt) -> Row:
+    row = Row(p.id, p.category, name, "tandem")
+    res = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                         timeout=1800)
+    if res.returncode != 0:
+        row.error = f"tandem exited with code {res.returncode}: {res.stderr.strip()[-800:]}"
+        return row
+    try:
+        return parse_tandem_output(row, res.stdout)
+    except (json.JSONDecodeError, ValueError, TypeError) as exc:
+        row.error = f"cannot read tandem's JSON: {exc}"
+        return row
+
+
+# ----------------------------------------------------------------------------- main
+
+def native_bin() -> Path:
+    res = subprocess.run([str(ROOT / "scripts/build_native.sh")], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise SystemExit(f"Error: scripts/build_native.sh failed:\n{res.stderr[-2000:]}")
+    return Path(res.stdout.strip().splitlines()[-1])
+
+
+def default_tandem() -> list[str]:
+    exe = ROOT / ".venv" / "bin" / "tandem"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "tandem"]
+
+
+def resolve_models(ns) -> tuple[Path, Path, list[str]]:
+    """(target, draft, the model arguments for tandem run): -m/-md, else the catalog's
+    default pair from the store (tandem run then resolves the same pair itself)."""
+    if ns.model is not None:
+        if ns.model_draft is None:
+            raise SystemExit("Error: -m needs -md too (the draft configurations use it)")
+        return ns.model, ns.model_draft, ["-m", str(ns.model), "-md", str(ns.model_draft)]
+    from tandem.catalog import get_pair
+    from tandem.store import Store, tandem_home
+
+    pair, store = get_pair(), Store(tandem_home())
+    for spec in (pair.target, pair.draft):
+        if not store.is_present(spec):
+            print(f"fetching {spec.key} into {store.home} (once)", file=sys.stderr)
+    return store.ensure(pair.target), store.ensure(pair.draft), []
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n".join(__doc__.splitlines()[1:]))
+    ap.add_argument("-m", "--model", type=Path, help="target GGUF (default: the default pair)")
+    ap.add_argument("-md", "--model-draft", type=Path, help="draft GGUF (with -m)")
+    ap.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS,
+                    help="Spec-Bench JSONL (first turn of each question; default: %(default)s)")
+    ap.add_argument("--no-spec-bench", action="store_true", help="no prompts from --prompts")
+    ap.add_argument("--per-category", type=int, default=3, help="prompts per category (default 3)")
+    ap.add_argument("--category", action="append", help="only these categories (repeatable)")
+    ap.add_argument("--no-group-mt-bench", action="store_true",
+                    help="keep MT-bench's eight categories apart (default: one, mt-bench)")
+    ap.add_argument("--coding", type=int, nargs="?", const=len(CODING_PROMPTS), default=0,
+                    metavar="N", help=f"add N built-in coding prompts (default all {len(CODING_PROMPTS)})")
+    ap.add_argument("--server", action="append", metavar="NAME[=ARGS]",
+                    help=f"llama-server configuration (repeatable; default: {' '.join(DEFAULT_SERVERS)})")
+    ap.add_argument("--tandem", action="append", metavar="NAME=ARGS",
+                    help="tandem run configuration (repeatable; default: default=)")
+    ap.add_argument("-n", "--n-predict", type=int, default=128, help="new tokens (default 128)")
+    ap.add_argument("-t", "--threads", type=int, default=2, help="threads (default 2)")
+    ap.add_argument("-c", "--ctx", type=int, default=4096, help="context size (default 4096)")
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--server-bin", type=Path, help="llama-server (default: scripts/build_native.sh)")
+    ap.add_argument("--tandem-bin", help="tandem command (default: .venv/bin/tandem)")
+    ap.add_argument("--no-warmup", action="store_true",
+                    help="skip the untimed warm-up request per configuration")
+    ap.add_argument("--log-dir", type=Path, help="server logs (default: a temporary directory)")
+    ap.add_argument("--out", type=Path, help="write every per-prompt row here (JSON)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        server_specs = [parse_named(s, SERVER_CONFIGS) for s in (ns.server or DEFAULT_SERVERS)]
+        tandem_specs = [parse_named(s) for s in (ns.tandem or ["default="])]
+    except ValueError as exc:
+        raise SystemExit(f"Error: {exc}") from None
+    if BASELINE not in [n for n, _ in server_specs]:
+        server_specs.insert(0, (BASELINE, SERVER_CONFIGS[BASELINE]))
+    tandem_specs = [(f"tandem {n}" if not n.startswith("tandem") else n, a) for n, a in tandem_specs]
+    names = [n for n, _ in server_specs] + [n for n, _ in tandem_specs]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"Error: configuration names must differ: {names}")
+
+    prompts = load_prompts(None if ns.no_spec_bench else ns.prompts, ns.per_category,
+                           ns.category, not ns.no_group_mt_bench, ns.coding)
+    if not prompts:
+        raise SystemExit("Error: no prompts (use --prompts and/or --coding)")
+    categories = list(dict.fromkeys(p.category for p in prompts))
+    target, draft, model_args = resolve_models(ns)
+    server_bin = ns.server_bin or native_bin() / "llama-server"
+    if not server_bin.exists():
+        raise SystemExit(f"Error: {server_bin} not found (build it with scripts/build_native.sh)")
+    tandem = shlex.split(ns.tandem_bin) if ns.tandem_bin else default_tandem()
+    log_dir = ns.log_dir
+    if log_dir is None:
+        import tempfile
+
+        log_dir = Path(tempfile.mkdtemp(prefix="bench-peer-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+
+    fmt = {"threads": ns.threads, "ctx": ns.ctx, "draft": shlex.quote(str(draft))}
+    base = BASE_SERVER_ARGS.format(**fmt)
+    servers = [Server(name, server_bin, target, shlex.split(f"{base} {args.format(**fmt)}"), log_dir)
+               for name, args in server_specs]
+    tandem_cmds = {name: shlex.split(args) for name, args in tandem_specs}
+
+    meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "argv": sys.argv,
+            "target": str(target), "draft": str(draft), "n_predict": ns.n_predict,
+            "threads": ns.threads, "ctx": ns.ctx, "seed": ns.seed, "server_bin": str(server_bin),
+            "servers": {s.name: s.args for s in servers},
+            "tandem": {n: [*tandem, "run", *model_args, *a] for n, a in tandem_cmds.items()},
+            "loadavg_start": os.getloadavg()}
+    print(f"# tandem vs llama-server ({target.name} + {draft.name}; greedy, {ns.n_predict} "
+          f"tokens, {ns.threads} threads, context {ns.ctx}; {len(prompts)} prompts in "
+          f"{len(categories)} categor{'y' if len(categories) == 1 else 'ies'})\n", flush=True)
+    for s in servers:
+        print(f"- `{s.name}`: llama-server {shlex.join(s.args)}", flush=True)
+    for n, a in tandem_cmds.items():
+        print(f"- `{n}`: tandem run {shlex.join(a) or '(its defaults)'}", flush=True)
+    print(f"- server logs: {log_dir}\n", flush=True)
+
+    rows: list[Row] = []
+    interrupted = False
+    try:
+        for s in servers:  # one after another: only one thing computes at a time
+            print(f"starting llama-server '{s.name}' on port ...", end=" ", file=sys.stderr, flush=True)
+            s.start()
+            print(s.port, file=sys.stderr, flush=True)
+        if not ns.no_warmup:  # page the weights in, let tandem calibrate once, untimed
+            warm = BenchPrompt("warmup", "warmup", "Say hello.")
+            for s in servers:
+                server_row(s, warm, 8, ns.seed)
+            for name, extra in tandem_cmds.items():
+                r = tandem_row(name, tandem_command(tandem, warm, 8, ns.threads, ns.ctx, ns.seed,
+                                                    model_args, extra), warm)
+                if r.error:
+                    raise ServerError(f"tandem '{name}' failed on the warm-up prompt: {r.error}")
+        for i, p in enumerate(prompts, 1):
+            load = os.getloadavg()[0]
+            line = []
+            for s in servers:
+                rows.append(server_row(s, p, ns.n_predict, ns.seed))
+            for name, extra in tandem_cmds.items():
+                cmd = tandem_command(tandem, p, ns.n_predict, ns.threads, ns.ctx, ns.seed,
+                                     model_args, extra)
+                rows.append(tandem_row(name, cmd, p))
+            for r in rows[-len(names):]:
+                r.extra["loadavg"] = load
+                line.append(f"{r.config} {'ERROR' if r.error else f'{r.tok_s:.1f}'}")
+                if r.error:
+                    print(f"  {r.config} on {p.id}: {r.error}", file=sys.stderr)
+            print(f"[{i}/{len(prompts)}] {p.category} {p.id}: {', '.join(line)} "
+                  f"(load {load:.2f})", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        interrupted = True
+        print("\ninterrupted: stopping the servers; results so far follow", file=sys.stderr)
+    except ServerError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for s in servers:
+            s.stop()
+        if ns.out is not None:
+            ns.out.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]},
+                                         indent=1, ensure_ascii=False), encoding="utf-8")
+            print(f"rows written to {ns.out}", file=sys.stderr)
+    if rows:
+        print(report(rows, names, categories))
+        print(f"\nratio: decode tok/s over llama-server `{BASELINE}`'s on the same prompt; "
+              f"same output: greedy text equal to `{BASELINE}`'s after stripping.")
+    errors = [r for r in rows if r.error]
+    if errors:
+        print(f"\n{len(errors)} run(s) failed; see stderr / --out", file=sys.stderr)
+    return 130 if interrupted else (1 if errors else 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
