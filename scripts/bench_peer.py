@@ -7,8 +7,10 @@ configurations, one server process each, loaded once. Then, prompt by prompt, it
 prompt to every server through /v1/chat/completions (the model's own chat template via
 --jinja; greedy, fixed seed, cache_prompt false) and runs `tandem run --json` on the same
 prompt, so every configuration sees the same machine state. Only one thing computes at a
-time. Decode speed comes from each tool's own timings (llama-server:
-timings.predicted_per_second; tandem: stats.tokens_per_second; both exclude the prompt).
+time. Decode speed comes from each tool's own timings, both per decode step after the prompt:
+llama-server's timings.predicted_per_second is (n - 1) tokens over the n - 1 steps after the
+first token (which comes from the prompt batch); tandem's stats.tokens_per_second is n tokens
+over n steps (its prefill stops one prompt token short, which the first step carries).
 
 Prints, per category, a Markdown table: for each configuration the median and geometric mean
 of the per-prompt ratio of decode tok/s to llama-server `plain` (its defaults), the draft
@@ -539,7 +541,10 @@ def main(argv: list[str] | None = None) -> int:
         if not ns.no_warmup:  # page the weights in, let tandem calibrate once, untimed
             warm = BenchPrompt("warmup", "warmup", "Say hello.")
             for s in servers:
-                server_row(s, warm, 8, ns.seed)
+                r = server_row(s, warm, 8, ns.seed)
+                if r.error:
+                    print(f"warning: llama-server '{s.name}' failed the warm-up: {r.error}",
+                          file=sys.stderr)
             for name, extra in tandem_cmds.items():
                 r = tandem_row(name, tandem_command(tandem, warm, 8, ns.threads, ns.ctx, ns.seed,
                                                     model_args, extra), warm)
