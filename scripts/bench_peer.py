@@ -264,6 +264,17 @@ class ServerError(RuntimeError):
     pass
 
 
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child, Linux only
+    """Best effort: the server gets SIGTERM when this script dies, even by SIGKILL."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -294,8 +305,9 @@ class Server:
         self.port = free_port()
         log = open(self.log_path, "wb")
         try:
-            self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                self.cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
         except OSError as exc:
             raise ServerError(f"cannot start llama-server ({self.binary}): {exc}") from exc
         finally:
@@ -479,8 +491,15 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
+    import signal
+
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the servers as Ctrl-C does
     try:
         server_specs = [parse_named(s, SERVER_CONFIGS) for s in (ns.server or DEFAULT_SERVERS)]
         tandem_specs = [parse_named(s) for s in (ns.tandem or ["default="])]
@@ -531,6 +550,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"- `{n}`: tandem run {shlex.join(a) or '(its defaults)'}", flush=True)
     print(f"- server logs: {log_dir}\n", flush=True)
 
+    load0 = os.getloadavg()[0]
+    if load0 > 0.5 * (os.cpu_count() or 1):
+        print(f"warning: load average {load0:.2f} on {os.cpu_count()} CPUs before the run: other "
+              "work competes for the cores and the speeds will be noisy", file=sys.stderr)
     rows: list[Row] = []
     interrupted = False
     try:
@@ -552,14 +575,15 @@ def main(argv: list[str] | None = None) -> int:
                     raise ServerError(f"tandem '{name}' failed on the warm-up prompt: {r.error}")
         for i, p in enumerate(prompts, 1):
             load = os.getloadavg()[0]
-            line = []
+            line, done = [], []  # a prompt counts once every configuration has run it
             for s in servers:
-                rows.append(server_row(s, p, ns.n_predict, ns.seed))
+                done.append(server_row(s, p, ns.n_predict, ns.seed))
             for name, extra in tandem_cmds.items():
                 cmd = tandem_command(tandem, p, ns.n_predict, ns.threads, ns.ctx, ns.seed,
                                      model_args, extra)
-                rows.append(tandem_row(name, cmd, p))
-            for r in rows[-len(names):]:
+                done.append(tandem_row(name, cmd, p))
+            rows += done
+            for r in done:
                 r.extra["loadavg"] = load
                 line.append(f"{r.config} {'ERROR' if r.error else f'{r.tok_s:.1f}'}")
                 if r.error:
@@ -581,6 +605,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rows written to {ns.out}", file=sys.stderr)
     if rows:
         print(report(rows, names, categories))
+        loads = [r.extra["loadavg"] for r in rows if "loadavg" in r.extra]
+        if loads:
+            print(f"\nload average (1 min) before each prompt: median {statistics.median(loads):.2f}, "
+                  f"max {max(loads):.2f} on {os.cpu_count()} CPUs (this run itself adds about "
+                  f"{min(ns.threads, os.cpu_count() or 1)})")
         print(f"\nratio: decode tok/s over llama-server `{BASELINE}`'s on the same prompt; "
               f"same output: greedy text equal to `{BASELINE}`'s after stripping.")
     errors = [r for r in rows if r.error]
