@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PROMPT ?= Write a Python function that checks whether a number is prime, with a docstring.
 
-.PHONY: demo test test-fast install install-test bench-native clean
+.PHONY: demo test test-fast install install-test bench-native bench-peer clean
 
 install:
 	scripts/bootstrap.sh
@@ -23,6 +23,11 @@ test-fast: install-test
 
 bench-native: install
 	$(PY) scripts/bench_native.py --n-max 3 --n-max 8
+
+# tandem against llama-server (built by scripts/build_native.sh), interleaved prompt by prompt.
+bench-peer: install
+	$(PY) scripts/bench_peer.py --per-category 3 --coding --tandem default= \
+	  --tandem none="--strategy none" --out bench-peer.json
 
 clean:
 	rm -rf .venv .pytest_cache

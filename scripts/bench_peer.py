@@ -387,12 +387,14 @@ def parse_server_response(row: Row, resp: dict) -> Row:
 # ----------------------------------------------------------------------------- tandem
 
 def tandem_command(tandem: list[str], p: BenchPrompt, n: int, threads: int, ctx: int, seed: int,
-                   model_args: list[str], extra: list[str]) -> list[str]:
+                   model_args: list[str], extra: list[str], pair: str | None = None) -> list[str]:
+    """`tandem run --json ...`; the pair by name (`tandem run PAIR PROMPT`, so tuned settings
+    and profiles apply as for a user) or by paths in model_args (-m/-md)."""
     cmd = [*tandem, "run", "--json", "-n", str(n), "-t", str(threads), "-c", str(ctx),
            "--temp", "0", "--seed", str(seed), *model_args, *extra]
     if p.system:
         cmd += ["-s", p.system]
-    return cmd + ["--", p.text]
+    return cmd + ["--", *([pair] if pair else []), p.text]
 
 
 def parse_tandem_output(row: Row, stdout: str) -> Row:
@@ -442,13 +444,13 @@ def default_tandem() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "tandem"]
 
 
-def resolve_models(ns) -> tuple[Path, Path, list[str]]:
-    """(target, draft, the model arguments for tandem run): -m/-md, else the catalog's
-    default pair from the store (tandem run then resolves the same pair itself)."""
+def resolve_models(ns) -> tuple[Path, Path, list[str], str | None]:
+    """(target, draft, model options for tandem run, pair name for tandem run): -m/-md, else
+    the catalog's default pair from the store, which tandem run is then told by name."""
     if ns.model is not None:
         if ns.model_draft is None:
             raise SystemExit("Error: -m needs -md too (the draft configurations use it)")
-        return ns.model, ns.model_draft, ["-m", str(ns.model), "-md", str(ns.model_draft)]
+        return ns.model, ns.model_draft, ["-m", str(ns.model), "-md", str(ns.model_draft)], None
     from tandem.catalog import get_pair
     from tandem.store import Store, tandem_home
 
@@ -456,7 +458,7 @@ def resolve_models(ns) -> tuple[Path, Path, list[str]]:
     for spec in (pair.target, pair.draft):
         if not store.is_present(spec):
             print(f"fetching {spec.key} into {store.home} (once)", file=sys.stderr)
-    return store.ensure(pair.target), store.ensure(pair.draft), []
+    return store.ensure(pair.target), store.ensure(pair.draft), [], pair.name
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -517,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     if not prompts:
         raise SystemExit("Error: no prompts (use --prompts and/or --coding)")
     categories = list(dict.fromkeys(p.category for p in prompts))
-    target, draft, model_args = resolve_models(ns)
+    target, draft, model_args, pair_name = resolve_models(ns)
     server_bin = ns.server_bin or native_bin() / "llama-server"
     if not server_bin.exists():
         raise SystemExit(f"Error: {server_bin} not found (build it with scripts/build_native.sh)")
@@ -539,7 +541,8 @@ def main(argv: list[str] | None = None) -> int:
             "target": str(target), "draft": str(draft), "n_predict": ns.n_predict,
             "threads": ns.threads, "ctx": ns.ctx, "seed": ns.seed, "server_bin": str(server_bin),
             "servers": {s.name: s.args for s in servers},
-            "tandem": {n: [*tandem, "run", *model_args, *a] for n, a in tandem_cmds.items()},
+            "tandem": {n: [*tandem, "run", *model_args, *a, *([pair_name] if pair_name else [])]
+                       for n, a in tandem_cmds.items()},
             "loadavg_start": os.getloadavg()}
     print(f"# tandem vs llama-server ({target.name} + {draft.name}; greedy, {ns.n_predict} "
           f"tokens, {ns.threads} threads, context {ns.ctx}; {len(prompts)} prompts in "
@@ -570,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
                           file=sys.stderr)
             for name, extra in tandem_cmds.items():
                 r = tandem_row(name, tandem_command(tandem, warm, 8, ns.threads, ns.ctx, ns.seed,
-                                                    model_args, extra), warm)
+                                                    model_args, extra, pair_name), warm)
                 if r.error:
                     raise ServerError(f"tandem '{name}' failed on the warm-up prompt: {r.error}")
         for i, p in enumerate(prompts, 1):
@@ -580,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
                 done.append(server_row(s, p, ns.n_predict, ns.seed))
             for name, extra in tandem_cmds.items():
                 cmd = tandem_command(tandem, p, ns.n_predict, ns.threads, ns.ctx, ns.seed,
-                                     model_args, extra)
+                                     model_args, extra, pair_name)
                 done.append(tandem_row(name, cmd, p))
             rows += done
             for r in done:

@@ -149,6 +149,8 @@ def test_tandem_command_puts_prompt_after_double_dash():
     assert cmd[-2:] == ["--", "-n is not an option here"]
     assert ["-s", "be brief"] == cmd[cmd.index("-s"):cmd.index("-s") + 2]
     assert "--strategy" in cmd and "--temp" in cmd
+    by_name = bp.tandem_command(["tandem"], p, 128, 2, 4096, 42, [], [], "qwen2.5-coder-1.5b")
+    assert by_name[-3:] == ["--", "qwen2.5-coder-1.5b", "-n is not an option here"]
 
 
 def test_coding_prompts_are_held_out():
