@@ -418,8 +418,12 @@ def parse_tandem_output(row: Row, stdout: str) -> Row:
 
 def tandem_row(name: str, cmd: list[str], p: BenchPrompt) -> Row:
     row = Row(p.id, p.category, name, "tandem")
-    res = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                         timeout=1800)
+    try:
+        res = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                             timeout=1800)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        row.error = f"tandem did not run: {exc}"
+        return row
     if res.returncode != 0:
         row.error = f"tandem exited with code {res.returncode}: {res.stderr.strip()[-800:]}"
         return row
@@ -561,9 +565,10 @@ def main(argv: list[str] | None = None) -> int:
     interrupted = False
     try:
         for s in servers:  # one after another: only one thing computes at a time
-            print(f"starting llama-server '{s.name}' on port ...", end=" ", file=sys.stderr, flush=True)
+            t0 = time.monotonic()
             s.start()
-            print(s.port, file=sys.stderr, flush=True)
+            print(f"llama-server '{s.name}' ready on 127.0.0.1:{s.port} "
+                  f"({time.monotonic() - t0:.1f}s)", file=sys.stderr, flush=True)
         if not ns.no_warmup:  # page the weights in, let tandem calibrate once, untimed
             warm = BenchPrompt("warmup", "warmup", "Say hello.")
             for s in servers:
