@@ -48,8 +48,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SPEC_BENCH = ROOT.parent / "shared" / "spec_bench" / "question.dev.jsonl"
-DEFAULT_PROMPTS = SPEC_BENCH if SPEC_BENCH.exists() else Path("/work/shared/spec_bench/question.dev.jsonl")
+# the Spec-Bench questions beside the checkout (../shared/spec_bench), as tests/test_bench.py
+DEFAULT_PROMPTS = ROOT.parent / "shared" / "spec_bench" / "question.dev.jsonl"
 BASELINE = "plain"
 
 # Base arguments of every server configuration; -m, --host and --port are added by Server.
@@ -210,7 +210,8 @@ def report(rows: list[Row], configs: list[str], categories: list[str]) -> str:
         per_cat[cat] = summarize(cat_rows, configs)
         parts.append(render_table(cat, per_cat[cat]))
     if len(per_cat) > 1:
-        parts.append("### median ratio to plain, per category\n\n" + render_overview(per_cat, configs))
+        parts.append("### median ratio to plain, per category\n\n"
+                     + render_overview(per_cat, configs))
     return "\n\n".join(parts)
 
 
@@ -479,16 +480,19 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-group-mt-bench", action="store_true",
                     help="keep MT-bench's eight categories apart (default: one, mt-bench)")
     ap.add_argument("--coding", type=int, nargs="?", const=len(CODING_PROMPTS), default=0,
-                    metavar="N", help=f"add N built-in coding prompts (default all {len(CODING_PROMPTS)})")
+                    metavar="N",
+                    help=f"add N built-in coding prompts (default all {len(CODING_PROMPTS)})")
     ap.add_argument("--server", action="append", metavar="NAME[=ARGS]",
-                    help=f"llama-server configuration (repeatable; default: {' '.join(DEFAULT_SERVERS)})")
+                    help="llama-server configuration (repeatable; default: "
+                         f"{' '.join(DEFAULT_SERVERS)})")
     ap.add_argument("--tandem", action="append", metavar="NAME=ARGS",
                     help="tandem run configuration (repeatable; default: default=)")
     ap.add_argument("-n", "--n-predict", type=int, default=128, help="new tokens (default 128)")
     ap.add_argument("-t", "--threads", type=int, default=2, help="threads (default 2)")
     ap.add_argument("-c", "--ctx", type=int, default=4096, help="context size (default 4096)")
     ap.add_argument("--seed", type=int, default=42)
-    ap.add_argument("--server-bin", type=Path, help="llama-server (default: scripts/build_native.sh)")
+    ap.add_argument("--server-bin", type=Path,
+                    help="llama-server binary (default: built by scripts/build_native.sh)")
     ap.add_argument("--tandem-bin", help="tandem command (default: .venv/bin/tandem)")
     ap.add_argument("--no-warmup", action="store_true",
                     help="skip the untimed warm-up request per configuration")
@@ -513,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"Error: {exc}") from None
     if BASELINE not in [n for n, _ in server_specs]:
         server_specs.insert(0, (BASELINE, SERVER_CONFIGS[BASELINE]))
-    tandem_specs = [(f"tandem {n}" if not n.startswith("tandem") else n, a) for n, a in tandem_specs]
+    tandem_specs = [(n if n.startswith("tandem") else f"tandem {n}", a) for n, a in tandem_specs]
     names = [n for n, _ in server_specs] + [n for n, _ in tandem_specs]
     if len(set(names)) != len(names):
         raise SystemExit(f"Error: configuration names must differ: {names}")
@@ -537,8 +541,8 @@ def main(argv: list[str] | None = None) -> int:
 
     fmt = {"threads": ns.threads, "ctx": ns.ctx, "draft": shlex.quote(str(draft))}
     base = BASE_SERVER_ARGS.format(**fmt)
-    servers = [Server(name, server_bin, target, shlex.split(f"{base} {args.format(**fmt)}"), log_dir)
-               for name, args in server_specs]
+    servers = [Server(name, server_bin, target, shlex.split(f"{base} {args.format(**fmt)}"),
+                      log_dir) for name, args in server_specs]
     tandem_cmds = {name: shlex.split(args) for name, args in tandem_specs}
 
     meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "argv": sys.argv,
@@ -615,9 +619,9 @@ def main(argv: list[str] | None = None) -> int:
         print(report(rows, names, categories))
         loads = [r.extra["loadavg"] for r in rows if "loadavg" in r.extra]
         if loads:
-            print(f"\nload average (1 min) before each prompt: median {statistics.median(loads):.2f}, "
-                  f"max {max(loads):.2f} on {os.cpu_count()} CPUs (this run itself adds about "
-                  f"{min(ns.threads, os.cpu_count() or 1)})")
+            print(f"\nload average (1 min) before each prompt: median "
+                  f"{statistics.median(loads):.2f}, max {max(loads):.2f} on {os.cpu_count()} "
+                  f"CPUs (this run itself adds about {min(ns.threads, os.cpu_count() or 1)})")
         print(f"\nratio: decode tok/s over llama-server `{BASELINE}`'s on the same prompt; "
               f"same output: greedy text equal to `{BASELINE}`'s after stripping.")
     errors = [r for r in rows if r.error]
