@@ -7,10 +7,13 @@ configurations, one server process each, loaded once. Then, prompt by prompt, it
 prompt to every server through /v1/chat/completions (the model's own chat template via
 --jinja; greedy, fixed seed, cache_prompt false) and runs `tandem run --json` on the same
 prompt, so every configuration sees the same machine state. Only one thing computes at a
-time. Decode speed comes from each tool's own timings, both per decode step after the prompt:
-llama-server's timings.predicted_per_second is (n - 1) tokens over the n - 1 steps after the
-first token (which comes from the prompt batch); tandem's stats.tokens_per_second is n tokens
-over n steps (its prefill stops one prompt token short, which the first step carries).
+time. Decode speed comes from each tool's own timings, prompt processing excluded:
+llama-server's timings.predicted_per_second is n - 1 tokens over the time after the first
+token (which comes from the prompt batch); tandem's stats.tokens_per_second is n tokens over
+the time after its prefill (which stops one prompt token short, so that time includes the
+first token). On an answer that ends with end-of-text, llama-server counts that token in n and
+tandem does not, so tandem pays one unpaid step there (--out keeps each tool's decode time and
+token count for a recount).
 
 Prints, per category, a Markdown table: for each configuration the median and geometric mean
 of the per-prompt ratio of decode tok/s to llama-server `plain` (its defaults), the draft
@@ -378,7 +381,7 @@ def parse_server_response(row: Row, resp: dict) -> Row:
     row.drafted = int(timings.get("draft_n") or 0)
     row.accepted = int(timings.get("draft_n_accepted") or 0)
     row.extra = {"finish_reason": choice.get("finish_reason"),
-                 "prompt_n": timings.get("prompt_n"),
+                 "prompt_n": timings.get("prompt_n"), "predicted_ms": timings.get("predicted_ms"),
                  "prompt_per_second": timings.get("prompt_per_second")}
     if row.tok_s <= 0:
         row.error = f"no timings.predicted_per_second in the response: {json.dumps(resp)[:300]}"
@@ -411,7 +414,8 @@ def parse_tandem_output(row: Row, stdout: str) -> Row:
     row.drafted = int(stats.get("drafted") or 0)
     row.accepted = int(stats.get("accepted") or 0)
     row.extra = {"finish_reason": obj.get("finish_reason"), "strategy": stats.get("strategy"),
-                 "notes": stats.get("notes"), "prompt_n": stats.get("n_prompt")}
+                 "notes": stats.get("notes"), "prompt_n": stats.get("n_prompt"),
+                 "t_decode": stats.get("t_decode"), "n_steps": stats.get("n_steps")}
     if row.tok_s <= 0:
         row.error = "tandem reported no decode speed"
     return row
