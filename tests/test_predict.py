@@ -32,3 +32,24 @@ def test_draft_ratio_from_decode_times_and_sizes():
     assert model_size("Llama-3.2-1B-Instruct-Q4_K_M.gguf") == "1b"
     with pytest.raises(UsageError, match="no draft cost"):
         predict(Report([], [], []), cost, "target.gguf", "draft.gguf")
+
+
+def test_mixed_steps_are_priced_each_at_its_own_length():
+    """Half plain steps, half 8-draft steps: the mean draft length (4) through the curve would
+    price every step as a 5-token batch; each step must be priced at its own length."""
+    cell = _cell("draft", 5.0, 4.0)
+    cell.steps_by_drafted = [10] + [0] * 7 + [10]  # 10 steps with 0 drafts, 10 with 8
+    report = Report(configs=[{"name": "draft", "strategy": "draft"}], categories=[], cells=[cell])
+    ratios = {2: 1.1, 5: 1.2, 9: 2.0}
+    out = predict(report, {"verify_ratio": ratios, "draft_ratio": 0.1})
+    per_step = 0.5 * 1.0 + 0.5 * (8 * 0.1 + 2.0)  # 1.9
+    assert out["speedup"]["draft"] == pytest.approx(5.0 / per_step, abs=1e-3)
+    at_mean = 4 * 0.1 + 1.2  # what pricing the mean would give: 1.6
+    assert abs(out["speedup"]["draft"] - 5.0 / at_mean) > 0.3
+
+
+def test_step_histogram_from_drafted_at():
+    from tandem.bench.report import _steps_by_drafted
+
+    # 10 steps: 4 plain, 3 with 1 draft, 1 with 2, 2 with 3 -> drafted_at = [6, 3, 2]
+    assert _steps_by_drafted(10, [6, 3, 2]) == [4, 3, 1, 2]

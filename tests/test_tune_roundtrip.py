@@ -23,8 +23,8 @@ def test_draft_ranking_follows_measured_speedup_and_tuned_settings_reach_run(tin
     home = tmp_path / "home"
     t, good, weak = tiny_models["target"], tiny_models["draft"], tiny_models["draft_weak"]
     res = _tandem("spec-bench", "-m", str(t), "--draft", str(good), "--draft", str(weak),
-                  "--strategies", "draft", "--quick", "--category", "code", "-t", "1",
-                  "--json", "--tune", home=home)
+                  "--strategies", "draft", "--per-category", "3", "-n", "48", "--category",
+                  "code", "-t", "1", "--json", "--tune", home=home)
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout)
     overall = {c["config"]: c for c in report["cells"] if c["category"] == "overall"}
@@ -35,10 +35,16 @@ def test_draft_ranking_follows_measured_speedup_and_tuned_settings_reach_run(tin
     assert by_draft[good.name]["acceptance_rate"] > by_draft[weak.name]["acceptance_rate"]
     costs = report["meta"]["costs"]["drafts"]
     assert set(costs) == {good.name, weak.name}
-    # the tuned winner is the configuration with the highest measured speedup
-    best = max((c for c in overall.values() if c["speedup"] is not None),
-               key=lambda c: (c["speedup"], c["runs"]))
+    # only a configuration whose gain exceeds its spread (25th percentile above 1.0) may be
+    # tuned; on the tiny models that depends on this machine's timings, so both outcomes
+    # are checked for what they must say
+    convincing = [c for c in overall.values() if c["speedup_lo"] is not None
+                  and c["speedup_lo"] > 1.0 and c["config"] != "plain"]
     tuned_files = list((home / "tuned").glob("*.json"))
+    if not convincing:
+        assert tuned_files == [] and "not tuned: no configuration convinced" in res.stderr
+        return
+    best = max(convincing, key=lambda c: (c["speedup"], c["runs"]))
     assert len(tuned_files) == 1
     tuned = json.loads(tuned_files[0].read_text())
     assert tuned["overall"]["config"] == best["config"]
