@@ -1,6 +1,8 @@
 """Helpers for engine tests: run generate() and compare against plain decoding."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from tandem.engine.drafters import DraftModelDrafter, NoDrafter
@@ -20,9 +22,11 @@ def run(ctx, prompt, drafter, **kw):
     return done, steps
 
 
-def top2_gap(model: Model, tokens) -> tuple[float, int, int]:
-    """Single-token (plain) logits after `tokens`: gap of the two best and their ids."""
-    ctx = Context(model, ContextParams(n_ctx=max(512, len(tokens) + 8)))
+def top2_gap(model: Model, tokens, params: ContextParams | None = None) -> tuple[float, int, int]:
+    """Single-token (plain) logits after `tokens`: gap of the two best and their ids, in the
+    context configuration under test (`params`: KV type, flash attention, threads)."""
+    params = replace(params or ContextParams(), n_ctx=max(512, len(tokens) + 8))
+    ctx = Context(model, params)
     try:
         logits = np.array(ctx.sync(tokens))
     finally:
@@ -31,16 +35,17 @@ def top2_gap(model: Model, tokens) -> tuple[float, int, int]:
     return float(logits[a] - logits[b]), int(a), int(b)
 
 
-def assert_same_as_plain(model, prompt, plain_tokens, spec_tokens, tol=1e-3):
+def assert_same_as_plain(model, prompt, plain_tokens, spec_tokens, tol=1e-3, params=None):
     """Token-identical, except where batched and single-token logits legitimately pick
-    different tokens: then the plain logits' two best must be within `tol` there."""
+    different tokens: then the plain logits' two best must be within `tol` there (measured
+    with the context settings under test, `params`)."""
     plain_tokens, spec_tokens = list(plain_tokens), list(spec_tokens)
     if plain_tokens == spec_tokens:
         return
     n = min(len(plain_tokens), len(spec_tokens))
     i = next((j for j in range(n) if plain_tokens[j] != spec_tokens[j]), n)
     assert i < n, f"lengths differ without a token difference: {len(plain_tokens)} vs {len(spec_tokens)}"
-    gap, a, b = top2_gap(model, list(prompt) + plain_tokens[:i])
+    gap, a, b = top2_gap(model, list(prompt) + plain_tokens[:i], params)
     assert {a, b} == {plain_tokens[i], spec_tokens[i]} and gap < tol, (
         f"divergence at token {i}: plain {plain_tokens[i]} vs speculative {spec_tokens[i]}, "
         f"top-2 gap {gap:.5f} ({a}, {b})")

@@ -84,7 +84,7 @@ def test_cost_model_round_trip(tmp_path):
 
 
 def test_fallback_guard_switches_to_plain_when_speculation_measures_slower():
-    g = FallbackGuard(min_spec_steps=2, backoff=3)
+    g = FallbackGuard(min_spec_steps=2, initial_backoff=3)
     g.observe(1, 0.1, speculative=False)  # plain: 10 tok/s
     for _ in range(2):
         g.observe(2, 0.4, speculative=True)  # speculative: 5 tok/s

@@ -160,6 +160,14 @@ class ChatSession:
             out.append({"role": "user", "content": user})
         return out
 
+    def _turn_gen(self):
+        """This turn's generation parameters: with --seed, each turn draws from its own
+        stream (seed + turn number), so turns are reproducible without repeating one another."""
+        seed = self.gen.sampling.seed
+        if seed is None:
+            return self.gen
+        return replace(self.gen, sampling=replace(self.gen.sampling, seed=seed + len(self.turns)))
+
     # ----- a turn -----
     def send(self, text: str) -> Iterator:
         """Answer `text`: yields Notice, PrefillEvent, TokenEvent, StepEvent and DoneEvent.
@@ -187,7 +195,7 @@ class ChatSession:
             yield from self._prefill(tokens)
             n_pre, t_pre = self._prefilled, time.perf_counter() - t0
             partial.n_prompt_eval, partial.t_prefill = n_pre, t_pre
-            inner = self.pair.generate(tokens, self.gen, self.strategy, self.draft)
+            inner = self.pair.generate(tokens, self._turn_gen(), self.strategy, self.draft)
             for ev in inner:
                 if isinstance(ev, TokenEvent):
                     pieces.append(ev.text)

@@ -83,19 +83,32 @@ class LengthController:
             self._interval = 0
         return best_k
 
+    def feedback(self, drafted: int, accepted: int) -> None:
+        """The verdict on this controller's latest draft. A probe whose drafts were all
+        accepted brings the probe interval back to its start: the source may have become
+        good again (a new passage to copy, a draft model back in step), and doubled
+        intervals would otherwise leave it unused for hundreds of tokens."""
+        self.tracker.update(drafted, accepted)
+        if self.last_was_probe and drafted > 0 and accepted >= drafted:
+            self._interval = 0
+
 
 @dataclass
 class FallbackGuard:
     """Measured, per request: if speculative steps deliver fewer tokens per second than plain
-    steps, decode plainly for a while (doubling each time), then probe speculation again."""
+    steps, decode plainly for a while (doubling each time), then probe speculation again.
+    Once speculation measures clearly faster again (`recover`), the back-off starts over, so
+    a slump late in a request is not punished for one early on."""
 
     margin: float = 0.98
+    recover: float = 1.05
     min_spec_steps: int = 4
-    backoff: int = 16
+    initial_backoff: int = 16
     max_backoff: int = 256
     weight: float = 0.25
     plain_rate: float = 0.0
     spec_rate: float = 0.0
+    backoff: int = 0  # the next fallback's length (0: initial_backoff)
     _spec_steps: int = 0
     _plain_left: int = 0
     fallbacks: int = 0
@@ -103,6 +116,9 @@ class FallbackGuard:
     def want_plain(self) -> bool:
         if self._plain_left > 0:
             self._plain_left -= 1
+            return True
+        if self.plain_rate <= 0 and self._spec_steps >= self.min_spec_steps:
+            # nothing to compare with yet: one plain step measures what speculation must beat
             return True
         return False
 
@@ -115,12 +131,15 @@ class FallbackGuard:
             return
         self.spec_rate = rate if self._spec_steps == 0 else _ema(self.spec_rate, rate, self.weight)
         self._spec_steps += 1
-        if (self._spec_steps >= self.min_spec_steps and self.plain_rate > 0
-                and self.spec_rate < self.margin * self.plain_rate):
+        if self._spec_steps < self.min_spec_steps or self.plain_rate <= 0:
+            return
+        if self.spec_rate < self.margin * self.plain_rate:
             self.fallbacks += 1
-            self._plain_left = self.backoff
-            self.backoff = min(self.backoff * 2, self.max_backoff)
+            self._plain_left = self.backoff or self.initial_backoff
+            self.backoff = min(self._plain_left * 2, self.max_backoff)
             self._spec_steps = 0
+        elif self.spec_rate >= self.recover * self.plain_rate:
+            self.backoff = 0
 
 
 def _ema(old: float, new: float, w: float) -> float:

@@ -9,13 +9,14 @@ auto:   hybrid with adaptive draft lengths and a measured fallback to plain deco
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 import numpy as np
 
 from tandem.engine.adaptive import AcceptanceTracker, FallbackGuard, LengthController
-from tandem.engine.costs import CostModel
+from tandem.engine.costs import DISAGREE, CostModel
 from tandem.engine.events import StepEvent
 from tandem.engine.llama import Context
 from tandem.engine.ngram import NgramIndex
@@ -72,7 +73,14 @@ def recent(tokens: Sequence[int], extra: Sequence[int], sampling: SamplingParams
 class DraftModelDrafter:
     """llama.cpp's draft-simple: a small model drafts greedily (top-1 of a top-10 softmax),
     stopping when that token's probability is below p_min; drafts shorter than n_min are
-    dropped. Its KV cache is kept across steps; only rejected positions are removed."""
+    dropped. Its KV cache is kept across steps; only rejected positions are removed.
+
+    When drafts are sampled (temperature > 0, rejection rule), a token that was drawn from q
+    is never taken back: which tokens are proposed must not depend on the tokens drawn, or
+    the proposals are no longer distributed as q and verification is biased. So the p_min
+    stop reads q's top probability *before* drawing, and only from position n_min on: a
+    sampled draft is at least n_min tokens long instead of being dropped when short.
+    """
 
     name = "draft"
 
@@ -80,22 +88,35 @@ class DraftModelDrafter:
         self.ctx = ctx
         self.n_min = n_min
         self.p_min = p_min
+        # the latest propose(): catch-up tokens re-read by sync() and its time, then the
+        # draft tokens decoded one by one and their time (the draft-token cost)
+        self.last_sync_tokens = 0
+        self.last_sync_s = 0.0
+        self.last_decodes = 0
+        self.last_decode_s = 0.0
 
     def propose(self, tokens, n_max, sampling, rng, sample) -> Draft:
+        self.last_sync_tokens, self.last_sync_s = 0, 0.0
+        self.last_decodes, self.last_decode_s = 0, 0.0
         # the draft evaluates tokens + d1..d(k-1), all of which must fit its context
         n_max = min(n_max, self.ctx.n_ctx - len(tokens) + 1)
         if n_max <= 0 or n_max < self.n_min:
             return Draft()
-        logits = self.ctx.sync(tokens)
+        t0 = time.perf_counter()
+        self.last_sync_tokens = self.ctx.prefill(tokens[:-1])
+        t1 = time.perf_counter()
+        # the last token is always re-evaluated (a past decode's logits are gone): a draft decode
+        logits = self.ctx.decode(tokens[-1:])[0]
+        self.last_decodes = 1
         out: list[int] = []
         dists: list[Dist | None] | None = [] if sample else None
         while True:
             hist = recent(tokens, out, sampling)
             if sample:
                 q = distribution(logits, hist, sampling)
-                tok = q.sample(rng)
-                if self.p_min > 0.0 and q.prob(tok) < self.p_min:
+                if self.p_min > 0.0 and len(out) >= self.n_min and q.top < self.p_min:
                     break
+                tok = q.sample(rng)
                 dists.append(q)
             elif self.p_min > 0.0:
                 tok, p = draft_top(logits, hist, sampling)
@@ -107,7 +128,10 @@ class DraftModelDrafter:
             if len(out) >= n_max:
                 break
             logits = self.ctx.decode([tok])[0]
-        if len(out) < self.n_min:
+            self.last_decodes += 1
+        self.last_sync_s = t1 - t0
+        self.last_decode_s = time.perf_counter() - t1
+        if len(out) < self.n_min:  # greedy only: a sampled draft is never shorter than n_min
             return Draft()
         return Draft(out, dists, n_model=len(out))
 
@@ -165,7 +189,6 @@ class HybridDrafter:
         self.model = model
         self.ngram = NgramDrafter(min(2, ngram_n), ngram_n, min_match=1)
         self.ngram_match = ngram_match
-        self.max_probe_lag = 8
         self.costs = costs or CostModel()
         self.adaptive = adaptive
         self.n_max = n_max
@@ -181,9 +204,13 @@ class HybridDrafter:
             for n in range(min(ngram_match, ngram_n), ngram_n + 1)}
         self.guard = FallbackGuard() if guard else None
         self.notes: list[str] = []  # decisions a report may show (e.g. why the model is off)
+        # the request's own first verify timings against the cost model's: far apart, the
+        # model's figures are rescaled to them (a cache from a busy or another machine)
+        self._check: list[float] = [] if adaptive else None
         self._last: Draft = Draft()
         self._last_ngram: LengthController | None = None
-        self._last_model_decodes = 0
+        self._model_ran = False  # the draft model was run in the latest propose()
+        self._probe = False  # the latest draft was a probe (chosen to measure, not to gain)
 
     def prefill(self, prompt: Sequence[int]) -> None:
         self.ngram.prefill(prompt)
@@ -191,7 +218,7 @@ class HybridDrafter:
             self.model.prefill(prompt)
 
     def propose(self, tokens, n_max, sampling, rng, sample) -> Draft:
-        self._last, self._last_ngram, self._last_model_decodes = Draft(), None, 0
+        self._last, self._last_ngram, self._model_ran, self._probe = Draft(), None, False, False
         if n_max <= 0 or (self.guard is not None and self.guard.want_plain()):
             return self._last
         idx = self.ngram.index
@@ -202,6 +229,7 @@ class HybridDrafter:
             if self.adaptive:
                 self._last_ngram = self.ngram_len[min(match, idx.n_max)]
                 k = self._last_ngram.choose(k)
+                self._probe = self._last_ngram.last_was_probe
             if k > 0:
                 cont = cont[:k]
                 self._last = Draft(cont, [None] * len(cont) if sample else None, n_model=0)
@@ -209,16 +237,13 @@ class HybridDrafter:
         if self.model is None:
             return self._last
         k = self.model_len.choose(n_max) if self.adaptive else min(n_max, self.n_max)
-        lag = len(tokens) - len(self.model.ctx.tokens)
-        if self.model_len.last_was_probe and lag > self.max_probe_lag:
-            # a probe would first re-read every token since the draft was last used, which
-            # costs more than the probe can tell us: stay plain
-            k = 0
+        self._probe = self.adaptive and self.model_len.last_was_probe
         if k <= 0:
             return self._last
-        before = self.model.ctx.n_decoded
+        # a probe after a plain stretch first re-reads the lagged tokens in one batch; that
+        # catch-up is timed apart (model.last_sync_s) and never priced as draft tokens
         draft = self.model.propose(tokens, k, sampling, rng, sample)
-        self._last_model_decodes = self.model.ctx.n_decoded - before
+        self._model_ran = True
         if len(draft.tokens) < k:
             extra, match = idx.lookup(k - len(draft.tokens), extra=draft.tokens)
             if draft.tokens and match >= self.ngram_match:
@@ -230,16 +255,51 @@ class HybridDrafter:
 
     def observe(self, step: StepEvent) -> None:
         d = self._last
+        self._check_costs(step.drafted + 1, step.t_verify)
         self.costs.observe_verify(step.drafted + 1, step.t_verify)
-        if self._last_model_decodes:
-            self.costs.observe_draft(self._last_model_decodes, step.t_draft)
+        model_ran = self._model_ran and self.model is not None
+        if model_ran and self.model.last_decodes:
+            self.costs.observe_draft(self.model.last_decodes, self.model.last_decode_s)
         n_model = min(d.n_model, step.drafted)
         if n_model:
-            self.model_len.tracker.update(n_model, min(step.accepted, n_model))
+            self.model_len.feedback(n_model, min(step.accepted, n_model))
         n_ng = step.drafted - n_model
         if n_ng and step.accepted >= n_model and self._last_ngram is not None:
-            self._last_ngram.tracker.update(n_ng, step.accepted - n_model)
-        if self.guard is not None:
+            self._last_ngram.feedback(n_ng, step.accepted - n_model)
+        # probes are exploration the length controllers pay for knowingly; the guard judges
+        # the drafts that were chosen because they were predicted to pay
+        if self.guard is not None and not self._probe:
             produced = step.accepted + 1
-            self.guard.observe(produced, step.t_draft + step.t_verify + step.t_sample,
-                               speculative=step.drafted > 0)
+            seconds = step.t_draft + step.t_verify + step.t_sample
+            if model_ran:
+                # re-reading tokens decoded while the model was off is the price of the pause,
+                # not of speculation: counted, it would make every resumption look slow
+                seconds -= self.model.last_sync_s
+            # a step where the model ran but proposed nothing is speculation's cost too
+            self.guard.observe(produced, seconds, speculative=step.drafted > 0 or model_ran)
+        # generate() skips propose() when no draft fits: that step must not look like this one
+        self._last, self._last_ngram, self._model_ran, self._probe = Draft(), None, False, False
+
+    CHECK_STEPS = 3
+
+    def _check_costs(self, n: int, seconds: float) -> None:
+        if self._check is None or len(self._check) >= self.CHECK_STEPS or seconds <= 0:
+            return
+        if not self._check:  # judge against the curve as it was, not as refined since
+            self._reference = CostModel(dict(self.costs.verify), self.costs.draft_token)
+        self._check.append((n, seconds))
+        if len(self._check) < self.CHECK_STEPS:
+            return
+        ref = self._reference
+        ratios = sorted(t / ref.verify_cost(k) for k, t in self._check if ref.verify_cost(k) > 0)
+        off = ratios[len(ratios) // 2] if ratios else 1.0
+        if not 1 / DISAGREE <= off <= DISAGREE:
+            # the cached curve is not this machine now: its shape cannot be trusted either (a
+            # busy calibration flattens it, so long drafts look free). Start the verify curve
+            # over from this request's own steps; sizes not yet seen are extrapolated from them
+            self.costs.verify = {}
+            for k, t in self._check[:-1]:  # the latest is observed by the caller
+                self.costs.observe_verify(k, t, weight=1.0)
+            self.costs.draft_token *= off
+            self.notes.append(f"cached costs were {off:.2f}x this request's timings: "
+                              "measured afresh")

@@ -44,26 +44,47 @@ class SamplingParams:
 
 @dataclass
 class Dist:
-    """A sparse distribution: probabilities `probs` over token ids `ids` (sum 1)."""
+    """A distribution over token ids. Sparse: probabilities `probs` over the ids `ids`. Dense
+    (`ids` None, when no filter truncates the vocabulary): probs[i] is token i's probability,
+    kept as float32 so a kept q costs what one logits row costs; arithmetic is float64."""
 
-    ids: np.ndarray
+    ids: np.ndarray | None
     probs: np.ndarray
 
+    @property
+    def top(self) -> float:
+        """The largest probability (what a p_min threshold compares with)."""
+        top = float(self.probs.max())
+        return top / self._total() if self.ids is None else top
+
     def prob(self, token: int) -> float:
+        if self.ids is None:
+            return float(self.probs[token]) / self._total() if 0 <= token < len(self.probs) else 0.0
         hit = np.nonzero(self.ids == token)[0]
         return float(self.probs[hit[0]]) if hit.size else 0.0
 
     def sample(self, rng: np.random.Generator) -> int:
-        return int(self.ids[_pick(self.probs, rng)])
+        idx = _pick(self.probs, rng)
+        return idx if self.ids is None else int(self.ids[idx])
 
     def dense(self, n_vocab: int) -> np.ndarray:
         out = np.zeros(n_vocab, dtype=np.float64)
-        out[self.ids] = self.probs
+        if self.ids is None:
+            out[:len(self.probs)] = self.probs / self._total()
+        else:
+            out[self.ids] = self.probs
         return out
+
+    def _total(self) -> float:
+        # float32 storage rounds the sum away from exactly 1: normalise in float64 on use
+        total = getattr(self, "_sum", None)
+        if total is None:
+            total = self._sum = float(self.probs.sum(dtype=np.float64))
+        return total
 
 
 def _pick(probs: np.ndarray, rng: np.random.Generator) -> int:
-    cdf = np.cumsum(probs)
+    cdf = np.cumsum(probs, dtype=np.float64)
     idx = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
     return min(idx, len(probs) - 1)
 
@@ -88,6 +109,12 @@ def distribution(logits: np.ndarray, history: Sequence[int], params: SamplingPar
     """The sampling distribution after penalty, top-k, top-p, min-p and temperature."""
     x = penalized(logits, history, params)
     n = x.shape[0]
+    t = max(params.temperature, 1e-6)
+    if not 0 < params.top_k < n and params.top_p >= 1.0 and params.min_p <= 0.0:
+        # nothing truncates the vocabulary: a dense float32 row instead of ids + probs
+        z = x.astype(np.float64)
+        p = np.exp((z - z.max()) / t)
+        return Dist(ids=None, probs=(p / p.sum()).astype(np.float32))
     if 0 < params.top_k < n:
         ids = np.argpartition(x, -params.top_k)[-params.top_k:]
     else:
@@ -104,7 +131,6 @@ def distribution(logits: np.ndarray, history: Sequence[int], params: SamplingPar
         if params.min_p > 0.0:
             keep = min(keep, max(1, int(np.count_nonzero(p >= params.min_p * p[0]))))
         ids, vals = ids[:keep], vals[:keep]
-    t = max(params.temperature, 1e-6)
     p = np.exp((vals - vals[0]) / t)
     return Dist(ids=ids, probs=p / p.sum())
 
@@ -113,6 +139,7 @@ def draft_top(logits: np.ndarray, history: Sequence[int], params: SamplingParams
               top_k: int = 10) -> tuple[int, float]:
     """llama.cpp's greedy draft choice: the top token and its probability among the top-k."""
     x = penalized(logits, history, params)
+    top_k = min(top_k, x.shape[0])
     ids = np.argpartition(x, -top_k)[-top_k:]
     vals = x[ids].astype(np.float64)
     best = int(np.argmax(vals))

@@ -60,15 +60,13 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
     rng = np.random.default_rng(sp.seed)
     sample_drafts = not sp.greedy and params.verify == "rejection"
     stats = GenStats(strategy=drafter.name, n_prompt=len(prompt),
-                     notes=list(getattr(drafter, "notes", ())))
+                     notes=list(getattr(target, "notes", ())))
     model = target.model
     text = TextStream(params.stop)
     tokens = list(prompt)
     n_max = min(params.n_max, target.verify_limit - 1)
     if n_max < params.n_max:
-        stats.notes.append(f"drafts capped at {n_max}: larger verify batches are not "
-                           "bit-identical to single-token decoding (measured on llama.cpp's "
-                           "CPU kernels)")
+        stats.notes.append(_cap_note(target, n_max))
     t_start = time.perf_counter()
 
     # The last prompt token goes into the first verify batch, so prefill stops one short.
@@ -85,8 +83,9 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
         if len(tokens) >= target.n_ctx:
             reason = "context"
             break
-        # drafts go at positions len(tokens)..; keep them inside the context and max_tokens
-        k_cap = min(n_max, target.n_ctx - len(tokens),
+        # a step yields up to k + 1 tokens: keep them within the context (plain decoding stops
+        # at n_ctx tokens, so must speculation) and within max_tokens
+        k_cap = min(n_max, target.n_ctx - len(tokens) - 1,
                     params.max_tokens - stats.n_generated - 1)
         t0 = time.perf_counter()
         draft = drafter.propose(tokens, k_cap, sp, rng, sample_drafts) if k_cap > 0 else Draft()
@@ -103,16 +102,17 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
         target.truncate(len(tokens) + n_acc)
         step_event = StepEvent(step, len(draft.tokens), n_acc, k_cap, t1 - t0, t2 - t1, t3 - t2)
         drafter.observe(step_event)
-        stats.record_step(len(draft.tokens), n_acc)
         stats.t_draft += t1 - t0
         stats.t_verify += t2 - t1
         stats.t_sample += t3 - t2
+        emitted = 0
         for i, tok in enumerate(new):
             if model.is_eog(tok) and not params.ignore_eos:
                 reason = "eos"
                 break
             tokens.append(tok)
             stats.n_generated += 1
+            emitted += 1
             piece = text.feed(model.piece(tok))
             yield TokenEvent(tok, piece, i < n_acc, step)
             if text.stopped:
@@ -120,13 +120,25 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
                 break
             if stats.n_generated >= params.max_tokens:
                 break
+        # the statistics count accepted drafts that reached the output, not those cut by EOS
+        # or a stop string (the drafter's own feedback above saw the full verdict)
+        stats.record_step(len(draft.tokens), min(n_acc, emitted))
         yield step_event
         step += 1
     tail = text.flush()
     if tail:
         yield TokenEvent(-1, tail, False, step)
     stats.t_total = time.perf_counter() - t_start
+    stats.notes += getattr(drafter, "notes", ())  # read last: drafters note decisions as they go
     yield DoneEvent(stats, reason, text.text, tuple(tokens[len(prompt):]))
+
+
+def _cap_note(target: Context, n_max: int) -> str:
+    if target.verify_limit >= min(target.n_batch, target.params.n_outputs_max):
+        return (f"drafts capped at {n_max}: a verify batch of {n_max + 1} tokens fills the "
+                f"batch size (n_batch {target.n_batch})")
+    return (f"drafts capped at {n_max}: exact mode; larger verify batches are not "
+            "bit-identical to single-token decoding (measured on llama.cpp's CPU kernels)")
 
 
 def _cached(ctx: Context, tokens: Sequence[int]) -> int:
