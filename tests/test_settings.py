@@ -102,7 +102,7 @@ def test_defaults_match_the_engine_defaults():
     from tandem.session import SessionOptions
     from tandem.settings import ENGINE_REPACK
 
-    assert ENGINE_REPACK == SessionOptions().repack  # what the planner assumes about loading
+    assert ENGINE_REPACK["fast"] == SessionOptions().repack  # what the planner assumes about loading
     c, d = ContextParams(), DraftParams()
     for key, value in (("n_ctx", c.n_ctx), ("n_batch", c.n_batch), ("n_ubatch", c.n_ubatch),
                        ("n_threads", c.n_threads), ("flash_attn", c.flash_attn),

@@ -51,13 +51,14 @@ ThreadsOpt = Annotated[int, typer.Option("--threads", "-t", help="CPU threads (0
 OptCtxOpt = Annotated[Optional[int], typer.Option("--ctx-size", "-c", help="Context size in tokens (default: from the hardware profile).")]
 OptThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", help="CPU threads (0: all cores; default: from the profile).")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log on stderr.")]
+ExactOpt = Annotated[bool, typer.Option("--exact", help="Exact mode: output bit-identical to plain decoding (unrepacked weights, q8_0 KV, verify batches of <= 7 tokens on a CPU; slower). Default (fast): llama.cpp's own kernels, greedy output equal to plain decoding up to floating-point rounding (a near-tie may flip).")]
 SystemOpt = Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.")]
 TempOpt = Annotated[float, typer.Option("--temp", help="Temperature; 0 is greedy.")]
 TopKOpt = Annotated[int, typer.Option("--top-k", help="Top-k (0: off).")]
 TopPOpt = Annotated[float, typer.Option("--top-p", help="Top-p (1: off).")]
 MinPOpt = Annotated[float, typer.Option("--min-p", help="Min-p (0: off).")]
 RepeatPenaltyOpt = Annotated[float, typer.Option("--repeat-penalty", help="Repetition penalty (1: off).")]
-SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed for sampling.")]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed for sampling. none, draft, ngram and hybrid then reproduce their text exactly; auto's draft lengths follow measured timings, so at temperature > 0 its text is reproducible only in distribution.")]
 
 
 def _read_stdin() -> str:
@@ -125,6 +126,7 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with text and statistics.")] = False,
     no_stream: Annotated[bool, typer.Option("--no-stream", help="Print the text once it is complete.")] = False,
     stats: Annotated[Optional[bool], typer.Option("--stats/--no-stats", help="Statistics on stderr (default: when stderr is a terminal).")] = None,
+    exact: ExactOpt = False,
     verbose: VerboseOpt = False,
 ):
     """Generate a completion; text on stdout, statistics on stderr.
@@ -151,7 +153,8 @@ def run(
                               repeat_penalty=repeat_penalty, seed=seed)
     gen = GenParams(max_tokens=max_tokens, sampling=sampling, stop=tuple(stop or ()))
     target_path, draft_path, opts = load_plan(pair, model, model_draft, strategy, draft_max,
-                                              draft_min, draft_p_min, ctx_size, threads, verbose)
+                                              draft_min, draft_p_min, ctx_size, threads, verbose,
+                                              exact=exact)
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt}]
     show_stats = sys.stderr.isatty() if stats is None else stats
@@ -179,7 +182,7 @@ def run(
 
 
 def load_plan(pair, model, model_draft, strategy, draft_max, draft_min, draft_p_min, ctx_size,
-              threads, verbose):
+              threads, verbose, exact=False):
     """Settings (flags > env > config > tuned > profile > defaults) -> model files -> memory
     plan -> SessionOptions; warnings go to stderr. Shared by run and chat."""
     from tandem.settings import cli_values, prepare_session
@@ -187,7 +190,8 @@ def load_plan(pair, model, model_draft, strategy, draft_max, draft_min, draft_p_
     if model is not None and model_draft is None and strategy is None:
         strategy = "none"  # a lone -m means plain decoding unless a strategy is asked for
     cli = cli_values(strategy=strategy, draft_max=draft_max, draft_min=draft_min,
-                     draft_p_min=draft_p_min, ctx_size=ctx_size, threads=threads, pair=pair)
+                     draft_p_min=draft_p_min, ctx_size=ctx_size, threads=threads, pair=pair,
+                     mode="exact" if exact else None)
     prepared = prepare_session(cli, lambda name: _resolve_models(name, model, model_draft),
                                verbose=verbose)
     for warning in prepared.warnings:

@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tandem.app import (DraftMaxOpt, DraftMinOpt, DraftOpt, DraftPMinOpt, ModelOpt, OptCtxOpt,
-                        OptThreadsOpt, VerboseOpt)
+                        OptThreadsOpt, VerboseOpt, ExactOpt)
 from tandem.errors import UsageError
 
 
@@ -67,6 +67,7 @@ def spec_bench(
     tune: Annotated[bool, typer.Option("--tune", help="Save the fastest configuration for run, chat and --strategy auto.")] = False,
     ctx_size: OptCtxOpt = None,
     threads: OptThreadsOpt = None,
+    exact: ExactOpt = False,
     verbose: VerboseOpt = False,
 ):
     """Measure plain decoding against speculative strategies on a workload, side by side.
@@ -83,7 +84,7 @@ def spec_bench(
     from tandem.bench import report as rep
     from tandem.bench import tune as tuning
     from tandem.bench import workloads
-    from tandem.bench.runner import run_bench
+    from tandem.bench.runner import classify_divergences, run_bench
     from tandem.bench.sweep import build_configs, parse_sweep
     from tandem.engine.sampling import SamplingParams
     from tandem.engine.speculative import GenParams
@@ -116,7 +117,7 @@ def spec_bench(
     # the same settings chain as run and chat (flags > env > config > tuned > profile)
     target_path, draft_path, planned = app_module.load_plan(
         pair, model, model_draft, "none", draft_max, draft_min, draft_p_min, ctx_size, threads,
-        verbose)
+        verbose, exact=exact)
     base = planned.draft
     threads = planned.target_ctx.n_threads
     draft_paths = [_fetch(ref) for ref in drafts] if drafts else ([draft_path] if draft_path else [])
@@ -167,10 +168,17 @@ def spec_bench(
             finally:
                 if live:
                     live.stop()
+            if results and not stop["now"]:
+                # each divergence from plain output: the logit gap there, in its own context
+                classify_divergences(session, items, configs, results)
     finally:
         signal.signal(signal.SIGINT, old)
     partial = stop["now"]
-    report = rep.aggregate(results, configs, partial=partial, meta=meta)
+    exact_mode = planned.target_ctx.exact
+    meta["mode"] = ("exact: greedy output must be identical to plain decoding" if exact_mode else
+                    "fast: llama.cpp's kernels; greedy divergences at a logit gap under "
+                    f"{rep.NEAR_TIE_GAP} are near-tie flips, wider ones mismatches")
+    report = rep.aggregate(results, configs, partial=partial, meta=meta, exact=exact_mode)
     if predict:
         from tandem.bench.predict import predict as predict_speedups
         from tandem.profiles import get_profile
@@ -179,17 +187,25 @@ def spec_bench(
             report, get_profile(name, force=True)[0].cost_for(), target_path.name,
             labels[0] if labels else "")
                                for name in predict}
+    tuned = tuning.choose(report) if tune and results else None
+    if tuned is not None:
+        o = tuned["overall"]
+        meta["tuning"] = (f"{o['config']} chosen ({o['speedup']:.2f}x, 25th percentile "
+                          f"{o['speedup_lo']:.2f}x)" if o else "profile kept") + f"; {tuning.RULE}"
     if out is not None:
         files = rep.write_outputs(report, results, out)
         err.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)
-    if tune and results and tuning.choose(report)["overall"] is not None:
-        tuned = tuning.choose(report)
+    if tuned is not None and tuned["overall"] is None:
+        err.print(f"not tuned: no configuration convinced; {tuning.RULE}. The profile's "
+                  "settings stay in force.", highlight=False)
+    if tuned is not None and tuned["overall"] is not None:
         winner = (tuned["overall"] or {}).get("draft_model")
         chosen = draft_paths[labels.index(winner)] if winner in labels else (draft_paths[0] if draft_paths else None)
         path = tuning.tuned_path(tandem_home(), target_path, chosen, threads)
         tuning.save(path, tuned, meta)
         o = tuned["overall"]
-        err.print(f"tuned: {o['config']} ({o['speedup']:.2f}x overall) saved to {path}", highlight=False)
+        err.print(f"tuned: {o['config']} ({o['speedup']:.2f}x overall, 25th percentile "
+                  f"{o['speedup_lo']:.2f}x) saved to {path}; {tuning.RULE}", highlight=False)
     if as_json:
         print(json.dumps({**report.to_dict(), "runs": [_run_dict(r) for r in results]}))
     elif sys.stdout.isatty():

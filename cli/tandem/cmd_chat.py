@@ -19,7 +19,7 @@ def register(app: typer.Typer) -> None:
     from tandem.app import (
         DraftMaxOpt, DraftMinOpt, DraftOpt, DraftPMinOpt, MinPOpt, ModelOpt, OptCtxOpt,
         OptThreadsOpt, RepeatPenaltyOpt, SeedOpt, StrategyOpt, SystemOpt, TempOpt, TopKOpt,
-        TopPOpt, VerboseOpt,
+        TopPOpt, VerboseOpt, ExactOpt,
     )
 
     @app.command()
@@ -43,6 +43,7 @@ def register(app: typer.Typer) -> None:
         threads: OptThreadsOpt = None,
         show_draft: Annotated[bool, typer.Option("--show-draft", help="Colour the tokens the target accepted from the draft.")] = False,
         plain_probe: Annotated[int, typer.Option("--plain-probe", help="Tokens of plain decoding measured at start for the speedup figure (0: off; plain turns also count).")] = 16,
+        exact: ExactOpt = False,
         verbose: VerboseOpt = False,
     ):
         """Chat in the terminal, with live tokens/s, draft acceptance and speedup.
@@ -60,12 +61,12 @@ def register(app: typer.Typer) -> None:
               draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min,
               max_tokens=max_tokens, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
               repeat_penalty=repeat_penalty, seed=seed, ctx_size=ctx_size, threads=threads,
-              show_draft=show_draft, plain_probe=plain_probe, verbose=verbose)
+              show_draft=show_draft, plain_probe=plain_probe, verbose=verbose, exact=exact)
 
 
 def _chat(*, pair, system, model, model_draft, strategy, draft_max, draft_min, draft_p_min,
           max_tokens, temp, top_k, top_p, min_p, repeat_penalty, seed, ctx_size, threads,
-          show_draft, plain_probe, verbose) -> None:
+          show_draft, plain_probe, verbose, exact=False) -> None:
     from tandem import app as _app
     from tandem.chat import ChatSession
     from tandem.engine.sampling import SamplingParams
@@ -81,7 +82,7 @@ def _chat(*, pair, system, model, model_draft, strategy, draft_max, draft_min, d
     with view.loading("Finding the models…"):
         target_path, draft_path, opts = _app.load_plan(
             pair, model, model_draft, strategy, draft_max, draft_min, draft_p_min, ctx_size,
-            threads, verbose)
+            threads, verbose, exact=exact)
     dparams = opts.draft
     gen = GenParams(max_tokens=max_tokens, sampling=sampling, n_max=min(dparams.n_max, 64))
     names = target_path.name + (f" + {Path(draft_path).name}" if draft_path else "")

@@ -33,6 +33,9 @@ KV_TYPES = ("f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 QUANTIZED_KV = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 STRATEGIES = ("none", "draft", "ngram", "hybrid", "auto")
 FLASH_ATTN = ("auto", "on", "off")
+# fast: llama.cpp's default kernels (repacked CPU weights), greedy output equal to plain
+# decoding up to floating-point rounding; exact: bit-identical to plain decoding
+MODES = ("fast", "exact")
 BACKENDS = ("cuda", "metal", "cpu")
 VENDORS = ("nvidia", "apple", "cpu", "any")
 MAX_CONTEXT = 1 << 20
@@ -123,6 +126,9 @@ def _show(value: Any) -> str:
 
 
 SETTING_FIELDS: tuple[Field, ...] = (
+    Field("mode", ("mode",), "TANDEM_MODE", "choice", "fast", choices=MODES,
+          help="fast (llama.cpp's kernels; = plain decoding up to float rounding) | exact "
+               "(bit-identical to plain decoding)", label="numeric mode"),
     Field("strategy", ("speculative", "strategy"), "TANDEM_STRATEGY", "choice", "draft",
           choices=STRATEGIES, help="none | draft | ngram | hybrid | auto", label="strategy"),
     Field("n_max", ("speculative", "n_max"), "TANDEM_DRAFT_MAX", "int", 4, 0, 64,

@@ -11,10 +11,10 @@ from typing import Iterator, Sequence
 
 from tandem import chat_template
 from tandem.engine.adaptive import model_draft_gain
-from tandem.engine.costs import CostModel, calibrate
+from tandem.engine.costs import DISAGREE, MAX_BATCH, CostModel, calibrate, disagreement
 from tandem.engine.drafters import (DraftModelDrafter, Drafter, HybridDrafter, NgramDrafter,
                                     NoDrafter)
-from tandem.engine.llama import EXACT_BATCH, Context, ContextParams, Model
+from tandem.engine.llama import Context, ContextParams, Model
 from tandem.engine.speculative import GenParams, generate
 from tandem.errors import UsageError
 
@@ -23,7 +23,15 @@ STRATEGIES = ("none", "draft", "ngram", "hybrid", "auto")
 # this acceptance per position; n-gram drafts (free to make) may grow to AUTO_NGRAM_CAP tokens
 AUTO_MODEL_GAIN = 1.15
 AUTO_MODEL_ACCEPT = 0.9
-AUTO_NGRAM_CAP = EXACT_BATCH - 1
+AUTO_NGRAM_CAP = MAX_BATCH - 1  # within the verify limit (exact mode on a CPU: EXACT_BATCH - 1)
+# a calibration during which other processes used more than this share of the CPU was
+# measured on a busy machine: it serves the session that measured it and is not saved
+BUSY_SHARE = 0.25
+
+
+def check_cached_costs(target: Context, cached: CostModel, probe: Sequence[int]) -> float:
+    """How far cached costs are from this machine's timings now (1.0: in agreement)."""
+    return disagreement(target, cached, probe)
 
 
 @dataclass(frozen=True)
@@ -49,10 +57,10 @@ class SessionOptions:
     target_gpu_layers: int = 0
     draft_gpu_layers: int = 0
     verbose: bool = False
-    # Repacked CPU weights are faster but make verify batches of 4+ tokens differ numerically
-    # from single-token decoding; the target stays unrepacked so greedy speculation is exactly
-    # plain decoding. The draft's numerics only affect acceptance, so it is repacked.
-    repack: bool = False
+    # Repacked CPU weights are llama.cpp's default and faster, but make verify batches of 4+
+    # tokens differ numerically from single-token decoding: exact mode loads the target
+    # unrepacked (settings.session_options). The draft's numerics only affect acceptance.
+    repack: bool = True
     draft_repack: bool = True
     extra: dict = field(default_factory=dict)
 
@@ -106,6 +114,7 @@ class PairSession:
         self._contexts: dict[tuple, Context] = {}
         self._costs: dict[tuple, CostModel] = {}
         self._calibrated: dict[tuple, CostModel] = {}
+        self.cost_notes: list[str] = []  # what became of cached costs (for the run's notes)
         self.target_ctx: Context | None = None
         self.draft_ctx: Context | None = None
         self.draft: Model | None = None
@@ -187,32 +196,57 @@ class PairSession:
                 model = None
                 notes.append(f"draft model off: this machine's costs predict {gain:.2f}x at "
                              f"{AUTO_MODEL_ACCEPT:.0%} acceptance (needs {AUTO_MODEL_GAIN:.2f}x)")
+        notes.append(self.costs().describe())
+        notes += self.cost_notes  # said once, on the request that found it
+        self.cost_notes = []
         drafter = HybridDrafter(model, ngram_match=2, costs=self.costs(), n_min=draft.n_min,
                                 n_max=draft.n_max, adaptive=True, guard=True, name="auto",
-                                ngram_cap=AUTO_NGRAM_CAP, ngram_n=8)
+                                ngram_cap=self._auto_cap(), ngram_n=8)
         drafter.notes += notes
         return drafter
 
+    def _auto_cap(self) -> int:
+        """auto's longest n-gram draft: AUTO_NGRAM_CAP, within what the target may verify."""
+        return min(AUTO_NGRAM_CAP, self.target_ctx.verify_limit - 1)
+
     def costs(self, calibrated: bool = False) -> CostModel:
         """The active configuration's cost model on this machine: cached, else calibrated
-        once (a few seconds). Steps refine it during the session (never saved: a refined curve
-        mixes contexts of every length); `calibrated=True` gives the calibration itself, whose
-        figures were all measured under the same conditions."""
+        once (a few seconds). A cached model is used only if it is recent and agrees with a
+        quick measurement taken now (a busy machine once poisoned every later run); a new
+        calibration is saved only if the machine was quiet while it ran. Steps refine it
+        during the session (never saved: a refined curve mixes contexts of every length);
+        `calibrated=True` gives the calibration itself, whose figures were all measured under
+        the same conditions."""
         key = (self.target_ctx.params, self.draft_label,
                self.draft_ctx.params if self.draft_ctx else None)
         if key not in self._costs:
             path = self._costs_path()
+            probe = self.target.tokenize("def main():\n    print('calibrating')\n",
+                                         add_special=False, parse_special=False)
             cached = CostModel.load(path)
-            if cached is None or not cached.plausible():
-                probe = self.target.tokenize("def main():\n    print('calibrating')\n",
-                                             add_special=False, parse_special=False)
+            if cached is not None and (not cached.plausible() or cached.expired()):
+                cached = None
+            if cached is not None:
+                off = check_cached_costs(self.target_ctx, cached, probe)
+                if not 1 / DISAGREE <= off <= DISAGREE:
+                    self.cost_notes.append(f"cached costs were {off:.2f}x this machine's "
+                                           "timings now: measured again")
+                    cached = None
+            if cached is None:
                 cached = calibrate(self.target_ctx, self.draft_ctx, probe)
-                try:
-                    cached.save(path)
-                except OSError:
-                    pass  # a read-only home only costs a recalibration next time
+                if cached.busy is not None and cached.busy > BUSY_SHARE:
+                    self.cost_notes.append(
+                        f"machine busy while calibrating (other processes used "
+                        f"{cached.busy:.0%} of the CPU): costs used for this session only, "
+                        "not saved")
+                else:
+                    try:
+                        cached.save(path)
+                    except OSError:
+                        pass  # a read-only home only costs a recalibration next time
             self._calibrated[key] = cached
-            self._costs[key] = CostModel(dict(cached.verify), cached.draft_token, cached.source)
+            self._costs[key] = CostModel(dict(cached.verify), cached.draft_token, cached.source,
+                                         cached.when, cached.busy)
         return (self._calibrated if calibrated else self._costs)[key]
 
     def _costs_path(self) -> Path:
@@ -248,7 +282,7 @@ class PairSession:
         if drafter.name == "none":
             gen = replace(gen, n_max=0)
         elif drafter.name == "auto":
-            gen = replace(gen, n_max=max(draft.n_max, AUTO_NGRAM_CAP))
+            gen = replace(gen, n_max=max(draft.n_max, self._auto_cap()))
         else:
             gen = replace(gen, n_max=draft.n_max)
         return generate(self.target_ctx, prompt, drafter, gen)

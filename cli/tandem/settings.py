@@ -32,9 +32,10 @@ from tandem.profiles import (FIELDS_BY_KEY, QUANTIZED_KV, SETTING_FIELDS, Field,
                              load_profiles, load_yaml, parse_setting_sections, select_profile)
 
 SOURCES = ("cli", "env", "config", "tuned", "profile", "default")
-# SessionOptions.repack's default: the engine loads CPU weights unrepacked, because repacked
-# weights switch GEMM kernels with the batch size and verification must be batch-invariant
-ENGINE_REPACK = False
+# whether the engine loads the target's CPU weights repacked, per mode: fast mode uses
+# llama.cpp's default (repacked); exact mode does not, because repacked weights switch GEMM
+# kernels with the batch size and its verification must be batch-invariant
+ENGINE_REPACK = {"fast": True, "exact": False}
 # the `profile` key itself, when nothing named one, was "detected" from the hardware
 CONFIG_NAME = "config.yaml"
 TUNED_DIR = "tuned"
@@ -570,7 +571,7 @@ def plan_for_settings(settings: Settings, target: Any, draft: Any = None, *, sto
     t_shape = model_shape(target, store)
     d_shape = model_shape(draft, store) if draft is not None else None
     budget = Budget.for_hardware(settings.hardware, settings.gpu_reserve_mb,
-                                 backend=settings.backend, repack=ENGINE_REPACK)
+                                 backend=settings.backend, repack=ENGINE_REPACK[settings.mode])
     same_draft = getattr(draft, "name", None)
     alternatives = _smaller_pairs(t_shape, same_draft) if suggest_pairs else ()
     return plan(t_shape, d_shape, budget, context_spec(settings, "target"),
@@ -609,11 +610,14 @@ def session_options(settings: Settings, plan: Any = None, *, verbose: bool = Fal
     from tandem.engine.llama import ContextParams
     from tandem.session import DraftParams, SessionOptions
 
+    exact = settings.mode == "exact"
     ctx = ContextParams(n_ctx=settings.n_ctx, n_batch=settings.n_batch,
                         n_ubatch=settings.n_ubatch, n_threads=settings.n_threads,
                         n_threads_batch=settings.n_threads_batch,
                         flash_attn=settings.flash_attn, type_k=settings.type_k,
                         type_v=settings.type_v)
+    if exact:
+        ctx = exact_context(ctx)
     if plan is not None:
         t_layers = plan.target.gpu_layers
         d_layers = plan.draft.gpu_layers if plan.draft is not None else 0
@@ -624,7 +628,18 @@ def session_options(settings: Settings, plan: Any = None, *, verbose: bool = Fal
                           draft=DraftParams(n_max=settings.n_max, n_min=settings.n_min,
                                             p_min=settings.p_min),
                           target_ctx=ctx, draft_ctx=None, target_gpu_layers=t_layers,
-                          draft_gpu_layers=d_layers, verbose=verbose, extra=dict(extra or {}))
+                          draft_gpu_layers=d_layers, verbose=verbose, repack=not exact,
+                          extra=dict(extra or {}))
+
+
+def exact_context(ctx):
+    """What exact mode needs of the target's context on llama.cpp's CPU kernels: flash
+    attention on (without it, 2+ rows take other matmul kernels) and a q8_0 KV cache (with
+    f16, single-token flash attention switches to a split-KV kernel at 512 cached tokens);
+    verify batches then stay within EXACT_BATCH rows (engine/llama.py)."""
+    from dataclasses import replace
+
+    return replace(ctx, flash_attn="on", type_k="q8_0", type_v="q8_0", exact=True)
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from tandem.bench.runner import BenchConfig, RunResult
+from tandem.bench.runner import BenchConfig, RunResult, first_difference  # noqa: F401 (re-exported)
 
 OVERALL = "overall"
+# In fast mode a greedy divergence whose two tokens' logits (plain decoding's, at that
+# position) are closer than this is a near-tie flip: batched and single-token kernels round
+# differently, on the 1.5B target by up to 0.69 for any logit and 0.31 for the winning one
+# (scripts/batch_invariance.py, docs/benchmarks.md), so gaps under their sum can flip. Wider
+# gaps are bugs.
+NEAR_TIE_GAP = 1.0
 
 
 @dataclass
@@ -34,10 +40,14 @@ class Cell:
     verify_share: float
     identical: int  # runs whose greedy output equals plain decoding's
     compared: int
+    near_ties: int = 0  # fast mode: divergences at a near tie (counted apart from mismatches)
     tokens_per_step: float = 0.0  # generated tokens per target verify batch
     drafted_per_step: float = 0.0
     mismatches: list[str] = field(default_factory=list)
     notes: dict[str, int] = field(default_factory=dict)  # drafter note -> runs that gave it
+    prompts: int = 0  # distinct prompts behind the runs
+    # verify steps by draft length: steps_by_drafted[k] = steps that carried k drafts
+    steps_by_drafted: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -66,16 +76,10 @@ def _quantile(xs: Sequence[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return None if len(a) == len(b) else n
-
-
 def aggregate(results: Sequence[RunResult], configs: Sequence[BenchConfig], greedy: bool = True,
-              partial: bool = False, meta: dict | None = None) -> Report:
+              partial: bool = False, meta: dict | None = None, exact: bool = False) -> Report:
+    """`exact`: every greedy divergence is a mismatch (exact mode promises identity); else
+    divergences at a near tie (see NEAR_TIE_GAP) are counted as such."""
     plain_name = next((c.name for c in configs if c.is_plain), None)
     plain = {(r.prompt_id, r.rep): r for r in results if r.config == plain_name}
     categories = sorted({r.category for r in results})
@@ -85,13 +89,14 @@ def aggregate(results: Sequence[RunResult], configs: Sequence[BenchConfig], gree
         for category in categories + [OVERALL]:
             runs = [r for r in mine if category == OVERALL or r.category == category]
             if runs:
-                cells.append(_cell(config, category, runs, plain, greedy, config.name == plain_name))
+                cells.append(_cell(config, category, runs, plain, greedy, config.name == plain_name,
+                                   exact))
     return Report([c.to_dict() for c in configs], categories, cells, partial, meta or {})
 
 
 def _cell(config: BenchConfig, category: str, runs: list[RunResult], plain: dict, greedy: bool,
-          is_plain: bool) -> Cell:
-    ratios, identical, compared, mismatches = [], 0, 0, []
+          is_plain: bool, exact: bool = False) -> Cell:
+    ratios, identical, compared, mismatches, near_ties = [], 0, 0, [], 0
     for r in runs:
         base = plain.get((r.prompt_id, r.rep))
         if base is None:
@@ -103,8 +108,15 @@ def _cell(config: BenchConfig, category: str, runs: list[RunResult], plain: dict
             diff = first_difference(base.tokens, r.tokens)
             if diff is None:
                 identical += 1
+                continue
+            where = f"{r.prompt_id} (rep {r.rep}): differs at token {diff}"
+            div = r.divergence
+            if div is not None:
+                where += f", logit gap {div['gap']:.3f} ({div['plain']} vs {div['other']})"
+            if not exact and div is not None and abs(div["gap"]) < NEAR_TIE_GAP:
+                near_ties += 1
             else:
-                mismatches.append(f"{r.prompt_id} (rep {r.rep}): differs at token {diff}")
+                mismatches.append(where)
     drafted = sum(r.drafted for r in runs)
     accepted = sum(r.accepted for r in runs)
     steps_drafted = sum(r.n_steps_drafted for r in runs)
@@ -123,10 +135,19 @@ def _cell(config: BenchConfig, category: str, runs: list[RunResult], plain: dict
         acceptance_by_position=[a / d if d else 0.0 for a, d in zip(a_at, d_at)],
         draft_share=sum(r.t_draft for r in runs) / t_all,
         verify_share=sum(r.t_verify for r in runs) / t_all,
-        identical=identical, compared=compared, mismatches=mismatches,
+        identical=identical, compared=compared, mismatches=mismatches, near_ties=near_ties,
         tokens_per_step=sum(r.n_generated for r in runs) / max(sum(r.n_steps for r in runs), 1),
         drafted_per_step=drafted / max(sum(r.n_steps for r in runs), 1),
-        notes=_group_notes(n for r in runs for n in r.notes))
+        notes=_group_notes(n for r in runs for n in r.notes),
+        prompts=len({r.prompt_id for r in runs}),
+        steps_by_drafted=_steps_by_drafted(sum(r.n_steps for r in runs), d_at))
+
+
+def _steps_by_drafted(n_steps: int, drafted_at: Sequence[int]) -> list[int]:
+    """drafted_at[i] counts steps with more than i drafts; the difference of neighbours is the
+    number of steps with exactly i + 1 drafts."""
+    reach = [n_steps] + list(drafted_at) + [0]
+    return [reach[k] - reach[k + 1] for k in range(len(reach) - 1)]
 
 
 def _group_notes(notes) -> dict[str, int]:
@@ -191,6 +212,8 @@ def to_markdown(report: Report) -> str:
             continue
         pos = " ".join(f"{100 * a:.0f}" for a in c.acceptance_by_position[:8])
         same = f"{c.identical}/{c.compared}" if c.compared else "-"
+        if c.compared and c.identical < c.compared:
+            same += f" ({c.near_ties} near-tie, {len(c.mismatches)} mismatch)"
         lines.append(f"| {name} | {100 * c.acceptance_rate:.1f}% | {c.mean_accepted_length:.2f} | "
                      f"{pos or '-'} | {100 * c.draft_share:.0f}% / {100 * c.verify_share:.0f}% | {same} |")
     costs = report.meta.get("costs") or {}
@@ -218,7 +241,10 @@ def to_markdown(report: Report) -> str:
     mism = [m for c in report.cells if c.category == OVERALL for m in
             (f"{c.config}: {x}" for x in c.mismatches)]
     if mism:
-        lines += ["", "## Outputs that differ from plain decoding", ""] + [f"- {m}" for m in mism]
+        lines += ["", "## Outputs that differ from plain decoding (mismatches)", "",
+                  "Exact mode promises identity; in fast mode these differ at a logit gap of "
+                  f"{NEAR_TIE_GAP} or more, which rounding does not explain.", ""]
+        lines += [f"- {m}" for m in mism]
     return "\n".join(lines) + "\n"
 
 

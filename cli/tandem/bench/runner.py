@@ -55,6 +55,9 @@ class RunResult:
     tokens: list[int] = field(repr=False, default_factory=list)
     text: str = field(repr=False, default="")
     notes: list[str] = field(default_factory=list)  # the drafter's decisions (GenStats.notes)
+    # where greedy output first left plain decoding's: {"at", "plain", "other", "gap"} with the
+    # target's logit gap between the two tokens there (see classify_divergences)
+    divergence: dict | None = None
 
     @classmethod
     def from_done(cls, config: str, prompt: Prompt, rep: int, done: DoneEvent) -> "RunResult":
@@ -109,6 +112,45 @@ def run_bench(session, prompts: Sequence[Prompt], configs: Sequence[BenchConfig]
             return
         done = _run_one(session, prompt_tokens(prompt), config, gen)
         yield BenchProgress(n, total, RunResult.from_done(config.name, prompt, rep, done))
+
+
+def classify_divergences(session, prompts: Sequence[Prompt], configs: Sequence[BenchConfig],
+                         results: Sequence[RunResult]) -> int:
+    """For each greedy run whose tokens differ from plain decoding's on the same prompt and
+    rep: the target's logits at the first differing position, computed as plain decoding
+    computes them (one token at a time, in that run's context configuration), and the gap
+    between plain's token and the other. A small gap is a near tie that batched kernels may
+    round the other way (fast mode); a large one is a bug. Returns how many were measured."""
+    import numpy as np
+
+    by_config = {c.name: c for c in configs}
+    plain_name = next((c.name for c in configs if c.is_plain), None)
+    plain = {(r.prompt_id, r.rep): r for r in results if r.config == plain_name}
+    texts = {p.id: p for p in prompts}
+    n = 0
+    for r in results:
+        base = plain.get((r.prompt_id, r.rep))
+        if r.config == plain_name or base is None or r.prompt_id not in texts:
+            continue
+        at = first_difference(base.tokens, r.tokens)
+        if at is None or at >= min(len(base.tokens), len(r.tokens)):
+            continue  # identical, or one is a prefix of the other (an EOS decision)
+        p = texts[r.prompt_id]
+        msgs = ([{"role": "system", "content": p.system}] if p.system else []) + [
+            {"role": "user", "content": p.text}]
+        config = by_config[r.config]
+        session.configure(config.target_ctx or session.options.target_ctx)
+        logits = np.array(session.target_ctx.sync(session.prompt_tokens(msgs) + base.tokens[:at]))
+        a, b = base.tokens[at], r.tokens[at]
+        r.divergence = {"at": at, "plain": a, "other": b, "gap": float(logits[a] - logits[b])}
+        n += 1
+    return n
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first index where two token lists differ (a prefix differs at its end); None if equal."""
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), None if len(a) == len(b) else n)
 
 
 def asdict_gen(gen: GenParams) -> dict:

@@ -13,6 +13,11 @@ from typing import Sequence
 
 MAX_BATCH = 17  # verify batches of 1 (plain) .. 17 (16 drafts + the last token)
 DRAFT_PROBE_TOKENS = 8  # single-token draft decodes timed by calibrate()
+# Cached costs are a guess about this machine: older than MAX_AGE_S, or DISAGREE times off
+# what is measured now, they are measured again (a calibration taken while something else had
+# the cores once recorded 3.59 s per token for a 0.074 s step and slowed every later run)
+MAX_AGE_S = 7 * 24 * 3600
+DISAGREE = 2.5
 
 
 @dataclass
@@ -20,6 +25,8 @@ class CostModel:
     verify: dict[int, float] = field(default_factory=dict)  # batch size -> seconds
     draft_token: float = 0.0  # seconds per draft-model token (0: unknown)
     source: str = "default"
+    when: float = 0.0  # time.time() of the calibration (0: unknown)
+    busy: float | None = None  # share of the CPU other processes used while it was measured
 
     @property
     def plain(self) -> float:
@@ -42,6 +49,23 @@ class CostModel:
             return self.verify[lo] + max(slope, 0.0) * (n - lo)
         w = (n - lo) / (hi - lo)
         return self.verify[lo] * (1 - w) + self.verify[hi] * w
+
+    def scale(self, factor: float) -> None:
+        """Every cost times `factor`: cached absolute timings made to agree with measured ones
+        while keeping the curve's shape (entries never measured again stay consistent)."""
+        self.verify = {n: v * factor for n, v in self.verify.items()}
+        self.draft_token *= factor
+
+    def expired(self, now: float | None = None) -> bool:
+        return self.when <= 0 or (now or time.time()) - self.when > MAX_AGE_S
+
+    def describe(self) -> str:
+        """When and under what load the figures were taken (for the run's notes)."""
+        if self.when <= 0:
+            return f"costs: {self.source}"
+        stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.when))
+        busy = "" if self.busy is None else f", other processes {self.busy:.0%} of the CPU"
+        return f"costs: {self.source} {stamp}{busy}"
 
     def observe_verify(self, n: int, seconds: float, weight: float = 0.2) -> None:
         old = self.verify.get(n)
@@ -74,42 +98,103 @@ class CostModel:
 
     def to_json(self) -> str:
         return json.dumps({"verify": {str(k): v for k, v in sorted(self.verify.items())},
-                           "draft_token": self.draft_token, "source": self.source}, indent=1)
+                           "draft_token": self.draft_token, "source": self.source,
+                           "when": self.when, "busy": self.busy}, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> "CostModel":
         data = json.loads(text)
+        busy = data.get("busy")
         return cls(verify={int(k): float(v) for k, v in data.get("verify", {}).items()},
                    draft_token=float(data.get("draft_token", 0.0)),
-                   source=str(data.get("source", "file")))
+                   source=str(data.get("source", "file")), when=float(data.get("when", 0.0)),
+                   busy=None if busy is None else float(busy))
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(self.to_json())
-        tmp.replace(path)
+        try:
+            tmp.write_text(self.to_json())
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)  # a full disk must not leave a partial file behind
 
     @classmethod
     def load(cls, path: Path) -> "CostModel | None":
         try:
             return cls.from_json(path.read_text())
-        except (OSError, ValueError, TypeError, AttributeError):
+        except (OSError, ValueError, TypeError, AttributeError, RecursionError):
             return None
+
+
+def cpu_snapshot() -> tuple[int, int, int] | None:
+    """(busy jiffies of the whole machine, this process's jiffies, all jiffies) from /proc;
+    None where there is no /proc (macOS)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            vals = [int(x) for x in f.readline().split()[1:9]]
+        with open("/proc/self/stat", encoding="ascii") as f:
+            own = f.read().rsplit(")", 1)[1].split()
+        idle = vals[3] + vals[4]  # idle + iowait
+        return sum(vals) - idle, int(own[11]) + int(own[12]), sum(vals)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def others_share(before, after, min_jiffies: int = 20) -> float | None:
+    """The share of the machine's CPU time that other processes used between two snapshots
+    (None when unknown or too short to tell)."""
+    if before is None or after is None or after[2] - before[2] < min_jiffies:
+        return None
+    busy, own, total = (a - b for a, b in zip(after, before))
+    return max(busy - own, 0) / total
+
+
+def disagreement(target, cached: CostModel, tokens: Sequence[int]) -> float:
+    """Measured / cached cost of a plain step and a 4-token verify batch, timed now after
+    `tokens` (best of two each), as one factor (their geometric mean); caches restored."""
+    sizes = [n for n in (1, 4) if n <= target.verify_limit and n in cached.verify]
+    if not sizes:
+        return 1.0
+    target.prefill(tokens)
+    base = len(target.tokens)
+    filler = list(tokens[-1:]) * max(sizes)
+    ratios = []
+    for n in sizes:
+        best = float("inf")
+        for _ in range(2):
+            t0 = time.perf_counter()
+            target.decode(filler[:n], all_logits=True)
+            best = min(best, time.perf_counter() - t0)
+            target.truncate(base)
+        ratios.append(best / cached.verify[n])
+    product = 1.0
+    for r in ratios:
+        product *= r
+    return product ** (1.0 / len(ratios))
 
 
 def calibrate(target, draft, tokens: Sequence[int], sizes: Sequence[int] = (1, 2, 3, 4, 5, 6, 8, 12, 17),
               reps: int = 2) -> CostModel:
     """Time verify batches of each size on the target, and single-token decodes on the draft,
     after `tokens` (a short real prompt), restoring both caches afterwards."""
-    model = CostModel(source="calibrated")
+    model = CostModel(source="calibrated", when=time.time())
+    before = cpu_snapshot()
+    # only batches generate() may send (n_batch, exact mode's cap): larger ones cannot be
+    # decoded with logits on every row, and the curve beyond is extrapolated
+    sizes = [n for n in sizes if n <= target.verify_limit] or [1]
     target.prefill(tokens)
     base = len(target.tokens)
     filler = list(tokens[-1:]) * max(sizes)
+    target.decode(filler[:1])  # warm-up: the first decode of a context pays for allocations
+    target.truncate(base)
     for _ in range(reps):
         for n in sizes:
             t0 = time.perf_counter()
             target.decode(filler[:n], all_logits=True)
-            model.observe_verify(n, time.perf_counter() - t0, weight=1.0 if _ == 0 else 0.5)
+            took = time.perf_counter() - t0
+            # the best of the repetitions: interference only ever makes a decode slower
+            model.verify[n] = min(model.verify.get(n, took), took)
             target.truncate(base)
     if draft is not None:
         draft.prefill(tokens)
@@ -120,4 +205,5 @@ def calibrate(target, draft, tokens: Sequence[int], sizes: Sequence[int] = (1, 2
             draft.decode([tok])
         model.draft_token = (time.perf_counter() - t0) / n
         draft.truncate(dbase)
+    model.busy = others_share(before, cpu_snapshot())
     return model

@@ -61,8 +61,9 @@ MAX_OUTPUTS = 65
 
 # Largest batch whose logits equal single-token decoding's bit for bit on llama.cpp's CPU
 # kernels (unrepacked weights, flash attention, q8_0 KV): measured identical for 1..7 rows,
-# up to 0.57 apart from 8 rows on. Verify batches on the CPU stay within it (drafts <= 6);
-# GPU kernels were not measured here, so a GPU target keeps the profile's draft length.
+# up to 0.57 apart from 8 rows on. In exact mode, verify batches of a target with any layer
+# on the CPU stay within it (drafts <= 6). GPU kernels were not measured here: a target fully
+# on the GPU keeps the profile's draft length, and the run's notes say exactness is unverified.
 EXACT_BATCH = 7
 
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
@@ -81,7 +82,8 @@ class Model:
                              "run `tandem pull` or check the path")
         params = _lc.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
-        self.on_gpu = n_gpu_layers != 0 and supports_gpu_offload()
+        gpu = supports_gpu_offload()
+        self.on_gpu = n_gpu_layers != 0 and gpu
         params.load_mode = 1 if use_mmap else 0  # LLAMA_LOAD_MODE_MMAP / NONE
         # Repacked CPU weights switch to a different GEMM kernel for batches of 4+ tokens, so
         # verify-batch logits would differ from single-token decoding; without repacking (and
@@ -97,6 +99,9 @@ class Model:
         self.vocab = _lc.llama_model_get_vocab(ptr)
         self.n_vocab = _lc.llama_vocab_n_tokens(self.vocab)
         self.n_layer = _lc.llama_model_n_layer(ptr)
+        # every layer and the output on the GPU (llama.cpp offloads the output layer only when
+        # n_gpu_layers exceeds n_layer); a partial offload still runs CPU kernels
+        self.fully_on_gpu = gpu and (n_gpu_layers < 0 or n_gpu_layers > self.n_layer)
         self.n_ctx_train = _lc.llama_model_n_ctx_train(ptr)
         self.bos = _lc.llama_vocab_bos(self.vocab)
         self.eos = _lc.llama_vocab_eos(self.vocab)
@@ -189,6 +194,8 @@ class ContextParams:
     type_k: str = "f16"
     type_v: str = "f16"
     n_outputs_max: int = MAX_OUTPUTS
+    # exact mode: verify batches stay within EXACT_BATCH rows on CPU kernels (see above)
+    exact: bool = False
 
 
 def default_threads() -> int:
@@ -215,11 +222,18 @@ class Context:
         cp.type_v = KV_TYPES[params.type_v]
         cp.no_perf = False
         ptr = _lc.llama_init_from_model(model._ptr, cp)
+        self.notes: list[str] = []  # what this context could not do as asked (run statistics)
         if not ptr and (params.type_k, params.type_v) != ("f16", "f16"):
             # a quantized KV cache needs head sizes that are a multiple of its block (32);
             # models that do not have them get the f16 cache instead
             cp.type_k = cp.type_v = KV_TYPES["f16"]
             ptr = _lc.llama_init_from_model(model._ptr, cp)
+            self.notes.append(
+                f"KV cache {params.type_k}/{params.type_v} does not fit {model.path.name}'s "
+                "attention heads: f16 used instead"
+                + (", with which verify batches are bit-identical to single-token decoding "
+                   "only below 512 cached tokens" if params.exact and not model.fully_on_gpu
+                   else ""))
             params = replace(params, type_k="f16", type_v="f16")
             self.params = params
         if not ptr:
@@ -228,8 +242,16 @@ class Context:
         self._ptr = ptr
         self.n_ctx = _lc.llama_n_ctx(ptr)
         self.n_batch = _lc.llama_n_batch(ptr)  # llama.cpp caps it at the requested n_ctx
-        # the largest verify batch generate() may send (see EXACT_BATCH)
-        self.verify_limit = params.n_outputs_max if model.on_gpu else EXACT_BATCH
+        # the largest verify batch generate() may send: one llama_decode call (n_batch) with
+        # logits on every row, and within EXACT_BATCH where exact mode runs CPU kernels
+        limit = min(params.n_outputs_max, self.n_batch)
+        if params.exact and not model.fully_on_gpu:
+            limit = min(limit, EXACT_BATCH)
+        elif params.exact:
+            self.notes.append("exact mode on a GPU target: batch invariance of GPU kernels was "
+                              "not measured, so greedy output may differ from plain decoding "
+                              "at near ties")
+        self.verify_limit = max(limit, 1)
         self._mem = _lc.llama_get_memory(ptr)
         self._batch = _lc.llama_batch_init(max(self.n_batch, 1), 0, 1)
         for i in range(self.n_batch):
