@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -22,7 +21,7 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from tandem import errors  # noqa: E402
-from tandem.errors import (EXIT_CONTEXT, EXIT_DOWNLOAD, EXIT_MODEL, EXIT_OK,  # noqa: E402
+from tandem.errors import (EXIT_DOWNLOAD, EXIT_MODEL, EXIT_OK,  # noqa: E402
                            EXIT_USAGE)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -371,8 +370,8 @@ def test_bad_input(case, sandbox, tiny_models, fake_hub, tmp_path):
     check_error(res, case.code, case.message)
     assert case.stdout or res.stdout == b""
     assert snapshot(home) == before_home
-    # the working directory only ever gains an (empty) --out directory
-    assert {k: v for k, v in snapshot(work).items()} == before_work
+    # files only: a refused spec-bench may leave its --out directory, empty
+    assert snapshot(work) == before_work
     assert leftovers(tmp_path) == []
 
 
