@@ -357,3 +357,21 @@ def test_fuzz_mutated_headers(tiny_models):
             assert peak < FUZZ_PEAK_BYTES, (i, peak)
     finally:
         tracemalloc.stop()
+
+
+def test_offset_mismatch_names_both_tensors():
+    """A wrong shape shows up as the next tensor's offset: the message names both entries."""
+    with pytest.raises(GGUFFormatError) as exc:
+        parse(build_header([], [("x", (8,), 0, 0), ("y", (4,), 0, 16)]))
+    assert "tensor 'y' has data offset 16" in exc.value.message
+    assert "previous tensor 'x' (shape [8]" in exc.value.message and "ends at 32" in \
+        exc.value.message
+
+
+def test_named_pipe_is_refused_without_blocking(tmp_path):
+    import os
+
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    with pytest.raises(ModelError, match="not a regular file"):
+        read_gguf_header(fifo)  # opening it would wait for a writer forever

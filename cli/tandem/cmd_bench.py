@@ -17,7 +17,8 @@ from rich.table import Table
 
 from tandem.app import (DraftMaxOpt, DraftMinOpt, DraftOpt, DraftPMinOpt, ModelOpt, OptCtxOpt,
                         OptThreadsOpt, VerboseOpt, ExactOpt)
-from tandem.errors import UsageError
+from tandem.errors import StorageError, UsageError
+from tandem.fsutil import storage_error
 
 
 def register(app: typer.Typer) -> None:
@@ -48,7 +49,7 @@ def spec_bench(
     model_draft: DraftOpt = None,
     drafts: Annotated[Optional[list[str]], typer.Option("--draft", help="A draft to compare (repeatable): catalog name, user/repo:QUANT, user/repo/file.gguf or a path.")] = None,
     calibrate_costs: Annotated[bool, typer.Option("--cost-curve/--no-cost-curve", help="Measure the verify-batch cost curve (k = 1..16) and each draft's token cost.")] = True,
-    prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Spec-Bench JSONL, JSONL with prompt/category, a text file (prompts separated by blank lines), or - for stdin.")] = None,
+    prompts: Annotated[Optional[Path], typer.Option("--prompts", readable=False, help="Spec-Bench JSONL, JSONL with prompt/category, a text file (prompts separated by blank lines), or - for stdin.")] = None,
     per_category: Annotated[Optional[int], typer.Option("--per-category", help="At most this many prompts per category.")] = None,
     category: Annotated[Optional[list[str]], typer.Option("--category", help="Only this category (repeatable).")] = None,
     group_mt_bench: Annotated[bool, typer.Option("--group-mt-bench", help="Report Spec-Bench's eight MT-bench categories as one (as the Spec-Bench paper does).")] = False,
@@ -61,7 +62,7 @@ def spec_bench(
     reps: Annotated[int, typer.Option("--reps", help="Repetitions of every (prompt, configuration).")] = 1,
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="One short unrecorded run first.")] = True,
     quick: Annotated[bool, typer.Option("--quick", help="A few minutes on a CPU: 2 prompts per category, 64 tokens.")] = False,
-    out: Annotated[Optional[Path], typer.Option("--out", help="Write report.json, runs.csv, report.md and speedup.svg here.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", readable=False, help="Write report.json, runs.csv, report.md and speedup.svg here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the machine-readable result on stdout.")] = False,
     predict: Annotated[Optional[list[str]], typer.Option("--predict", help="Also predict the speedup on this hardware profile from the measured acceptance (repeatable; labelled as a prediction).")] = None,
     tune: Annotated[bool, typer.Option("--tune", help="Save the fastest configuration for run, chat and --strategy auto.")] = False,
@@ -92,7 +93,19 @@ def spec_bench(
     from tandem.store import tandem_home
 
     if reps < 1:
-        raise UsageError(f"--reps must be >= 1, got {reps}", None)
+        raise UsageError(f"--reps must be >= 1, got {reps}", "pass --reps 1 or more")
+    if max_tokens < 1:
+        raise UsageError(f"max tokens must be >= 1, got {max_tokens}",
+                         "pass -n with a positive number of tokens")
+    # everything that can be refused is refused before the benchmark, not after an hour of it
+    if out is not None:
+        _check_out_dir(out)
+    for name in predict or ():
+        from tandem.profiles import get_profile
+
+        get_profile(name, force=True)
+    if tune:
+        _check_tuned_dir(tandem_home())
     if quick:
         per_category = per_category or 2
         max_tokens = min(max_tokens, 64)
@@ -193,7 +206,10 @@ def spec_bench(
         meta["tuning"] = (f"{o['config']} chosen ({o['speedup']:.2f}x, 25th percentile "
                           f"{o['speedup_lo']:.2f}x)" if o else "profile kept") + f"; {tuning.RULE}"
     if out is not None:
-        files = rep.write_outputs(report, results, out)
+        try:
+            files = rep.write_outputs(report, results, out)
+        except OSError as exc:
+            raise storage_error(exc, "the benchmark report", Path(exc.filename or out)) from None
         err.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)
     if tuned is not None and tuned["overall"] is None:
         err.print(f"not tuned: no configuration convinced; {tuning.RULE}. The profile's "
@@ -202,7 +218,10 @@ def spec_bench(
         winner = (tuned["overall"] or {}).get("draft_model")
         chosen = draft_paths[labels.index(winner)] if winner in labels else (draft_paths[0] if draft_paths else None)
         path = tuning.tuned_path(tandem_home(), target_path, chosen, threads)
-        tuning.save(path, tuned, meta)
+        try:
+            tuning.save(path, tuned, meta)
+        except OSError as exc:
+            raise storage_error(exc, "the tuned settings", path, home_hint=True) from None
         o = tuned["overall"]
         err.print(f"tuned: {o['config']} ({o['speedup']:.2f}x overall, 25th percentile "
                   f"{o['speedup_lo']:.2f}x) saved to {path}; {tuning.RULE}", highlight=False)
@@ -217,14 +236,52 @@ def spec_bench(
         raise typer.Exit(130)
 
 
+def _check_out_dir(out: Path) -> None:
+    """--out must be a directory, or a path where one can be created."""
+    from tandem.fsutil import blocking_file
+
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; the report needs a directory",
+                         "pass a directory (it is created if missing)")
+    blocker = blocking_file(out)
+    if blocker is not None:
+        raise UsageError(f"--out {out} cannot be created: {blocker} is a file",
+                         "pass a directory (it is created if missing)")
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise StorageError(f"cannot write the report: {existing} is not writable",
+                           f"check the permissions of {existing}, or pass another --out")
+
+
+def _check_tuned_dir(home: Path) -> None:
+    """--tune writes <home>/tuned/: refused up front when that cannot work."""
+    from tandem.fsutil import blocking_file
+    from tandem.settings import tuned_dir
+
+    blocker = blocking_file(tuned_dir(home))
+    if blocker is not None:
+        raise StorageError(f"--tune cannot save into {tuned_dir(home)}: {blocker} is a file, "
+                           "not a directory",
+                           "set TANDEM_HOME to a directory (or move that file out of the way)")
+
+
 def _fetch(ref: str) -> Path:
     """A draft reference as a local file: a path, or pulled through the store."""
     from tandem import pairing
     from tandem.store import Store
 
+    from tandem.app import download_view
+
     store = Store()
     m = pairing.resolve(ref, "draft")
-    return pairing.local_path(m, store) or store.ensure(m.spec)
+    local = pairing.local_path(m, store)
+    if local is not None:
+        return local
+    view = download_view()
+    try:
+        return store.ensure(m.spec, progress=view)
+    finally:
+        view.close()
 
 
 def _labels(paths) -> list[str]:

@@ -69,20 +69,25 @@ def _chat(*, pair, system, model, model_draft, strategy, draft_max, draft_min, d
           show_draft, plain_probe, verbose, exact=False) -> None:
     from tandem import app as _app
     from tandem.chat import ChatSession
-    from tandem.engine.sampling import SamplingParams
     from tandem.engine.speculative import GenParams
     from tandem.session import PairSession
     from tandem.tui import ChatView, make_console
 
     if pair is not None and model is not None:
-        raise UsageError("give a pair name or --model, not both")
-    sampling = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                              repeat_penalty=repeat_penalty, seed=seed)
+        raise UsageError("give a pair name or --model, not both",
+                         "drop the pair name to use your own files, or drop -m/-md")
+    if plain_probe < 0:
+        raise UsageError(f"--plain-probe must be >= 0, got {plain_probe}",
+                         "pass 0 to turn the probe off")
+    _app.check_max_tokens(max_tokens)
+    _app.check_text(system, "the system prompt (-s)")
+    sampling = _app.sampling_params(temp, top_k, top_p, min_p, repeat_penalty, seed)
+    _read_lines_leniently()
     view = ChatView(make_console(), show_draft=show_draft)
-    with view.loading("Finding the models…"):
-        target_path, draft_path, opts = _app.load_plan(
-            pair, model, model_draft, strategy, draft_max, draft_min, draft_p_min, ctx_size,
-            threads, verbose, exact=exact)
+    # no spinner here: a download on the way draws its own progress on stderr
+    target_path, draft_path, opts = _app.load_plan(
+        pair, model, model_draft, strategy, draft_max, draft_min, draft_p_min, ctx_size,
+        threads, verbose, exact=exact)
     dparams = opts.draft
     gen = GenParams(max_tokens=max_tokens, sampling=sampling, n_max=min(dparams.n_max, 64))
     names = target_path.name + (f" + {Path(draft_path).name}" if draft_path else "")
@@ -102,7 +107,18 @@ def _chat(*, pair, system, model, model_draft, strategy, draft_max, draft_min, d
         _loop(chat, view)
 
 
+def _read_lines_leniently() -> None:
+    """A typed or piped line that is not UTF-8 must not end the chat: read it with its bad
+    bytes kept as surrogates, so the loop can refuse that one line (check_text) and go on."""
+    import sys
+
+    reconfigure = getattr(sys.stdin, "reconfigure", None)
+    if reconfigure is not None:
+        reconfigure(errors="surrogateescape")
+
+
 def _loop(chat, view) -> None:
+    from tandem.app import check_text
     from tandem.chat import message_text
 
     armed = False  # a Ctrl-C was just pressed: another one exits
@@ -121,6 +137,7 @@ def _loop(chat, view) -> None:
             continue
         armed = False
         try:
+            check_text(line, "that line")
             result = chat.command(line)
             if result is not None:
                 if result.action == "exit":

@@ -15,8 +15,8 @@ def register(app: typer.Typer) -> None:
     def hw(
         profile: Annotated[Optional[str], typer.Option("--profile", help="Use this profile instead of the detected one.")] = None,
         pair: Annotated[Optional[str], typer.Option("--pair", help="Plan for this catalog pair (default: the configured or default pair).")] = None,
-        model: Annotated[Optional[Path], typer.Option("--model", "-m", help="Plan for this target GGUF instead of a pair.")] = None,
-        model_draft: Annotated[Optional[Path], typer.Option("--model-draft", "-md", help="Draft GGUF (with --model).")] = None,
+        model: Annotated[Optional[Path], typer.Option("--model", "-m", readable=False, help="Plan for this target GGUF instead of a pair.")] = None,
+        model_draft: Annotated[Optional[Path], typer.Option("--model-draft", "-md", readable=False, help="Draft GGUF (with --model).")] = None,
         ctx_size: Annotated[Optional[int], typer.Option("--ctx-size", "-c", help="Plan for this context size.")] = None,
         force_profile: Annotated[bool, typer.Option("--force-profile", help="Use --profile even if it does not match this machine.")] = False,
         as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
@@ -56,6 +56,15 @@ def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size
 
     if model_draft is not None and model is None:
         raise UsageError("--model-draft needs --model", "pass the target GGUF with --model")
+    if pair is not None and model is not None:
+        raise UsageError(f"give --pair ({pair}) or --model, not both",
+                         "drop --pair to plan for your own files, or drop -m/-md")
+    if model is not None:
+        from tandem.app import check_model_path
+
+        check_model_path(model, "target")
+        if model_draft is not None:
+            check_model_path(model_draft, "draft")
     hw = hardware or hwmod.detect()
     settings = resolve_settings(cli_values(profile=profile, pair=pair, ctx_size=ctx_size),
                                 hardware=hw, force_profile=force_profile or None)

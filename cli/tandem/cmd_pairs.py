@@ -88,14 +88,21 @@ def _print_json(doc: Any) -> None:
 
 class ProgressView:
     """Renders store ProgressEvents on stderr: Rich bars on a terminal, else plain lines
-    (one when a file starts, then every 25%)."""
+    (one when a file starts, then every 25% or LINE_EVERY_S seconds, whichever comes first:
+    a slow download of a large file must still show that it moves)."""
 
-    def __init__(self, console: Console, bars: bool):
+    LINE_EVERY_S = 30.0
+
+    def __init__(self, console: Console, bars: bool, clock=None):
+        import time
+
         self.console = console
         self.bars = bars
+        self.clock = clock or time.monotonic
         self._progress: Progress | None = None
         self._tasks: dict[tuple[str, str], TaskID] = {}
         self._plain: dict[tuple[str, str], int] = {}  # last quarter printed
+        self._last_line: dict[tuple[str, str], float] = {}
 
     def __call__(self, ev: ProgressEvent) -> None:
         kind = "verify" if ev.phase == "verify" else "fetch"
@@ -120,15 +127,22 @@ class ProgressView:
                               total=ev.total)
 
     def _line(self, key: tuple[str, str], verb: str, ev: ProgressEvent) -> None:
+        now = self.clock()
         if key not in self._plain:
             self._plain[key] = 0
+            self._last_line[key] = now
             size = f" ({human_size(ev.total)})" if ev.total else ""
             self.console.print(f"{verb} {ev.model}{size}...")
-        if ev.total:
-            quarter = min(4, ev.done * 4 // ev.total)
-            if quarter > self._plain[key]:
-                self._plain[key] = quarter
-                self.console.print(f"  {ev.model}: {quarter * 25}%")
+        quarter = min(4, ev.done * 4 // ev.total) if ev.total else 0
+        if quarter > self._plain[key]:
+            self._plain[key] = quarter
+            self._last_line[key] = now
+            self.console.print(f"  {ev.model}: {quarter * 25}%")
+        elif now - self._last_line[key] >= self.LINE_EVERY_S:
+            self._last_line[key] = now
+            of = f" of {human_size(ev.total)}" if ev.total else ""
+            pct = f" ({100 * ev.done // ev.total}%)" if ev.total else ""
+            self.console.print(f"  {ev.model}: {human_size(ev.done)}{of}{pct}")
 
     def note(self, message: str) -> None:
         self.console.print(f"Note: {message}")

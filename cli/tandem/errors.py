@@ -4,7 +4,7 @@ The core raises these; only `tandem.app.main` turns them into `Error:`/`Hint:` l
 """
 from __future__ import annotations
 
-# Exit codes, documented in docs/cli.md
+# Exit codes, documented in docs/errors.md (a test holds the two together)
 EXIT_OK = 0
 EXIT_ERROR = 1  # unexpected failure
 EXIT_USAGE = 2  # bad flags or parameter values
@@ -65,6 +65,24 @@ class NetworkError(DownloadError):
 
 class DiskFullError(DownloadError):
     """Not enough disk space for a download (checked up front, or ENOSPC while writing)."""
+
+
+class StorageError(TandemError):
+    """tandem's own files cannot be written or read: TANDEM_HOME is a file or read-only, a
+    directory in it is a file, the disk is full, an output directory is unusable."""
+
+    exit_code = EXIT_DOWNLOAD
+
+
+class OutputError(TandemError):
+    """stdout cannot take the result (closed, or on a full device)."""
+
+    exit_code = EXIT_DOWNLOAD
+
+
+class TandemWarning(UserWarning):
+    """Something the user should know that stops nothing (a damaged file set aside, a
+    surprising setting). The core warns with it; `tandem.app.main` prints `Warning: ...`."""
 
 
 class UnsafePathError(UsageError):

@@ -477,12 +477,21 @@ class _Parser:
             info = TensorInfo(name, shape, ggml_type, offset)
             self.check_tensor(info)
             if offset != expected_offset:
-                raise self.fail(
-                    f"tensor '{name}' has data offset {offset}, expected {expected_offset}"
-                )
+                raise self.fail(self._offset_problem(tensors, info, expected_offset))
             expected_offset += _pad(info.nbytes, alignment)
             tensors.append(info)
         return tensors
+
+    @staticmethod
+    def _offset_problem(before: list[TensorInfo], t: TensorInfo, expected: int) -> str:
+        """An offset that disagrees with the table: either this offset or the previous
+        tensor's shape/type (which sizes its data) is wrong, so name both."""
+        if not before:
+            return f"tensor '{t.name}' has data offset {t.offset}, expected 0 (the first tensor)"
+        prev = before[-1]
+        return (f"tensor '{t.name}' has data offset {t.offset}, but the previous tensor "
+                f"'{prev.name}' (shape {list(prev.shape)}, {prev.type_name}) ends at "
+                f"{expected}: one of the two entries is corrupt")
 
     def check_tensor(self, t: TensorInfo) -> None:
         if any(d >= 1 << 63 for d in t.shape):
@@ -551,6 +560,10 @@ def read_gguf_header(
 
     path = Path(source)
     try:
+        if path.exists() and not path.is_dir() and not path.is_file():
+            # opening a named pipe blocks until a writer comes, possibly forever
+            raise ModelError(f"{path} is not a regular file (a pipe or a device)",
+                             "pass a .gguf file on disk")
         f = open(path, "rb")
     except FileNotFoundError:
         raise ModelError(

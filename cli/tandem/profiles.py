@@ -16,6 +16,7 @@ keys it sets, and `extends: NAME` starts a new profile from another one.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -110,6 +111,8 @@ class Field:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 return None, f"must be a number, got {_show(value)}"
             value = float(value)
+            if not math.isfinite(value):  # NaN passes every range check below
+                return None, f"must be a finite number, got {value}"
         if self.lo is not None and value < self.lo or self.hi is not None and value > self.hi:
             return None, f"must be in {_num(self.lo)}..{_num(self.hi)}, got {value}"
         return value, None
@@ -237,6 +240,9 @@ def load_yaml(path: Path, text: str | None = None) -> Any:
                            "quote)") from None
     except yaml.YAMLError as exc:
         raise ProfileError(path, None, None, f"YAML error: {exc}") from None
+    except RecursionError:  # PyYAML composes recursively; a nesting bomb ends here
+        raise ProfileError(path, None, None, "is nested too deeply to be a settings file") \
+            from None
 
 
 # --------------------------------------------------------------------- section parsing
@@ -278,7 +284,7 @@ def parse_setting_sections(doc: Mapping, path: str | Path, *, skip: Iterable[str
                                        f"unknown key; {key} takes: {', '.join(known)}")
                 out.update(_one(f, subval, path, _line(value, sub), f"{dotted}.{sub}"))
         else:
-            raise ProfileError(path, line, dotted, "unknown key" + _suggest(key))
+            raise ProfileError(path, line, dotted, "unknown key" + _suggest(key, skip))
     return out
 
 
@@ -293,10 +299,12 @@ def _line(doc: Any, key: Any) -> int | None:
     return doc.line_of(key) if isinstance(doc, LineDict) else None
 
 
-def _suggest(key: Any) -> str:
+def _suggest(key: Any, own: Iterable[str] = ()) -> str:
+    """Close matches among the keys of this kind of file: the setting sections plus `own`
+    (a profile's keys, or the config file's profile/pair/force_profile)."""
     import difflib
 
-    known = sorted(SECTIONS | SCALARS | set(PROFILE_KEYS) | {"profile", "pair"})
+    known = sorted(SECTIONS | SCALARS | set(own))
     close = difflib.get_close_matches(str(key), known, n=1)
     return f" (did you mean '{close[0]}'?)" if close else f"; known keys: {', '.join(known)}"
 
@@ -467,6 +475,8 @@ def _number(value: Any, path, line, key, *, lo: float | None = 0.0, positive=Fal
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ProfileError(path, line, key, f"must be a number, got {_show(value)}")
+    if not math.isfinite(value):  # YAML's .nan and .inf: every comparison below would pass
+        raise ProfileError(path, line, key, f"must be a finite number, got {value}")
     if positive and value <= 0 or lo is not None and value < lo:
         raise ProfileError(path, line, key,
                            f"must be {'> 0' if positive else f'>= {_num(lo)}'}, got {value}")
@@ -711,7 +721,14 @@ def _load_user(name, user_docs, resolved, profiles, stack) -> Profile:
     for key in doc:
         # user files are checked for unknown keys before merging, so errors name their line
         if key not in PROFILE_KEYS and key not in SECTIONS and key not in SCALARS:
-            raise ProfileError(path, _line(doc, key), str(key), "unknown key" + _suggest(key))
+            raise ProfileError(path, _line(doc, key), str(key),
+                               "unknown key" + _suggest(key, PROFILE_KEYS))
+    declared = doc.get("name")
+    if declared is not None and declared != name:
+        # checked here: merging with the profile it extends drops this file's `name`
+        raise ProfileError(path, _line(doc, "name"), "name",
+                           f"must match the file name ({name!r}), got {declared!r}",
+                           f"rename the file to {declared}.yaml, or set name: {name}")
     base_name = doc.get("extends")
     origin = "user"
     if base_name is None and name in resolved:

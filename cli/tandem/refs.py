@@ -98,6 +98,9 @@ def _local(t: str) -> ModelRef | None:
         raise ModelError(f"model file not found: {path}", "check the path")
     if path.is_dir():
         raise ModelError(f"{path} is a directory, not a GGUF file", "pass the .gguf file itself")
+    if not path.is_file():  # a FIFO would block the header read waiting for a writer
+        raise ModelError(f"{path} is not a regular file (a pipe or a device)",
+                         "pass a .gguf file on disk")
     return ModelRef(t, "local", path=path.absolute())
 
 

@@ -26,7 +26,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from tandem.errors import UsageError
+from tandem.errors import ModelError, UsageError
+from tandem.fsutil import atomic_write_text, storage_error
 from tandem.profiles import (FIELDS_BY_KEY, QUANTIZED_KV, SETTING_FIELDS, Field, Located,
                              Profile, ProfileError, ProfileMismatchError, get_profile,
                              load_profiles, load_yaml, parse_setting_sections, select_profile)
@@ -250,10 +251,11 @@ def save_tuned(path: Path, settings: Mapping[str, Any], *, pair: str | None = No
     doc = {"version": TUNED_VERSION, "pair": pair, "device": device, "settings": nested,
            "measured": dict(measured or {}), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                    time.gmtime())}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    except OSError as exc:
+        raise storage_error(exc, "the tuned settings", path, home_hint=True) from None
     return path
 
 
@@ -300,8 +302,9 @@ def load_tuned(pair: str | None, device: str | None, home: Path | None = None,
                 if (fp and fp != pair) or (fd and fd != device):
                     continue
                 rank = ((fp is not None) + (fd is not None), path.stat().st_mtime)
-        except (OSError, ValueError, ProfileError) as exc:
-            msg = exc.message if isinstance(exc, ProfileError) else str(exc)
+        except (OSError, ValueError, RecursionError, ProfileError) as exc:
+            msg = exc.message if isinstance(exc, ProfileError) else (
+                "nested too deeply" if isinstance(exc, RecursionError) else str(exc))
             warnings.append(f"ignored tuned settings {path}: {msg}")
             continue
         if best is None or rank > best[0]:
@@ -439,6 +442,7 @@ def resolve_settings(cli: Mapping[str, Any] | None = None, *, env: Mapping[str, 
         else:
             values[f.key] = Setting(f.key, f.default, "default", "")
     warnings += _reconcile(values)
+    warnings += _thread_warnings(values, hardware)
     backend = effective_backend(profile, hardware)
     return Settings(values=MappingProxyType(values), profile_obj=profile,
                     profile_reason=reason, hardware=hardware, backend=backend,
@@ -499,6 +503,18 @@ def _reconcile(values: dict[str, Setting]) -> list[str]:
                f"a quantized V cache ({v['type_v']}) needs flash attention, which is off",
                "set flash_attn to auto, or type_v to f16")
     return warnings
+
+
+def _thread_warnings(values: Mapping[str, Setting], hardware: Any) -> list[str]:
+    """More threads than the CPU has only makes llama.cpp's threads wait for each other."""
+    cores = getattr(getattr(hardware, "cpu", None), "logical_cores", 0) or 0
+    out = []
+    for key in ("n_threads", "n_threads_batch"):
+        s = values[key]
+        if cores and s.value > cores:
+            out.append(f"{FIELDS_BY_KEY[key].label} {s.value} ({s.describe()}) exceeds this "
+                       f"machine's {cores} CPU threads; generation will be slower, not faster")
+    return out
 
 
 def effective_backend(profile: Profile, hardware: Any) -> str:
@@ -568,8 +584,8 @@ def plan_for_settings(settings: Settings, target: Any, draft: Any = None, *, sto
     `settings` on its hardware. Smaller catalog pairs are suggested when it does not fit."""
     from tandem.planner import Budget, plan
 
-    t_shape = model_shape(target, store)
-    d_shape = model_shape(draft, store) if draft is not None else None
+    t_shape = _shape_of(target, store, "target")
+    d_shape = _shape_of(draft, store, "draft") if draft is not None else None
     budget = Budget.for_hardware(settings.hardware, settings.gpu_reserve_mb,
                                  backend=settings.backend, repack=ENGINE_REPACK[settings.mode])
     same_draft = getattr(draft, "name", None)
@@ -577,6 +593,18 @@ def plan_for_settings(settings: Settings, target: Any, draft: Any = None, *, sto
     return plan(t_shape, d_shape, budget, context_spec(settings, "target"),
                 context_spec(settings, "draft"), target_layers=settings.target_gpu_layers,
                 draft_layers=settings.draft_gpu_layers, alternatives=alternatives)
+
+
+def _shape_of(ref: Any, store: Any, role: str):
+    """model_shape(), with a bad file's error saying which of the two models it is."""
+    try:
+        return model_shape(ref, store)
+    except ModelError as exc:
+        if exc.message.startswith(f"{role} model"):
+            raise
+        exc.message = f"{role} model: {exc.message}"
+        exc.args = (exc.message,)
+        raise
 
 
 def _smaller_pairs(than, draft_name: str | None):
@@ -654,8 +682,28 @@ class Prepared:
 
     @property
     def warnings(self) -> list[str]:
-        """For stderr: the settings' warnings, and why a partial plan will be slow."""
-        return list(self.settings.warnings) + list(self.plan.problems)
+        """For stderr: the settings' warnings, the pair's oddities and why a partial plan will
+        be slow."""
+        return (list(self.settings.warnings) + pair_warnings(self.target, self.draft)
+                + list(self.plan.problems))
+
+
+def pair_warnings(target: Path, draft: Path | None) -> list[str]:
+    """A draft that cannot speed anything up: the target itself, or a larger model than the
+    target (-m and -md swapped, most likely)."""
+    if draft is None:
+        return []
+    try:
+        if os.path.samefile(target, draft):
+            return [f"the draft is the target itself ({Path(target).name}): every draft token "
+                    "costs as much as a target token, so speculation cannot gain"]
+        t_size, d_size = Path(target).stat().st_size, Path(draft).stat().st_size
+    except OSError:
+        return []
+    if d_size > t_size:
+        return [f"the draft {Path(draft).name} ({d_size / 1e6:.0f} MB) is larger than the "
+                f"target {Path(target).name} ({t_size / 1e6:.0f} MB): swapped -m and -md?"]
+    return []
 
 
 def prepare_session(cli: Mapping[str, Any] | None, resolve_models, *, verbose: bool = False,

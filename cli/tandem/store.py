@@ -27,13 +27,16 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from .catalog import ModelSpec
-from .errors import ChecksumError, DiskFullError, DownloadError, ModelError, TandemError
+from .errors import (ChecksumError, DiskFullError, DownloadError, ModelError, StorageError,
+                     TandemWarning)
+from .fsutil import blocking_file, storage_error
 
 try:  # POSIX only; on other systems concurrent pulls are simply not serialized
     import fcntl as _fcntl
@@ -207,6 +210,14 @@ class RegistryEntry:
             return False
 
 
+def _file_mode() -> int:
+    """0666 less the umask: what open() gives a new file, so the registry is as readable as
+    the models next to it (mkstemp would make it 0600)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 @contextlib.contextmanager
 def _locked(lock_path: Path) -> Iterator[None]:
     lock_path.parent.mkdir(parents=True, exist_ok=True)
@@ -262,6 +273,28 @@ class Store:
                 raise ModelError(f"unsafe model location {spec.key!r}", "fix the catalog entry")
         return self.models_dir.joinpath(*parts)
 
+    # file system errors ------------------------------------------------------
+    def check_home(self) -> None:
+        """Raise StorageError when the home cannot hold a store: it (or a directory above
+        it) is a file. Checked before anything else, so the message names the real cause."""
+        blocker = blocking_file(self.home)
+        if blocker is not None:
+            raise StorageError(
+                f"the tandem home {self.home} cannot be used: {blocker} is a file, "
+                "not a directory",
+                "set TANDEM_HOME to a directory (or move that file out of the way)")
+
+    @contextlib.contextmanager
+    def _storing(self, what: str) -> Iterator[None]:
+        """OSErrors of the store's own files become StorageErrors naming the path."""
+        try:
+            yield
+        except OSError as exc:
+            if isinstance(exc, BrokenPipeError):
+                raise
+            where = Path(exc.filename) if exc.filename else self.home
+            raise storage_error(exc, what, where, home_hint=True) from None
+
     # registry ----------------------------------------------------------------
     def _read_registry(self) -> dict:
         try:
@@ -269,19 +302,28 @@ class Store:
         except FileNotFoundError:
             return {"version": REGISTRY_VERSION, "models": {}}
         except OSError as e:
-            raise TandemError(
-                f"cannot read {self.registry_path}: {e}", "check its permissions"
-            ) from None
+            self.check_home()
+            if self.registry_path.is_dir():
+                raise StorageError(
+                    f"{self.registry_path} is a directory, not the store's registry file",
+                    "move it out of the way; tandem re-registers the models it finds",
+                ) from None
+            raise storage_error(e, "the model registry", self.registry_path, True) from None
         try:
             doc = json.loads(raw)
             valid = isinstance(doc, dict) and isinstance(doc.get("models"), dict)
-        except ValueError:
+        except (ValueError, RecursionError):  # a nesting bomb is as unreadable as bad JSON
             valid = False
         if not valid:
             # Unreadable registry: keep a copy for inspection and start afresh. Files
             # already downloaded are re-adopted by `ensure` after a hash check.
+            bad = self.registry_path.with_name("registry.json.bad")
             with contextlib.suppress(OSError):
-                os.replace(self.registry_path, self.registry_path.with_name("registry.json.bad"))
+                os.replace(self.registry_path, bad)
+                warnings.warn(TandemWarning(
+                    f"the model registry {self.registry_path} was unreadable; it was moved to "
+                    f"{bad.name} and a new one started (models on disk are re-registered "
+                    "when used)"), stacklevel=2)
             return {"version": REGISTRY_VERSION, "models": {}}
         return doc
 
@@ -289,6 +331,7 @@ class Store:
         self.home.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.home, prefix=".registry.", suffix=".tmp")
         try:
+            os.fchmod(fd, _file_mode())
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(doc, f, indent=2, sort_keys=True)
                 f.write("\n")
@@ -300,7 +343,8 @@ class Store:
             raise
 
     def _update_registry(self, fn: Callable[[dict], None]) -> None:
-        with _locked(self.home / "locks" / "registry.lock"):
+        self.check_home()
+        with self._storing("the model registry"), _locked(self.home / "locks" / "registry.lock"):
             doc = self._read_registry()
             fn(doc["models"])
             doc["version"] = REGISTRY_VERSION
@@ -383,6 +427,22 @@ class Store:
         dest = self.path_for(spec)
         if self.is_present(spec):
             return dest
+        self.check_home()
+        self._check_dirs(f"{spec.filename} into the model store", dest.parent)
+        with self._storing(f"{spec.filename} into the model store"):
+            return self._ensure_locked(spec, dest, progress)
+
+    def _check_dirs(self, what: str, *more: Path) -> None:
+        """A file where the store needs a directory (locks/, tmp/, models/...) is reported
+        before anything is written, so a refused download leaves not even a lock file."""
+        for directory in (self.home / "locks", self.tmp_dir, *more):
+            blocker = blocking_file(directory)
+            if blocker is not None:
+                raise StorageError(f"cannot write {what}: {blocker} is a file, not a directory",
+                                   f"move {blocker} out of the way or set TANDEM_HOME to "
+                                   "another directory")
+
+    def _ensure_locked(self, spec: ModelSpec, dest: Path, progress: ProgressFn | None) -> Path:
         with _locked(self.home / "locks" / _safe_lock_name(spec.key)):
             if self.is_present(spec):  # another process finished it meanwhile
                 return dest
@@ -506,7 +566,9 @@ class Store:
         there."""
         dest = self.path_for(spec)
         existed = dest.exists() or self.entry(spec) is not None
-        with _locked(self.home / "locks" / _safe_lock_name(spec.key)):
+        self.check_home()
+        with self._storing("the model store"), \
+                _locked(self.home / "locks" / _safe_lock_name(spec.key)):
             remove_quietly(dest)
             remove_quietly(partial_path(dest))
             if self.registry_path.exists():

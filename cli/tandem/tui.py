@@ -349,7 +349,7 @@ class ChatView:
         """A context manager showing progress while `what` happens (a spinner on a terminal)."""
         if self.interactive:
             return self.console.status(Text(what))
-        self.console.print(Text(what, style="dim"))
+        print(what, file=sys.stderr)  # a note, not part of the chat's output on stdout
         return _Nothing()
 
     def ask(self, prompt: str = ">>> ") -> str:

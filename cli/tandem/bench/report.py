@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from tandem.bench.runner import BenchConfig, RunResult, first_difference  # noqa: F401 (re-exported)
+from tandem.fsutil import atomic_write_text
 
 OVERALL = "overall"
 # In fast mode a greedy divergence whose two tokens' logits (plain decoding's, at that
@@ -331,8 +332,6 @@ def write_outputs(report: Report, results: Sequence[RunResult], out_dir: Path) -
     written = []
     for name, text in files.items():
         path = out_dir / name
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+        atomic_write_text(path, text, path.with_suffix(path.suffix + ".tmp"))
         written.append(path)
     return written

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tandem.bench.report import OVERALL, Report
 from tandem.engine.llama import default_threads
+from tandem.fsutil import atomic_write_text
 
 
 def machine_pair_key(target: Path, draft: Path | None, threads: int = 0) -> str:
@@ -72,15 +73,13 @@ def choose(report: Report) -> dict:
 def save(path: Path, tuned: dict, meta: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {**tuned, "meta": meta, "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(data, indent=1), path.with_suffix(".tmp"))
 
 
 def load(path: Path) -> dict | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     overall = data.get("overall") if isinstance(data, dict) else None
     if not isinstance(overall, dict) or "strategy" not in overall:

@@ -36,15 +36,20 @@ def read_file(path: Path) -> list[Prompt]:
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise UsageError(f"cannot read prompts file {path}: {exc.strerror}",
-                         "check the path and its permissions") from exc
+        raise UsageError(f"cannot read prompts file {path}: {exc.strerror or exc}",
+                         "check the path and its permissions") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UsageError(f"{path} is not UTF-8 text (byte {exc.start})", None) from exc
+        raise UsageError(f"{path} is not UTF-8 text (byte {exc.start})",
+                         "convert it to UTF-8 first, e.g. with iconv") from None
     if path.suffix in (".jsonl", ".json") or text.lstrip().startswith("{"):
         return parse_jsonl(text.splitlines(), str(path))
     return parse_text(text, path.stem)
+
+
+_JSONL_HINT = ('one JSON object per line, e.g. {"category": "qa", "turns": ["..."]} or '
+               '{"prompt": "...", "category": "qa"}')
 
 
 def parse_jsonl(lines: Iterable[str], name: str) -> list[Prompt]:
@@ -56,28 +61,33 @@ def parse_jsonl(lines: Iterable[str], name: str) -> list[Prompt]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise UsageError(f"{name}:{no}: not valid JSON ({exc.msg})",
-                             "one JSON object per line, e.g. {\"category\": \"qa\", \"turns\": [\"...\"]}") from exc
+            raise UsageError(f"{name}:{no}: not valid JSON ({exc.msg})", _JSONL_HINT) from None
+        except RecursionError:
+            raise UsageError(f"{name}:{no}: JSON nested too deeply", _JSONL_HINT) from None
         if not isinstance(obj, dict):
-            raise UsageError(f"{name}:{no}: expected a JSON object", None)
+            raise UsageError(f"{name}:{no}: expected a JSON object", _JSONL_HINT)
         turns = obj.get("turns")
         if turns is not None:
             if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
-                raise UsageError(f"{name}:{no}: `turns` must be a non-empty list of strings", None)
+                raise UsageError(f"{name}:{no}: `turns` must be a non-empty list of strings",
+                                 _JSONL_HINT)
             text = turns[0]  # Spec-Bench: the first turn is the benchmark prompt
         else:
             text = obj.get("prompt", obj.get("text"))
         if not isinstance(text, str) or not text.strip():
-            raise UsageError(f"{name}:{no}: no prompt (`turns`, `prompt` or `text`)", None)
+            raise UsageError(f"{name}:{no}: no prompt (`turns`, `prompt` or `text`)", _JSONL_HINT)
         category = obj.get("category", "default")
         if not isinstance(category, str) or not category:
-            raise UsageError(f"{name}:{no}: `category` must be a non-empty string", None)
+            raise UsageError(f"{name}:{no}: `category` must be a non-empty string", _JSONL_HINT)
+        system = obj.get("system")
+        if system is not None and not isinstance(system, str):
+            raise UsageError(f"{name}:{no}: `system` must be a string", _JSONL_HINT)
         qid = str(obj.get("question_id", obj.get("id", f"{category}-{no}")))
         if qid in seen:
             raise UsageError(f"{name}:{no}: duplicate id {qid!r} (also on line {seen[qid]})",
                              "give every prompt its own question_id")
         seen[qid] = no
-        out.append(Prompt(qid, category, text, obj.get("system")))
+        out.append(Prompt(qid, category, text, system))
     if not out:
         raise UsageError(f"{name}: no prompts found", "the file is empty")
     return out

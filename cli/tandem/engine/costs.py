@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from tandem.fsutil import atomic_write_text
+
 MAX_BATCH = 17  # verify batches of 1 (plain) .. 17 (16 drafts + the last token)
 DRAFT_PROBE_TOKENS = 8  # single-token draft decodes timed by calibrate()
 # Cached costs are a guess about this machine: older than MAX_AGE_S, or DISAGREE times off
@@ -112,12 +114,7 @@ class CostModel:
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        try:
-            tmp.write_text(self.to_json())
-            tmp.replace(path)
-        finally:
-            tmp.unlink(missing_ok=True)  # a full disk must not leave a partial file behind
+        atomic_write_text(path, self.to_json(), path.with_suffix(".tmp"))
 
     @classmethod
     def load(cls, path: Path) -> "CostModel | None":

@@ -1,0 +1,80 @@
+"""Writing tandem's own files safely, and saying clearly why a file system refused.
+
+Every file tandem writes goes through `atomic_write_text` (a temporary file next to the target,
+then os.replace), so a full disk or a killed process never leaves a half-written file nor a
+stray `*.tmp`. `storage_error` turns the OSError of a failed read or write into a StorageError
+whose message names the path that is in the way and whose hint says what to change.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from pathlib import Path
+
+from tandem.errors import StorageError
+
+_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+_DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def atomic_write_text(path: Path, text: str, tmp: Path | None = None) -> Path:
+    """Write `text` to `path` through `tmp` (default `<path>.tmp`); on any failure the
+    temporary file is removed and the exception propagates (the old `path` is untouched)."""
+    path = Path(path)
+    tmp = Path(tmp) if tmp is not None else path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return path
+
+
+def blocking_file(path: Path) -> Path | None:
+    """The first existing ancestor of `path` (or `path` itself) that is not a directory:
+    the file that makes `path` impossible to create."""
+    path = Path(path)
+    for p in reversed([path, *path.parents]):
+        if not p.exists():
+            return None
+        if not p.is_dir():
+            return p
+    return None
+
+
+def _existing(path: Path) -> Path:
+    """`path`, or its nearest existing ancestor: the directory whose permissions matter."""
+    for p in [path, *path.parents]:
+        if p.exists():
+            return p
+    return path
+
+
+def storage_error(exc: OSError, what: str, path: Path, home_hint: bool = False) -> StorageError:
+    """A StorageError for `exc`, raised while writing or reading `what` at `path`.
+
+    `home_hint`: the path is under TANDEM_HOME, so moving TANDEM_HOME is a way out."""
+    path = Path(path)
+    elsewhere = " or set TANDEM_HOME to another directory" if home_hint else ""
+    code = exc.errno
+    if code in _FULL:
+        return StorageError(f"disk full while writing {what} ({path})",
+                            f"free some space{elsewhere}")
+    if code in (errno.ENOTDIR, errno.EEXIST) or isinstance(exc, (NotADirectoryError,
+                                                                 FileExistsError)):
+        blocker = blocking_file(path) or path
+        return StorageError(f"cannot write {what}: {blocker} is a file, not a directory",
+                            f"move {blocker} out of the way{elsewhere}")
+    if code == errno.EISDIR:
+        return StorageError(f"cannot use {what}: {path} is a directory, not a file",
+                            f"move {path} out of the way{elsewhere}")
+    if code in _DENIED:
+        reason = "is on a read-only file system" if code == errno.EROFS else "is not writable"
+        where = _existing(Path(exc.filename or path))
+        return StorageError(f"cannot write {what}: {where} {reason}",
+                            f"check the permissions of {where}{elsewhere}")
+    return StorageError(f"cannot write {what} ({path}): {exc.strerror or exc}",
+                        f"check {path}{elsewhere}")

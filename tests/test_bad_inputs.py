@@ -1,0 +1,644 @@
+"""Bad inputs through the real CLI (a subprocess per case, tiny models): each gives exactly one
+`Error:` line followed by a `Hint:`, the documented exit code, no traceback, nothing on stdout,
+and leaves the store (TANDEM_HOME) and the working directory as they were, without `*.tmp` or
+`*.partial` files. Faults a test machine cannot produce by itself (a read-only or full disk,
+an unreadable file as root) are injected by tests/cli_faults.py."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from tandem import errors  # noqa: E402
+from tandem.errors import (EXIT_DOWNLOAD, EXIT_MODEL, EXIT_OK,  # noqa: E402
+                           EXIT_USAGE)
+
+ROOT = Path(__file__).resolve().parents[1]
+FAULTS = Path(__file__).with_name("cli_faults.py")
+KEEP = "models/org/keep-GGUF/keep.gguf"  # a registered model every store starts with
+
+
+# ----------------------------------------------------------------------------- harness
+
+
+@dataclass
+class Case:
+    id: str
+    args: list
+    code: int
+    message: str  # must appear in the Error: line
+    setup: Callable | None = None  # (home, work, models) -> extra env or None
+    stdin: bytes = b""
+    faults: dict = field(default_factory=dict)  # TANDEM_TEST_* -> value (placeholders ok)
+    stdout: bool = False  # the command prints results before it fails (pairs check)
+
+
+def _store(home: Path, models: dict) -> None:
+    """A store with one registered model, as a user's would have."""
+    path = home / KEEP
+    path.parent.mkdir(parents=True)
+    data = models["draft"].read_bytes()
+    path.write_bytes(data)
+    reg = {"version": 1, "models": {"org/keep-GGUF/keep.gguf": {
+        "name": "keep", "repo": "org/keep-GGUF", "filename": "keep.gguf", "path": KEEP,
+        "size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "source": "local",
+        "when": "2026-01-01T00:00:00+00:00"}}}
+    (home / "registry.json").write_text(json.dumps(reg, indent=2) + "\n")
+
+
+def snapshot(root: Path) -> dict:
+    """Every file under `root` (or `root` itself) with its mode and content hash."""
+    if not root.exists() or not root.is_dir():
+        return {".": root.read_bytes() if root.is_file() else None}
+    out = {}
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            p = Path(dirpath) / name
+            st = p.lstat()
+            digest = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+            out[str(p.relative_to(root))] = (st.st_mode, st.st_size, digest)
+    return out
+
+
+def leftovers(root: Path) -> list[str]:
+    return [str(p) for pat in ("*.tmp", "*.partial", ".registry.*") for p in root.rglob(pat)]
+
+
+def _fill(value, ctx: dict):
+    if isinstance(value, bytes):
+        return value
+    return value.format(**ctx)
+
+
+def run_cli(args, *, home: Path, work: Path, models: dict, stdin: bytes = b"",
+            env: dict | None = None, faults: dict | None = None, timeout: float = 120,
+            **popen) -> subprocess.CompletedProcess:
+    ctx = {"T": models["target"], "D": models["draft"], "M": models["mismatch"], "W": work,
+           "H": home}
+    full_env = {**os.environ, "TANDEM_HOME": str(home), "NO_COLOR": "1", "COLUMNS": "120"}
+    full_env.pop("FORCE_COLOR", None)
+    full_env.update(env or {})
+    for key, value in (faults or {}).items():
+        full_env[key] = _fill(value, ctx)
+    entry = [str(FAULTS)] if faults else ["-m", "tandem"]
+    cmd = [sys.executable, *entry, *(_fill(a, ctx) for a in args)]
+    return subprocess.run(cmd, input=stdin, capture_output="stdout" not in popen, env=full_env,
+                          timeout=timeout, cwd=work, **popen)
+
+
+def check_error(res, code: int, message: str) -> None:
+    err = res.stderr.decode(errors="replace")
+    assert res.returncode == code, err
+    assert "Traceback" not in err and "Usage:" not in err, err
+    lines = err.splitlines()
+    errs = [i for i, line in enumerate(lines) if line.startswith("Error: ")]
+    assert len(errs) == 1, err
+    assert message in lines[errs[0]], err
+    assert errs[0] + 1 < len(lines) and lines[errs[0] + 1].startswith("Hint: "), err
+    assert "unexpected" not in lines[errs[0]], err
+
+
+# ------------------------------------------------------------------------------ setups
+
+
+def _write(rel: str, text: str | bytes):
+    def setup(home, work, models):
+        path = (work if not rel.startswith("~/") else home) / rel.removeprefix("~/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(text, bytes):
+            path.write_bytes(text)
+        else:
+            path.write_text(text)
+    return setup
+
+
+def _fifo(home, work, models):
+    os.mkfifo(work / "fifo.gguf")
+
+
+def _truncated(home, work, models):
+    data = models["target"].read_bytes()
+    (work / "cut.gguf").write_bytes(data[: len(data) // 3])
+
+
+def _home_is_a_file(home, work, models):
+    import shutil
+
+    shutil.rmtree(home)
+    home.write_text("not a directory\n")
+
+
+def _in_home_a_file(name: str):
+    def setup(home, work, models):
+        import shutil
+
+        if (home / name).is_dir():
+            shutil.rmtree(home / name)
+        (home / name).write_text("in the way\n")
+    return setup
+
+
+def _registry_is_a_dir(home, work, models):
+    (home / "registry.json").unlink()
+    (home / "registry.json").mkdir()
+
+
+def _prompts_and_home_a_file(home, work, models):
+    PROMPT_FILE(home, work, models)
+    _home_is_a_file(home, work, models)
+
+
+def _fake_hub_env(hub_url: str, hf_home: Path) -> dict:
+    return {"HF_ENDPOINT": hub_url, "HF_HUB_OFFLINE": "0", "HF_HOME": str(hf_home),
+            "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+            "HF_HUB_ETAG_TIMEOUT": "5", "HF_HUB_DOWNLOAD_TIMEOUT": "5",
+            "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+
+
+TINY = ["-m", "{T}", "-md", "{D}", "-t", "1"]
+BENCH_BASE = ["spec-bench", *TINY, "-n", "4", "--no-cost-curve", "--no-warmup",
+              "--strategies", "draft", "-c", "256"]
+BENCH = [*BENCH_BASE, "--prompts", "{W}/p.txt"]
+PROMPT_FILE = _write("p.txt", "hello there\n")
+PULL_TINY = ["pull", "--no-check", "--target", "org/tiny-GGUF/target.gguf",
+             "--draft", "org/tiny-GGUF/draft.gguf"]
+DEEP = "[" * 100_000 + "]" * 100_000
+
+CASES = [
+    # --- run: option values -----------------------------------------------------------------
+    Case("seed-negative", ["run", *TINY, "--seed", "-5", "hi"], EXIT_USAGE, "--seed must be >= 0"),
+    Case("seed-huge", ["run", *TINY, "--seed", str(1 << 70), "hi"], EXIT_USAGE, "--seed"),
+    Case("seed-not-int", ["run", *TINY, "--seed", "abc", "hi"], EXIT_USAGE, "'--seed'"),
+    Case("ctx-not-int", ["run", *TINY, "-c", "big", "hi"], EXIT_USAGE, "'--ctx-size'"),
+    Case("ctx-too-small", ["run", *TINY, "-c", "10", "hi"], EXIT_USAGE, "context size"),
+    Case("max-tokens-0", ["run", *TINY, "-n", "0", "hi"], EXIT_USAGE, "max tokens must be >= 1"),
+    Case("max-tokens-neg", ["run", *TINY, "-n", "-3", "hi"], EXIT_USAGE, "max tokens"),
+    Case("temp-nan", ["run", *TINY, "--temp", "nan", "hi"], EXIT_USAGE, "--temp must be a finite"),
+    Case("temp-inf", ["run", *TINY, "--temp", "inf", "hi"], EXIT_USAGE, "--temp must be a finite"),
+    Case("temp-negative", ["run", *TINY, "--temp", "-1", "hi"], EXIT_USAGE, "temperature"),
+    Case("top-p-nan", ["run", *TINY, "--top-p", "nan", "hi"], EXIT_USAGE, "--top-p"),
+    Case("top-p-zero", ["run", *TINY, "--top-p", "0", "hi"], EXIT_USAGE, "top-p"),
+    Case("min-p-nan", ["run", *TINY, "--min-p", "nan", "hi"], EXIT_USAGE, "--min-p"),
+    Case("repeat-penalty-nan", ["run", *TINY, "--repeat-penalty", "nan", "hi"], EXIT_USAGE,
+         "--repeat-penalty"),
+    Case("draft-p-min-nan", ["run", *TINY, "--draft-p-min", "nan", "hi"], EXIT_USAGE,
+         "--draft-p-min"),
+    Case("draft-max-100", ["run", *TINY, "--draft-max", "100", "hi"], EXIT_USAGE, "draft max"),
+    Case("draft-min-over-max", ["run", *TINY, "--draft-min", "5", "--draft-max", "2", "hi"],
+         EXIT_USAGE, "draft min 5 exceeds draft max 2"),
+    Case("strategy-unknown", ["run", *TINY, "--strategy", "warp", "hi"], EXIT_USAGE,
+         "unknown strategy"),
+    Case("threads-negative", ["run", *TINY, "-t", "-1", "hi"], EXIT_USAGE, "threads"),
+    Case("no-such-flag", ["run", *TINY, "--no-such-flag", "hi"], EXIT_USAGE, "No such option"),
+    # --- run: text ----------------------------------------------------------------------------
+    Case("prompt-surrogates", ["run", *TINY, b"abc\xff"], EXIT_USAGE,
+         "the prompt is not valid UTF-8"),
+    Case("system-surrogates", ["run", *TINY, "-s", b"\xfesys", "hi"], EXIT_USAGE,
+         "the system prompt (-s) is not valid UTF-8"),
+    Case("stop-surrogates", ["run", *TINY, "--stop", b"\xfe", "hi"], EXIT_USAGE,
+         "--stop string is not valid UTF-8"),
+    Case("prompt-empty", ["run", *TINY, ""], EXIT_USAGE, "the prompt is empty"),
+    Case("stdin-binary", ["run", *TINY, "hi"], EXIT_USAGE, "stdin looks binary",
+         stdin=b"ELF\x00\x01"),
+    Case("stdin-not-utf8", ["run", *TINY, "hi"], EXIT_USAGE, "stdin is not UTF-8",
+         stdin=b"caf\xe9"),
+    # --- run: pairs and model files -----------------------------------------------------------
+    Case("pair-unknown-looking", ["run", "no-such-pair-xyz", "hi"], EXIT_USAGE,
+         "unknown pair 'no-such-pair-xyz'"),
+    Case("pair-typo", ["run", "qwen2.5-coder-1.5bb", "hi"], EXIT_USAGE,
+         "unknown pair 'qwen2.5-coder-1.5bb'"),
+    Case("pair-and-model", ["run", "qwen2.5-coder-1.5b", *TINY, "hi"], EXIT_USAGE, "not both"),
+    Case("target-missing", ["run", "-m", "{W}/nope.gguf", "hi"], EXIT_MODEL,
+         "target model file not found"),
+    Case("draft-missing", ["run", "-m", "{T}", "-md", "{W}/nope.gguf", "hi"], EXIT_MODEL,
+         "draft model file not found"),
+    Case("target-directory", ["run", "-m", "{W}", "hi"], EXIT_MODEL, "is a directory"),
+    Case("target-fifo", ["run", "-m", "{W}/fifo.gguf", "hi"], EXIT_MODEL, "is a pipe",
+         setup=_fifo),
+    Case("draft-fifo", ["run", "-m", "{T}", "-md", "{W}/fifo.gguf", "hi"], EXIT_MODEL,
+         "the draft model", setup=_fifo),
+    Case("target-not-gguf", ["run", "-m", "{W}/x.gguf", "hi"], EXIT_MODEL, "target model:",
+         setup=_write("x.gguf", "just some text, not a model\n")),
+    Case("target-empty", ["run", "-m", "{W}/x.gguf", "hi"], EXIT_MODEL, "target model:",
+         setup=_write("x.gguf", b"")),
+    Case("target-truncated", ["run", "-m", "{W}/cut.gguf", "hi"], EXIT_MODEL,
+         "target model:", setup=_truncated),
+    Case("draft-truncated", ["run", "-m", "{T}", "-md", "{W}/cut.gguf", "hi"], EXIT_MODEL,
+         "draft model:", setup=_truncated),
+    Case("draft-other-vocab", ["run", "-m", "{T}", "-md", "{M}", "-t", "1", "hi"], EXIT_MODEL,
+         "cannot speculate"),
+    Case("target-unreadable", ["run", "-m", "{T}", "-t", "1", "hi"], EXIT_MODEL,
+         "Permission denied", faults={"TANDEM_TEST_UNREADABLE": "{T}"}),
+    # --- settings: environment, config, profiles ------------------------------------------
+    Case("env-p-min-nan", ["run", *TINY, "hi"], EXIT_USAGE, "TANDEM_DRAFT_P_MIN",
+         setup=lambda h, w, m: {"TANDEM_DRAFT_P_MIN": "nan"}),
+    Case("env-ctx-text", ["run", *TINY, "hi"], EXIT_USAGE, "TANDEM_CTX_SIZE",
+         setup=lambda h, w, m: {"TANDEM_CTX_SIZE": "big"}),
+    Case("config-unknown-key", ["run", *TINY, "hi"], EXIT_USAGE, "known keys:",
+         setup=_write("~/config.yaml", "zzz_nope: 1\n")),
+    Case("config-nested-deep", ["run", *TINY, "hi"], EXIT_USAGE, "nested too deeply",
+         setup=_write("~/config.yaml", DEEP + "\n")),
+    Case("config-bad-yaml", ["run", *TINY, "hi"], EXIT_USAGE, "YAML syntax error",
+         setup=_write("~/config.yaml", "speculative: [\n")),
+    Case("config-p-min-nan", ["run", *TINY, "hi"], EXIT_USAGE, "finite",
+         setup=_write("~/config.yaml", "speculative:\n  p_min: .nan\n")),
+    Case("profile-tier-nan", ["hw", "--profile", "mine", "--force-profile"], EXIT_USAGE,
+         "finite", setup=_write("~/profiles/mine.yaml",
+                                "extends: cpu\ntiers:\n  - min_memory_gib: .nan\n")),
+    Case("profile-name-differs", ["hw", "--profile", "mine", "--force-profile"], EXIT_USAGE,
+         "must match the file name", setup=_write("~/profiles/mine.yaml",
+                                                  "extends: cpu\nname: other\n")),
+    Case("profile-unknown", ["hw", "--profile", "no-such-profile"], EXIT_USAGE,
+         "unknown profile"),
+    # --- hw -------------------------------------------------------------------------------
+    Case("hw-pair-and-model", ["hw", "--pair", "qwen2.5-coder-1.5b", "-m", "{T}"], EXIT_USAGE,
+         "not both"),
+    Case("hw-draft-alone", ["hw", "-md", "{D}"], EXIT_USAGE, "--model-draft needs --model"),
+    Case("hw-target-fifo", ["hw", "-m", "{W}/fifo.gguf"], EXIT_MODEL, "is a pipe",
+         setup=_fifo),
+    # --- the store ------------------------------------------------------------------------
+    Case("home-is-a-file", ["pairs"], EXIT_DOWNLOAD, "is a file, not a directory",
+         setup=_home_is_a_file),
+    Case("registry-is-a-dir", ["pairs"], EXIT_DOWNLOAD, "is a directory",
+         setup=_registry_is_a_dir),
+    Case("pull-home-is-a-file", PULL_TINY, EXIT_DOWNLOAD, "is a file, not a directory",
+         setup=_home_is_a_file),
+    Case("pull-locks-is-a-file", PULL_TINY, EXIT_DOWNLOAD, "locks is a file",
+         setup=_in_home_a_file("locks")),
+    Case("pull-models-is-a-file", PULL_TINY, EXIT_DOWNLOAD, "models is a file",
+         setup=_in_home_a_file("models")),
+    Case("pull-tmp-is-a-file", PULL_TINY, EXIT_DOWNLOAD, "tmp is a file",
+         setup=_in_home_a_file("tmp")),
+    Case("pull-home-read-only", PULL_TINY, EXIT_DOWNLOAD, "read-only file system",
+         faults={"TANDEM_TEST_READONLY": "{H}"}),
+    Case("pull-target-alone", ["pull", "--target", "org/tiny-GGUF/target.gguf"], EXIT_USAGE,
+         "go together"),
+    Case("pull-unknown-pair", ["pull", "no-such-pair"], EXIT_USAGE, "no-such-pair"),
+    Case("pull-pair-and-target", ["pull", "qwen2.5-coder-1.5b", "--target", "a/b:Q4_K_M",
+                                  "--draft", "a/c:Q4_K_M"], EXIT_USAGE, "not both"),
+    Case("pull-escaping-path", ["pull", "--target", "org/repo/../../x.gguf", "--draft",
+                                "org/repo/d.gguf"], EXIT_USAGE, "unsafe"),
+    Case("pairs-check-other-vocab", ["pairs", "check", "{T}", "{M}"], EXIT_MODEL,
+         "cannot speculate", stdout=True),
+    Case("pairs-check-fifo", ["pairs", "check", "{W}/fifo.gguf", "{D}"], EXIT_MODEL,
+         "not a regular file", setup=_fifo),
+    Case("pairs-check-missing", ["pairs", "check", "./nope.gguf", "{D}"], EXIT_MODEL,
+         "not found"),
+    # --- spec-bench: refused before the benchmark -------------------------------------------
+    Case("bench-out-is-a-file", [*BENCH, "--out", "{W}/p.txt"], EXIT_USAGE, "is a file",
+         setup=PROMPT_FILE),
+    Case("bench-out-under-a-file", [*BENCH, "--out", "{W}/p.txt/out"], EXIT_USAGE,
+         "cannot be created", setup=PROMPT_FILE),
+    Case("bench-predict-unknown", [*BENCH, "--predict", "no-such-profile"], EXIT_USAGE,
+         "unknown profile", setup=PROMPT_FILE),
+    Case("bench-reps-0", [*BENCH, "--reps", "0"], EXIT_USAGE, "--reps must be >= 1",
+         setup=PROMPT_FILE),
+    Case("bench-per-category-0", [*BENCH, "--per-category", "0"], EXIT_USAGE,
+         "no prompts selected", setup=PROMPT_FILE),
+    Case("bench-tune-home-a-file", [*BENCH, "--tune"], EXIT_DOWNLOAD, "is a file",
+         setup=_prompts_and_home_a_file),
+    Case("bench-prompts-missing", [*BENCH_BASE, "--prompts", "{W}/none.jsonl"], EXIT_USAGE,
+         "cannot read prompts file"),
+    Case("bench-jsonl-field", [*BENCH_BASE, "--prompts", "{W}/p.jsonl"], EXIT_USAGE,
+         "`category` must be a non-empty string",
+         setup=_write("p.jsonl", '{"prompt": "hi", "category": 5}\n')),
+    Case("bench-jsonl-deep", [*BENCH_BASE, "--prompts", "{W}/p.jsonl"], EXIT_USAGE,
+         "nested too deeply", setup=_write("p.jsonl", DEEP + "\n")),
+    # --- spec-bench: a full disk after the benchmark ----------------------------------------
+    Case("bench-report-disk-full", [*BENCH, "--out", "{W}/out"], EXIT_DOWNLOAD,
+         "disk full while writing the benchmark report", setup=PROMPT_FILE,
+         faults={"TANDEM_TEST_FULL": "report.json.tmp"}),
+    Case("bench-tuned-disk-full", [*BENCH, "--tune"], EXIT_DOWNLOAD,
+         "disk full while writing the tuned settings", setup=PROMPT_FILE,
+         faults={"TANDEM_TEST_FULL": "*.tmp"}),
+    # --- chat -----------------------------------------------------------------------------
+    Case("chat-plain-probe-negative", ["chat", *TINY, "--plain-probe", "-5"], EXIT_USAGE,
+         "--plain-probe must be >= 0"),
+    Case("chat-pair-and-model", ["chat", "qwen2.5-coder-1.5b", *TINY], EXIT_USAGE, "not both"),
+    Case("chat-temp-nan", ["chat", *TINY, "--temp", "nan"], EXIT_USAGE, "--temp"),
+    Case("chat-seed-negative", ["chat", *TINY, "--seed", "-7"], EXIT_USAGE, "--seed"),
+    Case("chat-system-surrogates", ["chat", *TINY, "-s", b"\xff"], EXIT_USAGE,
+         "system prompt"),
+]
+
+
+@pytest.fixture
+def sandbox(tmp_path, tiny_models):
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    _store(home, tiny_models)
+    return home, work
+
+
+@pytest.fixture(scope="module")
+def fake_hub(tiny_models):
+    from fake_hub import FakeHubServer
+
+    with FakeHubServer() as hub:
+        hub.add("org/tiny-GGUF", "target.gguf", tiny_models["target"].read_bytes())
+        hub.add("org/tiny-GGUF", "draft.gguf", tiny_models["draft"].read_bytes())
+        yield hub
+
+
+def test_the_matrix_is_large_enough():
+    assert len(CASES) >= 60
+    assert len({c.id for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input(case, sandbox, tiny_models, fake_hub, tmp_path):
+    home, work = sandbox
+    env = {}
+    if case.args[:1] == ["pull"]:
+        env.update(_fake_hub_env(fake_hub.url, tmp_path / "hf"))
+    if case.setup is not None:
+        env.update(case.setup(home, work, tiny_models) or {})
+    before_home, before_work = snapshot(home), snapshot(work)
+    res = run_cli(case.args, home=home, work=work, models=tiny_models, stdin=case.stdin,
+                  env=env, faults=case.faults)
+    check_error(res, case.code, case.message)
+    assert case.stdout or res.stdout == b""
+    assert snapshot(home) == before_home
+    # files only: a refused spec-bench may leave its --out directory, empty
+    assert snapshot(work) == before_work
+    assert leftovers(tmp_path) == []
+
+
+def test_no_download_for_an_unknown_pair_in_an_empty_store(tmp_path, tiny_models):
+    """The typo is refused before the default pair (gigabytes) could be fetched."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    res = run_cli(["run", "no-such-pair-xyz", "hi"], home=home, work=work, models=tiny_models)
+    check_error(res, EXIT_USAGE, "unknown pair")
+    assert not home.exists()
+
+
+def test_a_pair_like_word_can_still_be_a_prompt(tmp_path, tiny_models):
+    """Quoted as one argument, or a single word with no close pair, it is prompt text."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    for args in (["well-known facts"], ["re-write"]):
+        res = run_cli(["run", *TINY, "--raw", "-n", "2", *args], home=home, work=work,
+                      models=tiny_models)
+        assert res.returncode == EXIT_OK, res.stderr.decode()
+
+
+# ------------------------------------------------------------------- streams and signals
+
+
+def test_stdout_closed(sandbox, tiny_models):
+    home, work = sandbox
+    res = run_cli(["run", *TINY, "hi"], home=home, work=work, models=tiny_models,
+                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                  preexec_fn=lambda: os.close(1))
+    check_error(res, EXIT_USAGE, "stdout is closed")
+
+
+@pytest.mark.parametrize("args", [["run", *TINY, "--raw", "-n", "8", "hi"],
+                                  ["pairs", "--json"], ["hw", "--json"]],
+                         ids=["run", "pairs-json", "hw-json"])
+def test_stdout_on_a_full_device(args, sandbox, tiny_models):
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    home, work = sandbox
+    before = snapshot(home)
+    with open("/dev/full", "wb") as full:
+        res = run_cli(args, home=home, work=work, models=tiny_models, stdout=full,
+                      stderr=subprocess.PIPE)
+    check_error(res, EXIT_DOWNLOAD, "stdout's device is full")
+    assert snapshot(home) == before or args[0] == "run"  # run may cache its cost figures
+
+
+def test_stderr_closed_keeps_errors_off_stdout(sandbox, tiny_models):
+    home, work = sandbox
+    res = run_cli(["run", *TINY, "--temp", "nan", "hi"], home=home, work=work,
+                  models=tiny_models, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                  preexec_fn=lambda: os.close(2))
+    assert res.returncode == EXIT_USAGE
+    assert res.stdout == b""
+
+
+def test_reader_going_away_is_a_quiet_exit_0(sandbox, tiny_models):
+    """`tandem run ... | head -c 1`: EPIPE ends tandem quietly with 0, as other tools."""
+    home, work = sandbox
+    env = {**os.environ, "TANDEM_HOME": str(home), "TANDEM_STRATEGY": "draft"}
+    proc = subprocess.Popen([sys.executable, "-m", "tandem", "run", *_args(TINY, tiny_models),
+                             "--raw", "-n", "2000", "-c", "4096", "hello"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, cwd=work)
+    assert proc.stdout.read(1)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == EXIT_OK, err
+    assert err == ""
+
+
+def test_ctrl_c_prints_interrupted_and_exits_130(sandbox, tiny_models):
+    home, work = sandbox
+    env = {**os.environ, "TANDEM_HOME": str(home), "TANDEM_STRATEGY": "draft"}
+    proc = subprocess.Popen([sys.executable, "-m", "tandem", "run", *_args(TINY, tiny_models),
+                             "--raw", "-n", "4000", "-c", "4096", "hello"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, cwd=work)
+    first = proc.stdout.read(1)
+    assert first, proc.stderr.read().decode()
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=120)
+    out, err = (first + rest).decode(errors="replace"), err.decode()
+    assert proc.returncode == 130, err
+    assert err.rstrip("\n").endswith("Interrupted.") and err.endswith("\n"), err
+    assert "Traceback" not in err
+    assert out.endswith("\n")  # the partial answer's line is ended
+
+
+def _args(args, models):
+    return [a.format(T=models["target"], D=models["draft"]) for a in args]
+
+
+# ------------------------------------------------------------ surprises, now said or done
+
+
+def test_config_unknown_key_lists_the_config_keys(tmp_path):
+    """Not the profile-only keys (recommended_pairs, tiers...), which a config cannot take."""
+    from tandem.profiles import ProfileError
+    from tandem.settings import load_user_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text("zzz_nope: 1\n")
+    with pytest.raises(ProfileError) as exc:
+        load_user_config(path)
+    assert "force_profile" in exc.value.message and "speculative" in exc.value.message
+    assert "recommended_pairs" not in exc.value.message and "tiers" not in exc.value.message
+
+
+def test_seed_minus_one_means_random(sandbox, tiny_models):
+    home, work = sandbox
+    res = run_cli(["run", *TINY, "--raw", "-n", "4", "--temp", "0.8", "--seed", "-1", "hi"],
+                  home=home, work=work, models=tiny_models)
+    assert res.returncode == EXIT_OK, res.stderr.decode()
+
+
+@pytest.mark.parametrize("args,warning", [
+    (["-m", "{T}", "-md", "{T}", "-t", "1"], "the draft is the target itself"),
+    (["-m", "{T}", "-md", "{D}", "-t", str((os.cpu_count() or 1) + 1)],
+     "exceeds this machine's"),
+], ids=["target-is-draft", "threads-over-cores"])
+def test_warnings(args, warning, sandbox, tiny_models):
+    home, work = sandbox
+    res = run_cli(["run", *args, "--raw", "-n", "2", "hi"], home=home, work=work,
+                  models=tiny_models, env={"TANDEM_STRATEGY": "draft"})
+    err = res.stderr.decode()
+    assert res.returncode == EXIT_OK, err
+    assert any(line.startswith("Warning: ") and warning in line for line in err.splitlines()), err
+
+
+def test_swapped_pair_warning(tmp_path):
+    from tandem.settings import pair_warnings
+
+    small, big = tmp_path / "small.gguf", tmp_path / "big.gguf"
+    small.write_bytes(b"x" * 10)
+    big.write_bytes(b"x" * 1000)
+    assert any("swapped" in w for w in pair_warnings(small, big))
+    assert pair_warnings(big, small) == []
+
+
+def test_nested_tuned_file_is_skipped_with_a_warning(sandbox, tiny_models):
+    home, work = sandbox
+    (home / "tuned").mkdir()
+    (home / "tuned" / "deep.json").write_text(DEEP)
+    res = run_cli(["run", *TINY, "--raw", "-n", "2", "hi"], home=home, work=work,
+                  models=tiny_models)
+    err = res.stderr.decode()
+    assert res.returncode == EXIT_OK, err
+    assert "Warning: ignored tuned settings" in err and "nested too deeply" in err
+
+
+def test_full_disk_for_the_cost_cache_leaves_no_tmp(sandbox, tiny_models):
+    home, work = sandbox
+    res = run_cli(["run", *TINY, "--strategy", "auto", "--raw", "-n", "4", "hi"], home=home,
+                  work=work, models=tiny_models, faults={"TANDEM_TEST_FULL": "*.tmp"})
+    assert res.returncode == EXIT_OK, res.stderr.decode()
+    assert leftovers(home) == []
+
+
+def test_corrupt_registry_is_set_aside_with_a_warning(sandbox, tiny_models):
+    home, work = sandbox
+    (home / "registry.json").write_text("{not json")
+    res = run_cli(["pairs"], home=home, work=work, models=tiny_models)
+    err = res.stderr.decode()
+    assert res.returncode == EXIT_OK, err
+    assert "Warning: the model registry" in err and "registry.json.bad" in err
+    assert (home / "registry.json.bad").read_text() == "{not json"
+
+
+def test_registry_is_as_readable_as_the_models(tmp_path, tiny_models):
+    from tandem.catalog import ModelSpec
+    from tandem.store import FetchResult, Store
+
+    store = Store(tmp_path / "home")
+    spec = ModelSpec(name="m", repo="org/r", filename="m.gguf")
+    store._register(spec, FetchResult(size=1, sha256="0" * 64, source="local"))
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (store.registry_path.stat().st_mode & 0o777) == 0o666 & ~mask
+
+
+def test_chat_refuses_a_non_utf8_line_and_goes_on(sandbox, tiny_models):
+    home, work = sandbox
+    res = run_cli(["chat", *TINY, "-n", "4", "--plain-probe", "0"], home=home, work=work,
+                  models=tiny_models, stdin=b"caf\xe9\nhello\n/exit\n")
+    out, err = res.stdout.decode(errors="replace"), res.stderr.decode()
+    assert res.returncode == EXIT_OK, err
+    assert "that line is not valid UTF-8" in out
+    assert "Loading" not in out and "Finding" not in out  # notes are not chat output
+    assert "tok/s" in out  # the next line was answered
+
+
+def test_download_progress_is_shown_when_stderr_is_not_a_terminal():
+    import io
+
+    from rich.console import Console
+
+    from tandem.cmd_pairs import ProgressView
+    from tandem.store import ProgressEvent
+
+    now = [0.0]
+    buf = io.StringIO()
+    view = ProgressView(Console(file=buf, width=200), bars=False, clock=lambda: now[0])
+    total = 1_000_000_000
+    view(ProgressEvent("download", "big.gguf", 0, total))
+    now[0] = 31.0
+    view(ProgressEvent("download", "big.gguf", 10_000_000, total))  # 1%: the timer speaks
+    now[0] = 32.0
+    view(ProgressEvent("download", "big.gguf", 20_000_000, total))  # 1 s later: silent
+    view(ProgressEvent("download", "big.gguf", 260_000_000, total))  # 26%: a quarter
+    lines = buf.getvalue().splitlines()
+    assert lines[0].startswith("Downloading big.gguf (1.0 GB)")
+    assert lines[1].strip() == "big.gguf: 10.0 MB of 1.0 GB (1%)"
+    assert lines[2].strip() == "big.gguf: 25%"
+    assert len(lines) == 3
+
+
+def test_run_shows_download_progress_and_notes_a_damaged_file(monkeypatch, tmp_path,
+                                                               fake_hub, tiny_models):
+    """A pair fetched on the way by run/chat/spec-bench reports on stderr, and a store file
+    that no longer matches its record is said to be fetched again."""
+    import io
+
+    from rich.console import Console
+
+    from tandem import app, catalog
+    from tandem.cmd_pairs import ProgressView
+    from tandem.refs import hub_spec
+
+    for key, value in _fake_hub_env(fake_hub.url, tmp_path / "hf").items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
+    target, draft = hub_spec("org/tiny-GGUF", "target.gguf"), hub_spec("org/tiny-GGUF",
+                                                                        "draft.gguf")
+    pair = catalog.PairSpec(name="tiny", target=target, draft=draft)
+    monkeypatch.setattr(catalog, "get_pair", lambda name=None: pair)
+    buf = io.StringIO()
+    view = ProgressView(Console(file=buf, width=200), bars=False)
+    t, d = app._resolve_models("tiny", None, None, view, view.note)
+    assert t.is_file() and d.is_file()
+    assert "Downloading org/tiny-GGUF/target.gguf" in buf.getvalue()
+    # damage the draft: same name, other size -> fetched again, and said so
+    data = d.read_bytes()
+    d.unlink()  # the store file may be a link into the HF cache: replace it, not the blob
+    d.write_bytes(data[:100])
+    buf.truncate(0)
+    buf.seek(0)
+    app._resolve_models("tiny", None, None, view, view.note)
+    assert "Note: draft.gguf in the store does not match its record" in buf.getvalue()
+    assert d.read_bytes() == data  # fetched again (here from the HF cache)
+
+
+# ---------------------------------------------------------------------- the exit code table
+
+
+def _doc_table() -> dict[str, int]:
+    text = (ROOT / "docs" / "errors.md").read_text()
+    rows = re.findall(r"^\| (\d+) \| `(EXIT_\w+)` \|", text, re.M)
+    return {name: int(code) for code, name in rows}
+
+
+def test_docs_list_every_exit_code():
+    documented = _doc_table()
+    defined = {n: v for n, v in vars(errors).items() if n.startswith("EXIT_")}
+    assert documented == defined
+    # and every TandemError's exit code is one of them
+    classes = [c for c in vars(errors).values()
+               if isinstance(c, type) and issubclass(c, errors.TandemError)]
+    assert {c.exit_code for c in classes} <= set(defined.values())
