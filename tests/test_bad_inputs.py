@@ -319,9 +319,6 @@ CASES = [
     Case("bench-report-disk-full", [*BENCH, "--out", "{W}/out"], EXIT_DOWNLOAD,
          "disk full while writing the benchmark report", setup=PROMPT_FILE,
          faults={"TANDEM_TEST_FULL": "report.json.tmp"}),
-    Case("bench-tuned-disk-full", [*BENCH, "--tune"], EXIT_DOWNLOAD,
-         "disk full while writing the tuned settings", setup=PROMPT_FILE,
-         faults={"TANDEM_TEST_FULL": "*.tmp"}),
     # --- chat -----------------------------------------------------------------------------
     Case("chat-plain-probe-negative", ["chat", *TINY, "--plain-probe", "-5"], EXIT_USAGE,
          "--plain-probe must be >= 0"),

@@ -746,3 +746,22 @@ def test_group_mt_bench_merges_and_interleaves_the_eight_categories():
     assert sorted(originals[p.id] for p in mt) == sorted(w.MT_BENCH)
     assert {p.category for p in grouped} == {"mt-bench", "translation", "summarization", "qa",
                                              "math_reasoning", "rag"}
+
+
+def test_tuned_file_on_a_full_disk_leaves_nothing_behind(tmp_path, monkeypatch):
+    """(spec-bench --tune with one prompt never tunes any more, so the CLI matrix cannot reach
+    this write: it is checked here.)"""
+    import errno
+
+    real = Path.write_text
+
+    def full(self, data, *a, **kw):
+        real(self, "", *a, **kw)  # created, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    monkeypatch.setattr(Path, "write_text", full)
+    path = tmp_path / "tuned" / "k.json"
+    with pytest.raises(OSError) as err:
+        tune.save(path, {"overall": None}, {})
+    assert err.value.errno == errno.ENOSPC
+    assert list(path.parent.iterdir()) == []
