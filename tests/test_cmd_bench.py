@@ -18,7 +18,6 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from tandem.bench import tune  # noqa: E402
 from tandem.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE  # noqa: E402
 
 FILES = ["report.json", "report.md", "runs.csv", "speedup.svg"]
