@@ -204,9 +204,10 @@ class HybridDrafter:
             for n in range(min(ngram_match, ngram_n), ngram_n + 1)}
         self.guard = FallbackGuard() if guard else None
         self.notes: list[str] = []  # decisions a report may show (e.g. why the model is off)
-        # the request's own first verify timings against the cost model's: far apart, the
-        # model's figures are rescaled to them (a cache from a busy or another machine)
-        self._check: list[float] = [] if adaptive else None
+        # the request's own first verify timings (batch size, seconds) against the cost
+        # model's: far apart, the verify curve is rebuilt from them (see _check_costs)
+        self._check: list[tuple[int, float]] | None = [] if adaptive else None
+        self._reference: CostModel | None = None
         self._last: Draft = Draft()
         self._last_ngram: LengthController | None = None
         self._model_ran = False  # the draft model was run in the latest propose()
