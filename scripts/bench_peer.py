@@ -50,6 +50,8 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tandem.bench.workloads import Prompt as BenchPrompt  # spec-bench's prompt record
+
 ROOT = Path(__file__).resolve().parents[1]
 # the Spec-Bench questions beside the checkout (../shared/spec_bench), as tests/test_bench.py
 DEFAULT_PROMPTS = ROOT.parent / "shared" / "spec_bench" / "question.dev.jsonl"
@@ -234,14 +236,6 @@ def parse_named(spec: str, builtins: dict[str, str] | None = None) -> tuple[str,
 
 # ----------------------------------------------------------------------------- prompts
 
-@dataclass(frozen=True)
-class BenchPrompt:
-    id: str
-    category: str
-    text: str
-    system: str | None = None
-
-
 def load_prompts(path: Path | None, per_category: int | None, categories: list[str] | None,
                  group: bool, coding: int) -> list[BenchPrompt]:
     out: list[BenchPrompt] = []
@@ -252,7 +246,7 @@ def load_prompts(path: Path | None, per_category: int | None, categories: list[s
         if group:
             items = workloads.group_mt_bench(items)
         items = workloads.select(items, per_category, categories)
-        out += [BenchPrompt(p.id, p.category, p.text, p.system) for p in items]
+        out += list(items)
     out += [BenchPrompt(f"code-{i + 1}", "code", t) for i, t in enumerate(CODING_PROMPTS[:coding])]
     return out
 
