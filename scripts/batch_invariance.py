@@ -29,13 +29,13 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     ns = ap.parse_args()
 
+    from tandem.config.settings import exact_context
     from tandem.engine.llama import Context, ContextParams, Model
-    from tandem.settings import exact_context
 
     path = ns.model
     if path is None:
-        from tandem.catalog import get_pair
-        from tandem.store import Store
+        from tandem.models.catalog import get_pair
+        from tandem.models.store import Store
 
         path = Store().ensure(get_pair().target)
     ks = [int(k) for k in ns.ks.split(",")]

@@ -99,15 +99,15 @@ def main() -> int:
     n_maxes = ns.n_max or [3]
     modes = ns.mode or ["exact", "repack"]
 
-    from tandem import chat_template
+    from tandem.engine import template as chat_template
     from tandem.engine.events import DoneEvent
     from tandem.engine.llama import ContextParams
+    from tandem.engine.session import DraftParams, PairSession, SessionOptions
     from tandem.engine.speculative import GenParams
-    from tandem.session import DraftParams, PairSession, SessionOptions
 
     if ns.target is None:
-        from tandem.catalog import get_pair
-        from tandem.store import Store
+        from tandem.models.catalog import get_pair
+        from tandem.models.store import Store
 
         pair, store = get_pair(), Store()
         ns.target, ns.draft = store.ensure(pair.target), store.ensure(pair.draft)

@@ -454,8 +454,8 @@ def resolve_models(ns) -> tuple[Path, Path, list[str], str | None]:
         if ns.model_draft is None:
             raise SystemExit("Error: -m needs -md too (the draft configurations use it)")
         return ns.model, ns.model_draft, ["-m", str(ns.model), "-md", str(ns.model_draft)], None
-    from tandem.catalog import get_pair
-    from tandem.store import Store, tandem_home
+    from tandem.models.catalog import get_pair
+    from tandem.models.store import Store, tandem_home
 
     pair, store = get_pair(), Store(tandem_home())
     for spec in (pair.target, pair.draft):

@@ -22,12 +22,12 @@ from pathlib import Path
 
 def record(prompts_file: Path, out: Path, per_category: int, n: int, threads: int) -> None:
     from tandem.bench.workloads import group_mt_bench, read_file, select
-    from tandem.catalog import get_pair
     from tandem.engine.events import DoneEvent
     from tandem.engine.llama import ContextParams
+    from tandem.engine.session import PairSession, SessionOptions
     from tandem.engine.speculative import GenParams
-    from tandem.session import PairSession, SessionOptions
-    from tandem.store import Store
+    from tandem.models.catalog import get_pair
+    from tandem.models.store import Store
 
     pair, store = get_pair(), Store()
     prompts = select(group_mt_bench(read_file(prompts_file)), per_category)
@@ -92,7 +92,7 @@ def main() -> int:
     from tandem.engine.costs import CostModel
     from tandem.engine.drafters import HybridDrafter, NgramDrafter
     from tandem.engine.llama import EXACT_BATCH
-    from tandem.session import AUTO_NGRAM_CAP
+    from tandem.engine.session import AUTO_NGRAM_CAP
 
     costs = CostModel.load(ns.costs) if ns.costs else None
     if costs is None or not costs.verify:

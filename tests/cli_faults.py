@@ -107,6 +107,6 @@ def install(env=os.environ) -> None:
 if __name__ == "__main__":
     install()
     sys.argv[0] = "tandem"
-    from tandem.app import main
+    from tandem.commands.app import main
 
     main()

@@ -37,7 +37,7 @@ def _real_models_home() -> Path:
     """
     import os
 
-    from tandem.store import tandem_home
+    from tandem.models.store import tandem_home
 
     explicit = os.environ.get("TANDEM_REAL_MODELS_HOME")
     return Path(explicit) if explicit else tandem_home()
@@ -56,8 +56,8 @@ def real_pair() -> tuple[Path, Path]:
 
     if os.environ.get("TANDEM_SKIP_REAL") == "1":
         pytest.skip("TANDEM_SKIP_REAL=1")
-    from tandem.catalog import get_pair
-    from tandem.store import Store
+    from tandem.models.catalog import get_pair
+    from tandem.models.store import Store
 
     store = Store(REAL_MODELS_HOME)
     pair = get_pair()

@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
-
 from tandem.engine.drafters import DraftModelDrafter, NoDrafter
 from tandem.engine.events import DoneEvent, StepEvent
 from tandem.engine.llama import Context, ContextParams, Model

@@ -209,8 +209,7 @@ def use_fake_hub(monkeypatch, tmp_path, endpoint: str) -> None:
     """Point tandem and huggingface_hub at `endpoint`, online, with fresh HF_HOME and
     TANDEM_HOME under tmp_path."""
     import huggingface_hub.constants as hf_constants
-
-    from tandem import hub as tandem_hub
+    from tandem.models import hub as tandem_hub
 
     monkeypatch.setenv("HF_ENDPOINT", endpoint)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tandem.hardware import BackendInfo, Hardware, RawProbe, from_probe
+from tandem.machine.hardware import BackendInfo, Hardware, RawProbe, from_probe
 
 DATA = Path(__file__).resolve().parent / "data" / "hw"
 

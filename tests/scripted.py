@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
-
 from tandem.engine.llama import MAX_OUTPUTS, common_prefix
 from tandem.errors import ContextOverflowError
 

@@ -3,15 +3,14 @@ n-gram acceptance is learnt per match length."""
 from __future__ import annotations
 
 import numpy as np
-
 from tandem.engine.adaptive import model_draft_gain
 from tandem.engine.costs import CostModel
 from tandem.engine.drafters import HybridDrafter
 from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent
 from tandem.engine.llama import ContextParams
 from tandem.engine.sampling import SamplingParams
+from tandem.engine.session import AUTO_MODEL_GAIN, DraftParams, PairSession, SessionOptions
 from tandem.engine.speculative import GenParams
-from tandem.session import AUTO_MODEL_GAIN, DraftParams, PairSession, SessionOptions
 
 # this CPU's calibrated figures (docs/benchmarks.md): a 0.5B draft token costs 0.43 of a plain step
 CPU = CostModel({1: 0.086, 2: 0.123, 3: 0.149, 4: 0.182, 5: 0.211, 8: 0.272, 17: 0.389}, 0.0368)
@@ -29,7 +28,7 @@ def test_model_draft_gain_from_costs():
 def _auto(tiny_models, tmp_path, monkeypatch, costs: CostModel, exact: bool = False):
     import time
 
-    from tandem import session as session_module
+    from tandem.engine import session as session_module
 
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
     # as if calibrated on such a machine just now: the tiny models' real timings (which the
@@ -128,7 +127,7 @@ def test_an_implausible_cached_cost_curve_is_measured_again(tiny_models, tmp_pat
     busy = CostModel({1: 0.43, 2: 0.54, 6: 0.29, 17: 0.26}, 0.33)
     assert not busy.plausible() and CPU.plausible() and GPU.plausible()
     assert not CostModel({}, 0.0).plausible()
-    import tandem.session as session_module
+    import tandem.engine.session as session_module
 
     calls = []
 

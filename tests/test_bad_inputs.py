@@ -21,8 +21,7 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from tandem import errors  # noqa: E402
-from tandem.errors import (EXIT_DOWNLOAD, EXIT_MODEL, EXIT_OK,  # noqa: E402
-                           EXIT_USAGE)
+from tandem.errors import EXIT_DOWNLOAD, EXIT_MODEL, EXIT_OK, EXIT_USAGE  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULTS = Path(__file__).with_name("cli_faults.py")
@@ -468,8 +467,8 @@ def _args(args, models):
 
 def test_config_unknown_key_lists_the_config_keys(tmp_path):
     """Not the profile-only keys (recommended_pairs, tiers...), which a config cannot take."""
-    from tandem.profiles import ProfileError
-    from tandem.settings import load_user_config
+    from tandem.config.settings import load_user_config
+    from tandem.machine.profiles import ProfileError
 
     path = tmp_path / "config.yaml"
     path.write_text("zzz_nope: 1\n")
@@ -501,7 +500,7 @@ def test_warnings(args, warning, sandbox, tiny_models):
 
 
 def test_swapped_pair_warning(tmp_path):
-    from tandem.settings import pair_warnings
+    from tandem.config.settings import pair_warnings
 
     small, big = tmp_path / "small.gguf", tmp_path / "big.gguf"
     small.write_bytes(b"x" * 10)
@@ -540,8 +539,8 @@ def test_corrupt_registry_is_set_aside_with_a_warning(sandbox, tiny_models):
 
 
 def test_registry_is_as_readable_as_the_models(tmp_path, tiny_models):
-    from tandem.catalog import ModelSpec
-    from tandem.store import FetchResult, Store
+    from tandem.models.catalog import ModelSpec
+    from tandem.models.store import FetchResult, Store
 
     store = Store(tmp_path / "home")
     spec = ModelSpec(name="m", repo="org/r", filename="m.gguf")
@@ -566,9 +565,8 @@ def test_download_progress_is_shown_when_stderr_is_not_a_terminal():
     import io
 
     from rich.console import Console
-
-    from tandem.cmd_pairs import ProgressView
-    from tandem.store import ProgressEvent
+    from tandem.commands.pairs import ProgressView
+    from tandem.models.store import ProgressEvent
 
     now = [0.0]
     buf = io.StringIO()
@@ -594,10 +592,10 @@ def test_run_shows_download_progress_and_notes_a_damaged_file(monkeypatch, tmp_p
     import io
 
     from rich.console import Console
-
-    from tandem import app, catalog
-    from tandem.cmd_pairs import ProgressView
-    from tandem.refs import hub_spec
+    from tandem.commands import options as app
+    from tandem.commands.pairs import ProgressView
+    from tandem.models import catalog
+    from tandem.models.refs import hub_spec
 
     for key, value in _fake_hub_env(fake_hub.url, tmp_path / "hf").items():
         monkeypatch.setenv(key, value)
@@ -608,7 +606,7 @@ def test_run_shows_download_progress_and_notes_a_damaged_file(monkeypatch, tmp_p
     monkeypatch.setattr(catalog, "get_pair", lambda name=None: pair)
     buf = io.StringIO()
     view = ProgressView(Console(file=buf, width=200), bars=False)
-    t, d = app._resolve_models("tiny", None, None, view, view.note)
+    t, d = app.resolve_models("tiny", None, None, view, view.note)
     assert t.is_file() and d.is_file()
     assert "Downloading org/tiny-GGUF/target.gguf" in buf.getvalue()
     # damage the draft: same name, other size -> fetched again, and said so
@@ -617,7 +615,7 @@ def test_run_shows_download_progress_and_notes_a_damaged_file(monkeypatch, tmp_p
     d.write_bytes(data[:100])
     buf.truncate(0)
     buf.seek(0)
-    app._resolve_models("tiny", None, None, view, view.note)
+    app.resolve_models("tiny", None, None, view, view.note)
     assert "Note: draft.gguf in the store does not match its record" in buf.getvalue()
     assert d.read_bytes() == data  # fetched again (here from the HF cache)
 

@@ -11,7 +11,6 @@ import xml.dom.minidom
 from pathlib import Path
 
 import pytest
-
 from tandem.bench import report as rep
 from tandem.bench import tune, workloads
 from tandem.bench.runner import BenchConfig, RunResult, plan, run_bench
@@ -19,10 +18,10 @@ from tandem.bench.sweep import SWEEP_KEYS, build_configs, parse_sweep
 from tandem.bench.workloads import Prompt
 from tandem.engine.events import DoneEvent
 from tandem.engine.llama import ContextParams
+from tandem.engine.session import DraftParams
 from tandem.engine.speculative import GenParams
 from tandem.engine.stats import GenStats
 from tandem.errors import UsageError
-from tandem.session import DraftParams
 
 SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared" / "spec_bench" / "question.dev.jsonl"
 

@@ -9,9 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import bench_peer as bp
+import pytest
 from bench_peer import Row
 
 ROOT = Path(__file__).resolve().parents[1]

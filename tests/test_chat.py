@@ -8,15 +8,19 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from tandem import chat_template  # noqa: E402
-from tandem.chat import (  # noqa: E402
-    COMMANDS, ChatSession, Notice, message_text, parse_command,
+from tandem.engine import template as chat_template  # noqa: E402
+from tandem.chat.session import (  # noqa: E402
+    COMMANDS,
+    ChatSession,
+    Notice,
+    message_text,
+    parse_command,
 )
 from tandem.engine.events import DoneEvent, PrefillEvent, TokenEvent  # noqa: E402
 from tandem.engine.llama import ContextParams, common_prefix  # noqa: E402
+from tandem.engine.session import PairSession, SessionOptions  # noqa: E402
 from tandem.engine.speculative import GenParams  # noqa: E402
 from tandem.errors import ContextOverflowError, TandemError, UsageError  # noqa: E402
-from tandem.session import PairSession, SessionOptions  # noqa: E402
 
 
 def make_pair(tiny_models, n_ctx=2048, draft=True, n_batch=512):

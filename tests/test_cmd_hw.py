@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 from hw_fixtures import machine
+from tandem.commands.app import app
+from tandem.machine import hardware
 from typer.testing import CliRunner
-
-from tandem import hardware
-from tandem.app import app
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,7 +76,7 @@ def test_hw_with_gguf_files_is_exact(home, monkeypatch, tiny_models):
 
 
 def _data_offset(path):
-    from tandem.gguf_meta import read_gguf_header
+    from tandem.models.gguf_meta import read_gguf_header
 
     return read_gguf_header(path).data_offset
 

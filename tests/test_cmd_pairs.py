@@ -1,4 +1,4 @@
-"""`tandem pull` and `tandem pairs` end to end: through tandem.app.main (exit codes,
+"""`tandem pull` and `tandem pairs` end to end: through tandem.commands.app.main (exit codes,
 `Error:`/`Hint:` lines, stdout/stderr kept apart), against a fake hub on 127.0.0.1."""
 from __future__ import annotations
 
@@ -12,12 +12,11 @@ import sys
 import pytest
 from fake_hub import FakeHubServer, closed_port_url, use_fake_hub
 from rich.console import Console
-
-from tandem import catalog
-from tandem.cmd_pairs import ProgressView, _bars_wanted
-from tandem.gguf_meta import read_gguf_header
-from tandem.pairing import catalog_drafts
-from tandem.store import ProgressEvent
+from tandem.commands.pairs import ProgressView, _bars_wanted
+from tandem.models import catalog
+from tandem.models.gguf_meta import read_gguf_header
+from tandem.models.pairing import catalog_drafts
+from tandem.models.store import ProgressEvent
 
 REPO = "org/tiny-GGUF"
 OTHER = "org/other-GGUF"
@@ -27,7 +26,7 @@ T, D, M = f"{REPO}/target.gguf", f"{REPO}/draft.gguf", f"{OTHER}/mismatch.gguf"
 @pytest.fixture
 def cli(monkeypatch, capsys):
     """Run `tandem ARGS...` in-process through main(); returns (exit code, stdout, stderr)."""
-    from tandem.app import main
+    from tandem.commands.app import main
 
     def run(*args: str) -> tuple[int, str, str]:
         monkeypatch.setattr(sys, "argv", ["tandem", *args])

@@ -6,10 +6,9 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from tandem.engine.costs import CostModel, calibrate
 from tandem.engine.llama import ContextParams
-from tandem.session import PairSession, SessionOptions
+from tandem.engine.session import PairSession, SessionOptions
 
 pytest.importorskip("llama_cpp")
 
@@ -52,7 +51,7 @@ def test_an_agreeing_cache_is_used_as_is(tiny_models, tmp_path, monkeypatch):
         s.costs()
         path = s._costs_path()
     before = CostModel.load(path)
-    from tandem import session as session_module
+    from tandem.engine import session as session_module
 
     seen = []
     # sub-millisecond timings of the tiny models are too noisy to agree on their own here:

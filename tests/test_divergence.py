@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from tandem.bench import report as rep
 from tandem.bench.runner import BenchConfig, classify_divergences, run_bench
 from tandem.bench.workloads import Prompt
 from tandem.engine.llama import ContextParams
+from tandem.engine.session import PairSession, SessionOptions
 from tandem.engine.speculative import GenParams
-from tandem.session import PairSession, SessionOptions
 
 pytest.importorskip("llama_cpp")
 

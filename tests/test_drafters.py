@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-
 from tandem.engine.adaptive import AcceptanceTracker, FallbackGuard, LengthController
 from tandem.engine.costs import CostModel
 from tandem.engine.ngram import NgramIndex

@@ -7,7 +7,6 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from engine_helpers import assert_same_as_plain, drafter_for, run  # noqa: E402
-
 from tandem.engine.drafters import NoDrafter  # noqa: E402
 from tandem.engine.llama import Context, ContextParams, Model  # noqa: E402
 from tandem.engine.sampling import SamplingParams  # noqa: E402
@@ -253,7 +252,6 @@ def test_every_strategy_keeps_greedy_output(models, ctxs, strategy, tmp_path, mo
 def test_hybrid_sampling_with_ngram_tokens_keeps_the_distribution(models, ctxs):
     """Deterministic (n-gram) draft tokens are verified as point masses at temperature > 0."""
     from scipy.stats import chi2_contingency
-
     from tandem.engine.drafters import NgramDrafter
 
     prompt = toks(models["target"], "abcabcabcabcabc")

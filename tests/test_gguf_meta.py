@@ -8,9 +8,8 @@ import time
 import tracemalloc
 
 import pytest
-
 from tandem.errors import GGUFFormatError, ModelError
-from tandem.gguf_meta import (
+from tandem.models.gguf_meta import (
     GGML_TYPES,
     HeaderLimits,
     read_gguf_header,

@@ -6,11 +6,21 @@ from dataclasses import replace
 
 import pytest
 from hw_fixtures import CPU_ONLY, CUDA, machine, raw, text
-
-from tandem import hardware
-from tandem.hardware import (GiB, MiB, BackendInfo, HardwareParseError, apple_gpu_limit,
-                             from_probe, parse_cpuinfo, parse_meminfo, parse_nvidia_smi,
-                             parse_sysctl, parse_system_info, probe_nvidia_smi)
+from tandem.machine import hardware
+from tandem.machine.hardware import (
+    BackendInfo,
+    GiB,
+    HardwareParseError,
+    MiB,
+    apple_gpu_limit,
+    from_probe,
+    parse_cpuinfo,
+    parse_meminfo,
+    parse_nvidia_smi,
+    parse_sysctl,
+    parse_system_info,
+    probe_nvidia_smi,
+)
 
 
 def test_nvidia_smi_rtx4090():

@@ -12,10 +12,6 @@ from pathlib import Path
 
 import pytest
 from fake_hub import COMMIT, FakeHubServer, closed_port_url, use_fake_hub
-
-from tandem import hub as hub_mod
-from tandem import pairing, store
-from tandem.catalog import ModelSpec, PyPIMirror
 from tandem.errors import (
     ChecksumError,
     DiskFullError,
@@ -28,10 +24,13 @@ from tandem.errors import (
     UsageError,
     VocabMismatchError,
 )
-from tandem.gguf_meta import read_gguf_header
-from tandem.hub import HubSource
-from tandem.refs import hub_spec, parse_ref
-from tandem.store import ProgressEvent, Store
+from tandem.models import hub as hub_mod
+from tandem.models import pairing, store
+from tandem.models.catalog import ModelSpec, PyPIMirror
+from tandem.models.gguf_meta import read_gguf_header
+from tandem.models.hub import HubSource
+from tandem.models.refs import hub_spec, parse_ref
+from tandem.models.store import ProgressEvent, Store
 
 REPO = "org/tiny-GGUF"
 OTHER = "org/other-GGUF"

@@ -8,10 +8,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
-
 from engine_helpers import run
 from scripted import FakeClock, ScriptedContext, ScriptedModel, logits_of, one_hot
-
 from tandem.engine.adaptive import FallbackGuard
 from tandem.engine.costs import CostModel
 from tandem.engine.drafters import DraftModelDrafter, HybridDrafter, NgramDrafter, NoDrafter

@@ -7,12 +7,24 @@ from dataclasses import replace
 
 import pytest
 from hw_fixtures import CPU_ONLY, machine
-
-from tandem.catalog import ModelSpec, load_catalog
-from tandem.gguf_meta import read_gguf_header
-from tandem.planner import (FITS, GiB, MiB, NO_FIT, PARTIAL, Budget, ContextSpec, ModelShape,
-                            PlanTensor, place, plan, repackable, row_bytes)
-from tandem.settings import plan_for_settings, recommended_pairs, resolve_settings
+from tandem.config.settings import plan_for_settings, recommended_pairs, resolve_settings
+from tandem.machine.planner import (
+    FITS,
+    NO_FIT,
+    PARTIAL,
+    Budget,
+    ContextSpec,
+    GiB,
+    MiB,
+    ModelShape,
+    PlanTensor,
+    place,
+    plan,
+    repackable,
+    row_bytes,
+)
+from tandem.models.catalog import ModelSpec, load_catalog
+from tandem.models.gguf_meta import read_gguf_header
 
 AVX2 = frozenset({"avx2", "fma", "f16c"})
 

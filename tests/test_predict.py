@@ -1,6 +1,5 @@
 """--predict arithmetic: measured acceptance priced with a profile's cost ratios."""
 import pytest
-
 from tandem.bench.predict import draft_ratio_for, model_size, predict
 from tandem.bench.report import OVERALL, Cell, Report
 from tandem.errors import UsageError

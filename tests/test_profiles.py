@@ -8,10 +8,15 @@ from pathlib import Path
 
 import pytest
 from hw_fixtures import machine
-
-from tandem.hardware import from_probe
-from tandem.profiles import (ProfileError, ProfileMismatchError, get_profile, load_profiles,
-                             profiles_dir, select_profile)
+from tandem.machine.hardware import from_probe
+from tandem.machine.profiles import (
+    ProfileError,
+    ProfileMismatchError,
+    get_profile,
+    load_profiles,
+    profiles_dir,
+    select_profile,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILTIN = ("rtx-4090", "rtx-4080", "rtx-3090", "nvidia-generic", "mac-studio", "apple-silicon",
@@ -300,7 +305,7 @@ def test_user_override_beats_the_builtin_tiers(tmp_path):
 def test_profiles_dir_outside_a_checkout_is_the_wheels_share_dir(tmp_path, monkeypatch):
     import sys
 
-    import tandem.profiles as profiles_module
+    import tandem.machine.profiles as profiles_module
 
     monkeypatch.delenv("TANDEM_PROFILES_DIR", raising=False)
     monkeypatch.setattr(profiles_module, "__file__", str(tmp_path / "site" / "tandem" / "profiles.py"))

@@ -6,11 +6,9 @@ skips when it is not there: it loads the models once, it never downloads or gene
 """
 from __future__ import annotations
 
-
 import pytest
-
-from tandem.hardware import detect
-from tandem.planner import ContextSpec, ModelShape, place
+from tandem.machine.hardware import detect
+from tandem.machine.planner import ContextSpec, ModelShape, place
 
 pytestmark = pytest.mark.slow
 
@@ -26,8 +24,7 @@ CONFIGS = {  # the cpu profile's settings, then a long context without flash att
 
 def test_planner_within_10_percent_of_llama_cpp(real_pair):
     from llama_log import llama_reports
-
-    from tandem.gguf_meta import read_gguf_header
+    from tandem.models.gguf_meta import read_gguf_header
 
     paths = {"target": real_pair[0], "draft": real_pair[1]}  # conftest fetches it once
     ctxs = {name: {"n_ctx": c.n_ctx, "n_batch": c.n_batch, "n_ubatch": c.n_ubatch,

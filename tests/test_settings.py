@@ -8,12 +8,19 @@ import textwrap
 
 import pytest
 from hw_fixtures import machine
-
+from tandem.config.settings import (
+    SOURCES,
+    cli_values,
+    load_tuned,
+    plan_for_settings,
+    resolve_settings,
+    save_tuned,
+    session_options,
+    tuned_path,
+)
 from tandem.errors import UsageError
-from tandem.planner import Budget, ContextSpec, plan
-from tandem.profiles import ProfileError, ProfileMismatchError, load_profiles
-from tandem.settings import (SOURCES, cli_values, load_tuned, plan_for_settings,
-                             resolve_settings, save_tuned, session_options, tuned_path)
+from tandem.machine.planner import Budget, ContextSpec, plan
+from tandem.machine.profiles import ProfileError, ProfileMismatchError, load_profiles
 
 TEST_PROFILE = """
 description: test profile
@@ -95,12 +102,10 @@ def test_every_key_has_a_value_and_a_source(home, profiles):
 
 
 def test_defaults_match_the_engine_defaults():
+    from tandem.config.settings import ENGINE_REPACK
     from tandem.engine.llama import ContextParams
-    from tandem.profiles import FIELDS_BY_KEY
-    from tandem.session import DraftParams
-
-    from tandem.session import SessionOptions
-    from tandem.settings import ENGINE_REPACK
+    from tandem.engine.session import DraftParams, SessionOptions
+    from tandem.machine.profiles import FIELDS_BY_KEY
 
     assert ENGINE_REPACK["fast"] == SessionOptions().repack  # what the planner assumes about loading
     c, d = ContextParams(), DraftParams()
@@ -112,8 +117,8 @@ def test_defaults_match_the_engine_defaults():
 
 
 def test_strategies_accepted_by_profiles_are_the_engines():
-    from tandem.profiles import STRATEGIES
-    from tandem.session import STRATEGIES as ENGINE
+    from tandem.engine.session import STRATEGIES as ENGINE
+    from tandem.machine.profiles import STRATEGIES
 
     assert set(STRATEGIES) == set(ENGINE)
 
@@ -286,7 +291,7 @@ def test_session_options_from_settings_and_plan(home, profiles, tiny_models):
 
 def test_session_options_take_gpu_layers_from_the_plan(home):
     s = resolve_settings({}, env={}, home=home, hardware=machine("rtx4090"))
-    from tandem.planner import ModelShape
+    from tandem.machine.planner import ModelShape
 
     t = ModelShape.estimate("qwen2.5-coder-7b-instruct-q4_k_m", int(4.68e9))
     d = ModelShape.estimate("qwen2.5-coder-0.5b-instruct-q4_k_m", 491400064)
@@ -300,10 +305,10 @@ def test_session_options_take_gpu_layers_from_the_plan(home):
 
 def test_planned_options_load_and_run_a_session(home, tiny_models):
     """What `tandem run` does once wired: settings -> plan -> SessionOptions -> PairSession."""
+    from tandem.config.settings import prepare_session
     from tandem.engine.events import DoneEvent
+    from tandem.engine.session import PairSession
     from tandem.engine.speculative import GenParams
-    from tandem.session import PairSession
-    from tandem.settings import prepare_session
 
     # one thread: two OpenMP threads spin against whatever else runs on a 2-core machine
     prep = prepare_session(cli_values(ctx_size=512, strategy="draft", draft_max=3, threads=1),
@@ -319,9 +324,9 @@ def test_planned_options_load_and_run_a_session(home, tiny_models):
 
 
 def test_a_pair_that_does_not_fit_is_refused_with_what_to_change(home):
-    from tandem.catalog import ModelSpec
-    from tandem.planner import PlanError
-    from tandem.settings import prepare_session
+    from tandem.config.settings import prepare_session
+    from tandem.machine.planner import PlanError
+    from tandem.models.catalog import ModelSpec
 
     huge = ModelSpec("llama-3.3-70b-instruct-q4_k_m", "x/y", "huge.gguf", size=int(42.5e9))
     small = ModelSpec("llama-3.2-1b-instruct-q4_k_m", "x/y", "small.gguf", size=int(0.81e9))

@@ -21,10 +21,10 @@ try:
 except ImportError:  # running from a checkout without an install
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
 
-from tandem import catalog, mirror_pypi, store
-from tandem.catalog import DEFAULT_PAIR, ModelSpec, PyPIMirror, get_pair, load_catalog
 from tandem.errors import ChecksumError, DownloadError, ModelError, TandemWarning, UsageError
-from tandem.store import FetchResult, ProgressEvent, Store, tandem_home
+from tandem.models import catalog, mirror_pypi, store
+from tandem.models.catalog import DEFAULT_PAIR, ModelSpec, PyPIMirror, get_pair, load_catalog
+from tandem.models.store import FetchResult, ProgressEvent, Store, tandem_home
 
 VERSION = "0.1.0"
 MEMBER = "fakemodel_part{n}/data/part{n:02d}.bin"

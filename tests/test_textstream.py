@@ -3,10 +3,8 @@ held back until decided."""
 from __future__ import annotations
 
 import pytest
-
 from engine_helpers import run
 from scripted import ScriptedContext, ScriptedModel, one_hot
-
 from tandem.engine.drafters import DraftModelDrafter, NoDrafter
 from tandem.engine.textstream import TextStream
 

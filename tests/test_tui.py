@@ -4,10 +4,9 @@ from __future__ import annotations
 import io
 
 from rich.console import Console
-
+from tandem.chat.tui import ChatView, LiveState, markdown_tail, render, render_answer, sparkline
 from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
 from tandem.engine.stats import GenStats
-from tandem.tui import ChatView, LiveState, markdown_tail, render, render_answer, sparkline
 
 # A recorded answer: (time, event). Three verify steps with drafts of 4:
 #   step 0: 4 drafted, 4 accepted -> 4 draft tokens + 1 target token
@@ -181,7 +180,7 @@ def test_show_draft_colours_accepted_draft_tokens_and_no_color_drops_colour():
 
 def test_no_color_environment_is_honoured(monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
-    from tandem.tui import make_console
+    from tandem.chat.tui import make_console
 
     console = make_console()
     assert console.no_color
@@ -203,7 +202,7 @@ def test_view_verbs_on_a_non_terminal():
 
 
 def test_summary_line_after_an_answer():
-    from tandem.tui import summary_line
+    from tandem.chat.tui import summary_line
 
     evs, t_end = recorded_events()
     state = feed(LiveState(strategy="draft", n_max=4, plain_rate=10.0), evs)

@@ -5,10 +5,9 @@ import time
 from dataclasses import replace
 
 import pytest
-
 from tandem.errors import GGUFFormatError, VocabMismatchError
-from tandem.gguf_meta import GGUFHeader, read_gguf_header
-from tandem.vocab import (
+from tandem.models.gguf_meta import GGUFHeader, read_gguf_header
+from tandem.models.vocab import (
     TOKEN_NULL,
     VOCAB_BPE,
     VOCAB_NONE,

@@ -1,3 +1,3 @@
-from tandem.app import main
+from tandem.commands.app import main
 
 main()

@@ -1,6 +1,6 @@
 """Exception types that carry a user-facing message, a hint and an exit code.
 
-The core raises these; only `tandem.app.main` turns them into `Error:`/`Hint:` lines.
+The core raises these; only `tandem.commands.app.main` turns them into `Error:`/`Hint:` lines.
 """
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ class OutputError(TandemError):
 
 class TandemWarning(UserWarning):
     """Something the user should know that stops nothing (a damaged file set aside, a
-    surprising setting). The core warns with it; `tandem.app.main` prints `Warning: ...`."""
+    surprising setting). The core warns with it; `tandem.commands.app.main` prints `Warning: ...`."""
 
 
 class UnsafePathError(UsageError):

@@ -7,8 +7,8 @@ from typing import Callable, Iterator, Sequence
 from tandem.bench.workloads import Prompt
 from tandem.engine.events import DoneEvent
 from tandem.engine.llama import ContextParams
+from tandem.engine.session import DraftParams
 from tandem.engine.speculative import GenParams
-from tandem.session import DraftParams
 
 
 @dataclass(frozen=True)

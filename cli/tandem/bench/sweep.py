@@ -7,8 +7,8 @@ from typing import Sequence
 
 from tandem.bench.runner import BenchConfig
 from tandem.engine.llama import ContextParams
+from tandem.engine.session import STRATEGIES, DraftParams
 from tandem.errors import UsageError
-from tandem.session import STRATEGIES, DraftParams
 
 # key -> (where, field, parser, allowed: (lo, hi) or a tuple of choices)
 # where: "draft" = DraftParams; "ctx" = both contexts; "target"/"draftctx" = one context.

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import catalog
 from .catalog import ModelSpec
-from .errors import ModelError, RemoteNotFoundError, UnsafePathError, UsageError
+from tandem.errors import ModelError, RemoteNotFoundError, UnsafePathError, UsageError
 
 DEFAULT_QUANT = "Q4_K_M"  # what llama.cpp's -hf picks when no tag is given
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}"

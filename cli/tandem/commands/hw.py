@@ -48,11 +48,16 @@ def register(app: typer.Typer) -> None:
 def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size=None,
                  force_profile=False, hardware=None) -> dict:
     """Everything `tandem hw` shows, as objects (the renderers only format)."""
-    from tandem import catalog, hardware as hwmod
+    from tandem.config.settings import (
+        cli_values,
+        plan_for_settings,
+        recommended_pairs,
+        resolve_settings,
+    )
     from tandem.errors import UsageError
-    from tandem.settings import (cli_values, plan_for_settings, recommended_pairs,
-                                 resolve_settings)
-    from tandem.store import Store
+    from tandem.machine import hardware as hwmod
+    from tandem.models import catalog
+    from tandem.models.store import Store
 
     if model_draft is not None and model is None:
         raise UsageError("--model-draft needs --model", "pass the target GGUF with --model")
@@ -60,7 +65,7 @@ def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size
         raise UsageError(f"give --pair ({pair}) or --model, not both",
                          "drop --pair to plan for your own files, or drop -m/-md")
     if model is not None:
-        from tandem.app import check_model_path
+        from tandem.commands.options import check_model_path
 
         check_model_path(model, "target")
         if model_draft is not None:
@@ -134,7 +139,7 @@ def _needs(plan) -> int | None:
 
 
 def _b(n) -> str:
-    from tandem.hardware import fmt_bytes
+    from tandem.machine.hardware import fmt_bytes
 
     return fmt_bytes(n) if n else "-"
 

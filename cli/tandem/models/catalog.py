@@ -1,6 +1,6 @@
 """The catalog of model pairs, read from the bundled `data/catalog.yaml`.
 
-Pure data access: no network, no printing. `tandem.store` knows how to fetch a
+Pure data access: no network, no printing. `tandem.models.store` knows how to fetch a
 `ModelSpec`; this module only says what the models are and where they live.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from .errors import TandemError, UsageError
+from tandem.errors import TandemError, UsageError
 
 DEFAULT_PAIR = "qwen2.5-coder-1.5b"
 

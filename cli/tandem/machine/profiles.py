@@ -375,7 +375,7 @@ class Profile:
 
     # --- matching -------------------------------------------------------------------
     def mismatch(self, hw) -> list[str]:
-        """Why this profile does not fit `hw` (a tandem.hardware.Hardware); empty if it does."""
+        """Why this profile does not fit `hw` (a tandem.machine.hardware.Hardware); empty if it does."""
         m = self.match
         reasons: list[str] = []
         if m.vendor != "any" and hw.vendor != m.vendor:
@@ -643,8 +643,8 @@ def profiles_dir() -> Path:
     env = os.environ.get("TANDEM_PROFILES_DIR")
     if env:
         return Path(env).expanduser()
-    # cli/tandem/profiles.py -> the repository root is two levels above the package
-    source = Path(__file__).resolve().parents[2] / "profiles"
+    # cli/tandem/machine/profiles.py -> the repository root is three levels above
+    source = Path(__file__).resolve().parents[3] / "profiles"
     if source.is_dir():
         return source
     import sys
@@ -653,7 +653,7 @@ def profiles_dir() -> Path:
 
 
 def user_profiles_dir() -> Path:
-    from tandem.store import tandem_home
+    from tandem.models.store import tandem_home
 
     return tandem_home() / "profiles"
 

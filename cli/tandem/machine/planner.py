@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from tandem.errors import EXIT_MODEL, TandemError
-from tandem.gguf_meta import GGML_TYPES, GGUFHeader
+from tandem.models.gguf_meta import GGML_TYPES, GGUFHeader
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -573,7 +573,7 @@ class Budget:
     @classmethod
     def for_hardware(cls, hw, reserve_mb: int = 512, backend: str | None = None,
                      repack: bool = False) -> Budget:
-        """From tandem.hardware.Hardware; the backend defaults to what the binding can do.
+        """From tandem.machine.hardware.Hardware; the backend defaults to what the binding can do.
         `repack`: whether the engine loads models with llama.cpp's extra CPU buffer types
         (tandem's engine does not by default: repacked weights are not batch-invariant)."""
         if backend is None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .catalog import ModelSpec
-from .errors import (
+from tandem.errors import (
     ChecksumError,
     DiskFullError,
     DownloadError,
@@ -473,7 +473,7 @@ class HubSource:
 
 @dataclass(frozen=True)
 class RemoteHeader:
-    header: Any  # tandem.gguf_meta.GGUFHeader (metadata only)
+    header: Any  # tandem.models.gguf_meta.GGUFHeader (metadata only)
     info: RemoteFile
     requests: int
     bytes_fetched: int

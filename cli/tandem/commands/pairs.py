@@ -1,4 +1,4 @@
-"""`tandem pull` and `tandem pairs [list|check|suggest]`: parse, call tandem.pairing, render.
+"""`tandem pull` and `tandem pairs [list|check|suggest]`: parse, call tandem.models.pairing, render.
 
 Results go to stdout (tables, paths, JSON); progress, notes and errors go to stderr.
 """
@@ -23,9 +23,9 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from tandem import catalog
 from tandem.errors import EXIT_MODEL, UsageError, VocabMismatchError
-from tandem.store import ProgressEvent, Store, human_size
+from tandem.models import catalog
+from tandem.models.store import ProgressEvent, Store, human_size
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
 
@@ -180,8 +180,8 @@ def pull(
       tandem pull --target bartowski/Qwen2.5-7B-Instruct-GGUF:Q4_K_M \\
                   --draft qwen2.5-0.5b-instruct-q4_k_m
     """
-    from tandem import pairing
-    from tandem.hub import HubConfig
+    from tandem.models import pairing
+    from tandem.models.hub import HubConfig
 
     if (target is None) != (draft is None):
         raise UsageError("--target and --draft go together", "give both, or a pair name")
@@ -336,8 +336,8 @@ def check_pair(
 
       tandem pairs check unsloth/Qwen3-8B-GGUF:Q4_K_M ./my-draft.gguf
     """
-    from tandem import pairing
-    from tandem.hub import HubConfig
+    from tandem.models import pairing
+    from tandem.models.hub import HubConfig
 
     cfg = HubConfig.from_env()
     t = pairing.resolve(target, "target", cfg)
@@ -395,8 +395,8 @@ def suggest(
 
       tandem pairs suggest bartowski/Qwen2.5-14B-Instruct-GGUF:Q4_K_M
     """
-    from tandem import pairing
-    from tandem.hub import HubConfig
+    from tandem.models import pairing
+    from tandem.models.hub import HubConfig
 
     cfg = HubConfig.from_env()
     t = pairing.resolve(target, "target", cfg)

@@ -28,9 +28,21 @@ from typing import Any, Mapping
 
 from tandem.errors import ModelError, UsageError
 from tandem.fsutil import atomic_write_text, storage_error
-from tandem.profiles import (FIELDS_BY_KEY, QUANTIZED_KV, SETTING_FIELDS, Field, Located,
-                             Profile, ProfileError, ProfileMismatchError, get_profile,
-                             load_profiles, load_yaml, parse_setting_sections, select_profile)
+from tandem.machine.profiles import (
+    FIELDS_BY_KEY,
+    QUANTIZED_KV,
+    SETTING_FIELDS,
+    Field,
+    Located,
+    Profile,
+    ProfileError,
+    ProfileMismatchError,
+    get_profile,
+    load_profiles,
+    load_yaml,
+    parse_setting_sections,
+    select_profile,
+)
 
 SOURCES = ("cli", "env", "config", "tuned", "profile", "default")
 # whether the engine loads the target's CPU weights repacked, per mode: fast mode uses
@@ -81,7 +93,7 @@ class Settings:
     values: Mapping[str, Setting]
     profile_obj: Profile
     profile_reason: str = ""
-    hardware: Any = None  # tandem.hardware.Hardware
+    hardware: Any = None  # tandem.machine.hardware.Hardware
     backend: str = "cpu"  # what will actually run: the profile's backend if the binding can
     warnings: tuple[str, ...] = ()
     tuned_path: str | None = None
@@ -184,7 +196,7 @@ def env_values(env: Mapping[str, str]) -> dict[str, Located]:
 
 
 def config_path(home: Path | None = None) -> Path:
-    from tandem.store import tandem_home
+    from tandem.models.store import tandem_home
 
     return (home or tandem_home()) / CONFIG_NAME
 
@@ -221,7 +233,7 @@ def load_user_config(path: Path) -> tuple[dict[str, Located], dict[str, Located]
 
 
 def tuned_dir(home: Path | None = None) -> Path:
-    from tandem.store import tandem_home
+    from tandem.models.store import tandem_home
 
     return (home or tandem_home()) / TUNED_DIR
 
@@ -264,7 +276,7 @@ def load_tuned(pair: str | None, device: str | None, home: Path | None = None,
                ) -> tuple[dict[str, Located], Path | None, list[str]]:
     """The best tuned settings for (pair, device): ({key: Located}, file, warnings).
 
-    Two formats live in <home>/tuned/. tandem.settings' own (save_tuned) names the pair and
+    Two formats live in <home>/tuned/. tandem.config.settings' own (save_tuned) names the pair and
     device it was measured for (either may be absent: applies to all). spec-bench --tune's
     (tandem.bench.tune) is keyed by its file name, a hash of this machine, the thread count and
     the model files: it applies when `models` (target, draft paths) hash to it, and wins over
@@ -358,18 +370,18 @@ def resolve_settings(cli: Mapping[str, Any] | None = None, *, env: Mapping[str, 
     """Merge every source into one Settings (see the module docstring for the order).
 
     `cli`: {Settings key: value} of the flags the user gave (see cli_values()); `env` defaults
-    to os.environ, `home` to tandem_home(), `hardware` to tandem.hardware.detect(), `profiles`
+    to os.environ, `home` to tandem_home(), `hardware` to tandem.machine.hardware.detect(), `profiles`
     to load_profiles() (built-in + user). `models` (target, draft paths), once known, let
     spec-bench's tuned settings for those files apply.
     """
-    from tandem.store import tandem_home
+    from tandem.models.store import tandem_home
 
     cli = dict(cli or {})
     env = os.environ if env is None else env
     home = home or tandem_home()
     warnings: list[str] = []
     if hardware is None:
-        from tandem.hardware import detect
+        from tandem.machine.hardware import detect
 
         hardware = detect()
     warnings += list(hardware.warnings)
@@ -411,7 +423,7 @@ def resolve_settings(cli: Mapping[str, Any] | None = None, *, env: Mapping[str, 
     if pair_src is not None:
         pair_setting = Setting("pair", pair_src[1], pair_src[0], pair_src[2])
     else:
-        from tandem.catalog import get_pair
+        from tandem.models.catalog import get_pair
 
         pair_setting = Setting("pair", get_pair().name, "default", "catalog default")
 
@@ -535,7 +547,7 @@ def effective_backend(profile: Profile, hardware: Any) -> str:
 def context_spec(settings: Settings, role: str = "target"):
     """The planner's ContextSpec for one model of the pair."""
     from tandem.engine.llama import MAX_OUTPUTS
-    from tandem.planner import ContextSpec
+    from tandem.machine.planner import ContextSpec
 
     rows = settings.n_max + 1 if role == "target" else 1
     return ContextSpec(n_ctx=settings.n_ctx, n_batch=settings.n_batch, n_ubatch=settings.n_ubatch,
@@ -546,8 +558,8 @@ def context_spec(settings: Settings, role: str = "target"):
 def model_shape(ref: Any, store: Any = None):
     """A planner ModelShape from a GGUF path, a catalog ModelSpec (its file when on disk,
     else an estimate from the catalog) or a ModelShape."""
-    from tandem.catalog import ModelSpec
-    from tandem.planner import ModelShape
+    from tandem.machine.planner import ModelShape
+    from tandem.models.catalog import ModelSpec
 
     if isinstance(ref, ModelShape):
         return ref
@@ -565,8 +577,8 @@ _SHAPES: dict[tuple, Any] = {}
 
 
 def _shape_from_file(path: Path, name: str | None):
-    from tandem.gguf_meta import read_gguf_header
-    from tandem.planner import ModelShape
+    from tandem.machine.planner import ModelShape
+    from tandem.models.gguf_meta import read_gguf_header
 
     try:
         st = path.stat()
@@ -582,7 +594,7 @@ def plan_for_settings(settings: Settings, target: Any, draft: Any = None, *, sto
                       suggest_pairs: bool = True):
     """Offload plan for `target` + `draft` (paths, catalog ModelSpecs or ModelShapes) under
     `settings` on its hardware. Smaller catalog pairs are suggested when it does not fit."""
-    from tandem.planner import Budget, plan
+    from tandem.machine.planner import Budget, plan
 
     t_shape = _shape_of(target, store, "target")
     d_shape = _shape_of(draft, store, "draft") if draft is not None else None
@@ -610,7 +622,7 @@ def _shape_of(ref: Any, store: Any, role: str):
 def _smaller_pairs(than, draft_name: str | None):
     """Catalog pairs with a smaller target, best suggestion first: the same draft (so the same
     family and vocabulary), then the largest."""
-    from tandem.catalog import load_catalog
+    from tandem.models.catalog import load_catalog
 
     out = []
     for name, pair in load_catalog().items():
@@ -636,7 +648,7 @@ def session_options(settings: Settings, plan: Any = None, *, verbose: bool = Fal
     """The engine's SessionOptions for these settings; GPU layers come from `plan` when given
     (the planner resolves `auto`), else from the settings themselves."""
     from tandem.engine.llama import ContextParams
-    from tandem.session import DraftParams, SessionOptions
+    from tandem.engine.session import DraftParams, SessionOptions
 
     exact = settings.mode == "exact"
     ctx = ContextParams(n_ctx=settings.n_ctx, n_batch=settings.n_batch,
@@ -675,8 +687,8 @@ class Prepared:
     """What `run` / `chat` need to load a pair: settings, the plan and the engine options."""
 
     settings: Settings
-    plan: Any  # tandem.planner.Plan
-    options: Any  # tandem.session.SessionOptions
+    plan: Any  # tandem.machine.planner.Plan
+    options: Any  # tandem.engine.session.SessionOptions
     target: Path
     draft: Path | None
 
@@ -712,11 +724,11 @@ def prepare_session(cli: Mapping[str, Any] | None, resolve_models, *, verbose: b
     """Settings -> model paths -> plan -> SessionOptions, in that order.
 
     `resolve_models(pair_name) -> (target_path, draft_path or None)` finds (or downloads) the
-    files of the resolved pair; app.py's `_resolve_models` fits. Raises planner.PlanError
+    files of the resolved pair; commands.options.resolve_models fits. Raises planner.PlanError
     (exit 3, with what to change) when the pair cannot be loaded at all.
     """
-    from tandem.hardware import detect
-    from tandem.planner import require_fit
+    from tandem.machine.hardware import detect
+    from tandem.machine.planner import require_fit
 
     hardware = hardware or detect()
     settings = resolve_settings(cli, hardware=hardware, home=home)
@@ -742,7 +754,7 @@ class PairAdvice:
 
 def recommended_pairs(settings: Settings, store: Any = None) -> list[PairAdvice]:
     """The profile's recommended pairs for this machine's memory, each planned."""
-    from tandem.catalog import load_catalog
+    from tandem.models.catalog import load_catalog
 
     catalog = load_catalog()
     lookup = {n.lower(): n for n in catalog}

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from tandem.errors import GGUFFormatError, VocabMismatchError
 
 if TYPE_CHECKING:
-    from tandem.gguf_meta import GGUFHeader
+    from tandem.models.gguf_meta import GGUFHeader
 
 SPEC_VOCAB_MAX_SIZE_DIFFERENCE = 128
 SPEC_VOCAB_CHECK_START_TOKEN_ID = 5

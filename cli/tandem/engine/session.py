@@ -9,11 +9,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from tandem import chat_template
+from tandem.engine import template as chat_template
 from tandem.engine.adaptive import model_draft_gain
 from tandem.engine.costs import DISAGREE, MAX_BATCH, CostModel, calibrate, disagreement
-from tandem.engine.drafters import (DraftModelDrafter, Drafter, HybridDrafter, NgramDrafter,
-                                    NoDrafter)
+from tandem.engine.drafters import (
+    Drafter,
+    DraftModelDrafter,
+    HybridDrafter,
+    NgramDrafter,
+    NoDrafter,
+)
 from tandem.engine.llama import Context, ContextParams, Model
 from tandem.engine.speculative import GenParams, generate
 from tandem.errors import UsageError
@@ -72,8 +77,8 @@ class SessionOptions:
 
 def check_pair(target_path: Path, draft_path: Path) -> None:
     """llama.cpp's vocabulary rules, from the GGUF headers, before any weights are loaded."""
-    from tandem.gguf_meta import read_gguf_header
-    from tandem.vocab import VocabInfo, check_compatible
+    from tandem.models.gguf_meta import read_gguf_header
+    from tandem.models.vocab import VocabInfo, check_compatible
 
     target = VocabInfo.from_header(read_gguf_header(target_path))
     draft = VocabInfo.from_header(read_gguf_header(draft_path))
@@ -253,7 +258,7 @@ class PairSession:
         import hashlib
         import platform
 
-        from tandem.store import tandem_home
+        from tandem.models.store import tandem_home
 
         parts = [platform.node(), platform.machine(), repr(self.target_ctx.params),
                  str(self.options.target_gpu_layers), str(self.options.draft_gpu_layers)]

@@ -1,10 +1,10 @@
 """`tandem chat`: a terminal chat with a live throughput panel.
 
-The loop only wires things: ChatSession (tandem.chat) does the work and yields data, ChatView
-(tandem.tui) shows it. Ctrl-C during an answer stops that answer; Ctrl-C twice or Ctrl-D exits.
+The loop only wires things: ChatSession (tandem.chat.session) does the work and yields data, ChatView
+(tandem.chat.tui) shows it. Ctrl-C during an answer stops that answer; Ctrl-C twice or Ctrl-D exits.
 """
 # No `from __future__ import annotations` here: Typer reads the option annotations, and the
-# shared aliases are imported inside register() (tandem.app imports this module).
+# shared aliases are imported inside register() (tandem.commands.app imports this module).
 import signal
 import threading
 from pathlib import Path
@@ -16,10 +16,24 @@ from tandem.errors import TandemError, UsageError
 
 
 def register(app: typer.Typer) -> None:
-    from tandem.app import (
-        DraftMaxOpt, DraftMinOpt, DraftOpt, DraftPMinOpt, MinPOpt, ModelOpt, OptCtxOpt,
-        OptThreadsOpt, RepeatPenaltyOpt, SeedOpt, StrategyOpt, SystemOpt, TempOpt, TopKOpt,
-        TopPOpt, VerboseOpt, ExactOpt,
+    from tandem.commands.options import (
+        DraftMaxOpt,
+        DraftMinOpt,
+        DraftOpt,
+        DraftPMinOpt,
+        ExactOpt,
+        MinPOpt,
+        ModelOpt,
+        OptCtxOpt,
+        OptThreadsOpt,
+        RepeatPenaltyOpt,
+        SeedOpt,
+        StrategyOpt,
+        SystemOpt,
+        TempOpt,
+        TopKOpt,
+        TopPOpt,
+        VerboseOpt,
     )
 
     @app.command()
@@ -67,11 +81,11 @@ def register(app: typer.Typer) -> None:
 def _chat(*, pair, system, model, model_draft, strategy, draft_max, draft_min, draft_p_min,
           max_tokens, temp, top_k, top_p, min_p, repeat_penalty, seed, ctx_size, threads,
           show_draft, plain_probe, verbose, exact=False) -> None:
-    from tandem import app as _app
-    from tandem.chat import ChatSession
+    from tandem.chat.session import ChatSession
+    from tandem.chat.tui import ChatView, make_console
+    from tandem.commands import options as _app
+    from tandem.engine.session import PairSession
     from tandem.engine.speculative import GenParams
-    from tandem.session import PairSession
-    from tandem.tui import ChatView, make_console
 
     if pair is not None and model is not None:
         raise UsageError("give a pair name or --model, not both",
@@ -118,8 +132,8 @@ def _read_lines_leniently() -> None:
 
 
 def _loop(chat, view) -> None:
-    from tandem.app import check_text
-    from tandem.chat import message_text
+    from tandem.chat.session import message_text
+    from tandem.commands.options import check_text
 
     armed = False  # a Ctrl-C was just pressed: another one exits
     while True:
@@ -196,7 +210,7 @@ class _CtrlC:
 
 def _answer(chat, view, text: str) -> bool:
     """Stream one answer into the view; True when Ctrl-C stopped it."""
-    from tandem.chat import Notice
+    from tandem.chat.session import Notice
 
     stream = chat.send(text)
     view.start_answer(chat.strategy, chat.draft.n_max)

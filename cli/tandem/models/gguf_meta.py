@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Callable, NamedTuple
 from tandem.errors import GGUFFormatError, ModelError
 
 if TYPE_CHECKING:
-    from tandem.vocab import VocabInfo
+    from tandem.models.vocab import VocabInfo
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -173,9 +173,9 @@ class GGUFHeader:
 
     @property
     def vocab(self) -> VocabInfo:
-        """Tokenizer facts llama.cpp uses to pair a draft with a target (see tandem.vocab)."""
+        """Tokenizer facts llama.cpp uses to pair a draft with a target (see tandem.models.vocab)."""
         if self._vocab is None:
-            from tandem.vocab import VocabInfo
+            from tandem.models.vocab import VocabInfo
 
             self._vocab = VocabInfo.from_header(self)
         return self._vocab

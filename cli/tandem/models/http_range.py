@@ -2,7 +2,7 @@
 (a GGUF header) without downloading the rest.
 
 Each `read(n)` is one `Range: bytes=pos-(pos+n-1)` request, so the caller decides how much
-is fetched (tandem.gguf_meta in exact mode asks only for bytes the header certainly has).
+is fetched (tandem.models.gguf_meta in exact mode asks only for bytes the header certainly has).
 A server that ignores Range is read no further than `n` bytes. Counts requests and bytes.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from .errors import DownloadError
+from tandem.errors import DownloadError
 
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 

@@ -20,7 +20,7 @@ import zlib
 from pathlib import Path
 
 from .catalog import ModelSpec, PyPIMirror
-from .errors import ChecksumError, DownloadError
+from tandem.errors import ChecksumError, DownloadError
 from .store import (
     FetchResult,
     ProgressEvent,

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import replace
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -15,8 +15,17 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from tandem.app import (DraftMaxOpt, DraftMinOpt, DraftOpt, DraftPMinOpt, ModelOpt, OptCtxOpt,
-                        OptThreadsOpt, VerboseOpt, ExactOpt)
+from tandem.commands.options import (
+    DraftMaxOpt,
+    DraftMinOpt,
+    DraftOpt,
+    DraftPMinOpt,
+    ExactOpt,
+    ModelOpt,
+    OptCtxOpt,
+    OptThreadsOpt,
+    VerboseOpt,
+)
 from tandem.errors import StorageError, UsageError
 from tandem.fsutil import storage_error
 
@@ -81,16 +90,16 @@ def spec_bench(
 
       tandem spec-bench --strategies draft --sweep draft-max=2,4,8 --sweep p-min=0,0.5 --tune
     """
-    from tandem import app as app_module
     from tandem.bench import report as rep
     from tandem.bench import tune as tuning
     from tandem.bench import workloads
     from tandem.bench.runner import classify_divergences, run_bench
     from tandem.bench.sweep import build_configs, parse_sweep
+    from tandem.commands import options as app_module
     from tandem.engine.sampling import SamplingParams
+    from tandem.engine.session import PairSession
     from tandem.engine.speculative import GenParams
-    from tandem.session import PairSession
-    from tandem.store import tandem_home
+    from tandem.models.store import tandem_home
 
     if reps < 1:
         raise UsageError(f"--reps must be >= 1, got {reps}", "pass --reps 1 or more")
@@ -101,7 +110,7 @@ def spec_bench(
     if out is not None:
         _check_out_dir(out)
     for name in predict or ():
-        from tandem.profiles import get_profile
+        from tandem.machine.profiles import get_profile
 
         get_profile(name, force=True)
     if tune:
@@ -109,13 +118,13 @@ def spec_bench(
     if quick:
         per_category = per_category or 2
         max_tokens = min(max_tokens, 64)
-    pair, rest = app_module._split_pair_and_prompt(args or [])
+    pair, rest = app_module.split_pair_and_prompt(args or [])
     if rest:
         raise UsageError(f"unexpected argument {rest!r}", "spec-bench takes an optional pair name")
     if prompts is None:
         items = workloads.builtin()
     elif str(prompts) == "-":
-        data = app_module._read_stdin()
+        data = app_module.read_stdin()
         items = (workloads.parse_jsonl(data.splitlines(), "stdin") if data.lstrip().startswith("{")
                  else workloads.parse_text(data, "stdin"))
     else:
@@ -194,7 +203,7 @@ def spec_bench(
     report = rep.aggregate(results, configs, partial=partial, meta=meta, exact=exact_mode)
     if predict:
         from tandem.bench.predict import predict as predict_speedups
-        from tandem.profiles import get_profile
+        from tandem.machine.profiles import get_profile
 
         meta["predictions"] = {name: predict_speedups(
             report, get_profile(name, force=True)[0].cost_for(), target_path.name,
@@ -255,8 +264,8 @@ def _check_out_dir(out: Path) -> None:
 
 def _check_tuned_dir(home: Path) -> None:
     """--tune writes <home>/tuned/: refused up front when that cannot work."""
+    from tandem.config.settings import tuned_dir
     from tandem.fsutil import blocking_file
-    from tandem.settings import tuned_dir
 
     blocker = blocking_file(tuned_dir(home))
     if blocker is not None:
@@ -267,10 +276,9 @@ def _check_tuned_dir(home: Path) -> None:
 
 def _fetch(ref: str) -> Path:
     """A draft reference as a local file: a path, or pulled through the store."""
-    from tandem import pairing
-    from tandem.store import Store
-
-    from tandem.app import download_view
+    from tandem.commands.options import download_view
+    from tandem.models import pairing
+    from tandem.models.store import Store
 
     store = Store()
     m = pairing.resolve(ref, "draft")

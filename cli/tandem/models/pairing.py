@@ -1,6 +1,6 @@
 """Putting a target and a draft together: resolve references, read both GGUF headers
 (from disk, or over HTTP range requests before anything is downloaded), apply llama.cpp's
-vocabulary rules (tandem.vocab), suggest catalog drafts, and pull a pair into the store.
+vocabulary rules (tandem.models.vocab), suggest catalog drafts, and pull a pair into the store.
 
 Core only: results are returned as data; progress and notes go through callbacks.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import catalog
 from .catalog import ModelSpec, PairSpec
-from .errors import NetworkError, TandemError, VocabMismatchError
+from tandem.errors import NetworkError, TandemError, VocabMismatchError
 from .gguf_meta import GGUFHeader, read_gguf_header
 from .hub import HubConfig, list_files, read_remote_header
 from .refs import ModelRef, hub_spec, parse_ref, pick_quant

@@ -1,0 +1,1 @@
+"""Interactive chat: the session (history, KV reuse) and its Rich terminal UI."""

@@ -1,0 +1,218 @@
+"""What the commands share: option declarations (spelled as llama.cpp spells them), input
+checks, and the path from flags to a loaded pair's files and engine options."""
+from __future__ import annotations
+
+import math
+import re
+import stat
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from tandem.errors import ModelError, TandemError, UsageError
+
+ModelOpt = Annotated[Optional[Path], typer.Option("--model", "-m", readable=False, help="Target GGUF path (instead of a pair name).")]
+DraftOpt = Annotated[Optional[Path], typer.Option("--model-draft", "-md", "--spec-draft-model", readable=False, help="Draft GGUF path.")]
+StrategyOpt = Annotated[Optional[str], typer.Option("--strategy", help="none | draft | ngram | hybrid | auto.")]
+DraftMaxOpt = Annotated[Optional[int], typer.Option("--draft-max", "--spec-draft-n-max", help="Most tokens drafted per step.")]
+DraftMinOpt = Annotated[Optional[int], typer.Option("--draft-min", "--spec-draft-n-min", help="Drafts shorter than this are dropped.")]
+DraftPMinOpt = Annotated[Optional[float], typer.Option("--draft-p-min", "--spec-draft-p-min", help="Stop drafting below this draft probability.")]
+CtxOpt = Annotated[int, typer.Option("--ctx-size", "-c", help="Context size in tokens.")]
+ThreadsOpt = Annotated[int, typer.Option("--threads", "-t", help="CPU threads (0: all cores).")]
+# run/chat: unset means "from the profile, tuned settings or config" (see `tandem hw`)
+OptCtxOpt = Annotated[Optional[int], typer.Option("--ctx-size", "-c", help="Context size in tokens (default: from the hardware profile).")]
+OptThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", help="CPU threads (0: all cores; default: from the profile).")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log on stderr.")]
+ExactOpt = Annotated[bool, typer.Option("--exact", help="Exact mode: output bit-identical to plain decoding (unrepacked weights, q8_0 KV, verify batches of <= 7 tokens on a CPU; slower). Default (fast): llama.cpp's own kernels, greedy output equal to plain decoding up to floating-point rounding (a near-tie may flip).")]
+SystemOpt = Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.")]
+TempOpt = Annotated[float, typer.Option("--temp", help="Temperature; 0 is greedy.")]
+TopKOpt = Annotated[int, typer.Option("--top-k", help="Top-k (0: off).")]
+TopPOpt = Annotated[float, typer.Option("--top-p", help="Top-p (1: off).")]
+MinPOpt = Annotated[float, typer.Option("--min-p", help="Min-p (0: off).")]
+RepeatPenaltyOpt = Annotated[float, typer.Option("--repeat-penalty", help="Repetition penalty (1: off).")]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed for sampling. none, draft, ngram and hybrid then reproduce their text exactly; auto's draft lengths follow measured timings, so at temperature > 0 its text is reproducible only in distribution.")]
+
+
+def read_stdin() -> str:
+    if sys.stdin is None or sys.stdin.isatty():
+        return ""
+    data = sys.stdin.buffer.read()
+    if b"\x00" in data:
+        raise UsageError("stdin looks binary (it contains NUL bytes)",
+                         "pipe text; for a binary file, pipe a text rendering of it instead")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"stdin is not UTF-8 text (byte {exc.start})",
+                         "pipe text, or convert it with iconv first") from exc
+
+
+def check_text(text: str | None, what: str) -> str | None:
+    """UsageError when `text` cannot be encoded as UTF-8: argv bytes that are not UTF-8 arrive
+    as lone surrogates, and llama.cpp's tokenizer would fail on them after the models load."""
+    if text is None:
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UsageError(f"{what} is not valid UTF-8 (character {exc.start + 1})",
+                         "pass UTF-8 text (check the terminal's locale, or convert the text "
+                         "with iconv)") from None
+    return text
+
+
+# a word that reads as a pair or model name rather than prose: one token with a '-' in it
+_PAIR_LIKE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.]*-[A-Za-z0-9_.-]*[A-Za-z0-9]$")
+
+
+def split_pair_and_prompt(args: list[str]) -> tuple[str | None, str]:
+    """`tandem run [PAIR] [PROMPT]`: the first word is a pair if the catalog knows it.
+
+    A first word that only looks like one (`qwen2.5-coder-7bb "hi"`) is refused with the close
+    matches rather than sent as prompt text: the default pair (gigabytes) would be downloaded
+    for a typo. A prompt is never mistaken for it when quoted as one argument."""
+    from tandem.models import catalog
+
+    if not args or len(args[0]) >= 80:
+        return None, " ".join(args)
+    first = args[0]
+    try:
+        catalog.get_pair(first)
+        return first, " ".join(args[1:])
+    except TandemError:
+        pass
+    close = _close_pairs(first)
+    if _PAIR_LIKE.match(first) and (len(args) > 1 or close):
+        shown = f"did you mean {' or '.join(close)}? " if close else ""
+        raise UsageError(f"unknown pair {first!r}",
+                         f"{shown}`tandem pairs` lists the pairs; to send it as prompt text, "
+                         "quote the whole prompt as one argument")
+    return None, " ".join(args)
+
+
+def _close_pairs(word: str) -> list[str]:
+    import difflib
+
+    from tandem.models import catalog
+
+    names = {}
+    for name, spec in catalog.load_catalog().items():
+        names[name.lower()] = name
+        for alias in spec.aliases:
+            names.setdefault(alias.lower(), name)
+    close = difflib.get_close_matches(word.lower(), list(names), n=3, cutoff=0.75)
+    return list(dict.fromkeys(names[c] for c in close))
+
+
+def check_model_path(path: Path, role: str) -> Path:
+    """A user-given model file, checked before anything opens it: a named pipe or a
+    process substitution (`<(cat x.gguf)`) would block or be read once, and llama.cpp needs
+    a file it can map."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise ModelError(f"{role} model file not found: {path}", "check the path") from None
+    except OSError as exc:
+        raise ModelError(f"cannot use the {role} model {path}: {exc.strerror or exc}",
+                         "check the path and its permissions") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ModelError(f"the {role} model {path} is a directory, not a GGUF file",
+                         "pass the .gguf file itself")
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a pipe (a named pipe, or <(...))" if stat.S_ISFIFO(st.st_mode)
+                else "not a regular file")
+        raise ModelError(f"the {role} model {path} is {kind}",
+                         "pass a .gguf file on disk: llama.cpp maps the file, so a pipe or "
+                         "<(...) cannot work")
+    return path
+
+
+def resolve_models(pair: str | None, model: Path | None, draft: Path | None,
+                    progress_cb=None, note=None) -> tuple[Path, Path | None]:
+    if draft is not None:
+        check_model_path(draft, "draft")
+    if model is not None:
+        return check_model_path(model, "target"), draft
+    from tandem.models import catalog
+    from tandem.models.store import Store
+
+    spec = catalog.get_pair(pair or catalog.DEFAULT_PAIR)
+    store = Store()
+    wanted = [spec.target] + ([] if draft else [spec.draft])
+    for m in wanted:
+        if note is not None and store.path_for(m).exists() and not store.is_present(m):
+            note(f"{m.filename} in the store does not match its record (damaged or "
+                 "incomplete): downloading it again")
+    target_path = store.ensure(spec.target, progress=progress_cb)
+    draft_path = draft or store.ensure(spec.draft, progress=progress_cb)
+    return target_path, draft_path
+
+
+def _finite(value: float | None, flag: str) -> None:
+    if value is not None and not math.isfinite(value):
+        raise UsageError(f"{flag} must be a finite number, got {value}", f"check {flag}")
+
+
+def sampling_params(temp: float, top_k: int, top_p: float, min_p: float,
+                    repeat_penalty: float, seed: int | None):
+    """SamplingParams from the flags run and chat share. NaN slips through every range check
+    (all comparisons with it are false), so it is refused here; llama.cpp's `--seed -1`
+    means a random seed."""
+    from tandem.engine.sampling import SamplingParams
+
+    for value, flag in ((temp, "--temp"), (top_p, "--top-p"), (min_p, "--min-p"),
+                        (repeat_penalty, "--repeat-penalty")):
+        _finite(value, flag)
+    if seed is not None and seed < -1:
+        raise UsageError(f"--seed must be >= 0 (or -1 for a random seed), got {seed}",
+                         "omit --seed (or pass -1) for a random seed")
+    if seed is not None and seed >= 1 << 64:
+        raise UsageError(f"--seed must be below 2^64, got {seed}", "pick a smaller seed")
+    return SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                          repeat_penalty=repeat_penalty, seed=None if seed == -1 else seed)
+
+
+def check_max_tokens(max_tokens: int) -> None:
+    if max_tokens < 1:
+        raise UsageError(f"max tokens must be >= 1, got {max_tokens}",
+                         "pass -n with a positive number of tokens")
+
+
+def load_plan(pair, model, model_draft, strategy, draft_max, draft_min, draft_p_min, ctx_size,
+              threads, verbose, exact=False):
+    """Settings (flags > env > config > tuned > profile > defaults) -> model files -> memory
+    plan -> SessionOptions; warnings go to stderr. Shared by run and chat."""
+    from tandem.config.settings import cli_values, prepare_session
+
+    if pair is not None and (model is not None or model_draft is not None):
+        raise UsageError(f"give a pair name ({pair}) or --model/--model-draft, not both",
+                         "drop the pair name to use your own files, or drop -m/-md")
+    _finite(draft_p_min, "--draft-p-min")
+    if model is not None and model_draft is None and strategy is None:
+        strategy = "none"  # a lone -m means plain decoding unless a strategy is asked for
+    cli = cli_values(strategy=strategy, draft_max=draft_max, draft_min=draft_min,
+                     draft_p_min=draft_p_min, ctx_size=ctx_size, threads=threads, pair=pair,
+                     mode="exact" if exact else None)
+    view = download_view()
+    try:
+        prepared = prepare_session(
+            cli, lambda name: resolve_models(name, model, model_draft, view, view.note),
+            verbose=verbose)
+    finally:
+        view.close()
+    for warning in prepared.warnings:
+        print(f"Warning: {warning}", file=sys.stderr)
+    draft = prepared.draft
+    if prepared.options.strategy == "none" and model is not None and model_draft is None:
+        draft = None
+    return prepared.target, draft, prepared.options
+
+
+def download_view():
+    """Download progress on stderr: Rich bars on a terminal, periodic lines otherwise, so a
+    model fetched on the way (run, chat, spec-bench) is never a silent wait."""
+    from tandem.commands.pairs import ProgressView, _bars_wanted, _err
+
+    return ProgressView(_err(), _bars_wanted())

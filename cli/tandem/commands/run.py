@@ -1,0 +1,120 @@
+"""`tandem run`: one completion, text on stdout, statistics on stderr."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from tandem.commands.options import (
+    DraftMaxOpt,
+    DraftMinOpt,
+    DraftOpt,
+    DraftPMinOpt,
+    ExactOpt,
+    MinPOpt,
+    ModelOpt,
+    OptCtxOpt,
+    OptThreadsOpt,
+    RepeatPenaltyOpt,
+    SeedOpt,
+    StrategyOpt,
+    SystemOpt,
+    TempOpt,
+    TopKOpt,
+    TopPOpt,
+    VerboseOpt,
+    check_max_tokens,
+    check_text,
+    load_plan,
+    read_stdin,
+    sampling_params,
+    split_pair_and_prompt,
+)
+from tandem.errors import UsageError
+
+
+def register(app: typer.Typer) -> None:
+    app.command(context_settings={"allow_interspersed_args": True})(run)
+
+
+def run(
+    args: Annotated[Optional[list[str]], typer.Argument(help="[PAIR] [PROMPT]: a catalog pair name, then the prompt.", show_default=False)] = None,
+    system: SystemOpt = None,
+    model: ModelOpt = None,
+    model_draft: DraftOpt = None,
+    strategy: StrategyOpt = None,
+    draft_max: DraftMaxOpt = None,
+    draft_min: DraftMinOpt = None,
+    draft_p_min: DraftPMinOpt = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens to generate.")] = 256,
+    temp: TempOpt = 0.0,
+    top_k: TopKOpt = 40,
+    top_p: TopPOpt = 1.0,
+    min_p: MinPOpt = 0.0,
+    repeat_penalty: RepeatPenaltyOpt = 1.0,
+    seed: SeedOpt = None,
+    stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable).")] = None,
+    raw: Annotated[bool, typer.Option("--raw", help="No chat template: the prompt is sent as is.")] = False,
+    ctx_size: OptCtxOpt = None,
+    threads: OptThreadsOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with text and statistics.")] = False,
+    no_stream: Annotated[bool, typer.Option("--no-stream", help="Print the text once it is complete.")] = False,
+    stats: Annotated[Optional[bool], typer.Option("--stats/--no-stats", help="Statistics on stderr (default: when stderr is a terminal).")] = None,
+    exact: ExactOpt = False,
+    verbose: VerboseOpt = False,
+):
+    """Generate a completion; text on stdout, statistics on stderr.
+
+    Examples:
+
+      tandem run "Write a Python function that reverses a string"
+
+      git diff | tandem run -s "Write the commit message for this diff"
+
+      tandem run -m target.gguf -md draft.gguf --draft-max 8 "hello"
+    """
+    from tandem.engine.events import DoneEvent, TokenEvent
+    from tandem.engine.session import PairSession
+    from tandem.engine.speculative import GenParams
+
+    pair, prompt = split_pair_and_prompt(args or [])
+    check_text(prompt, "the prompt")
+    check_text(system, "the system prompt (-s)")
+    for s in stop or ():
+        check_text(s, "a --stop string")
+    piped = read_stdin()
+    prompt = "\n\n".join(p for p in (piped, prompt) if p.strip())
+    if not prompt.strip():
+        raise UsageError("the prompt is empty", "pass a prompt argument or pipe text on stdin")
+    check_max_tokens(max_tokens)
+    sampling = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, seed)
+    gen = GenParams(max_tokens=max_tokens, sampling=sampling, stop=tuple(stop or ()))
+    target_path, draft_path, opts = load_plan(pair, model, model_draft, strategy, draft_max,
+                                              draft_min, draft_p_min, ctx_size, threads, verbose,
+                                              exact=exact)
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": prompt}]
+    show_stats = sys.stderr.isatty() if stats is None else stats
+    done = None
+    with PairSession(target_path, draft_path, opts) as session:
+        tokens = session.prompt_tokens(messages, raw=raw)
+        out = sys.stdout
+        for ev in session.generate(tokens, gen):
+            if isinstance(ev, TokenEvent) and not as_json and not no_stream and ev.text:
+                out.write(ev.text)
+                out.flush()
+            elif isinstance(ev, DoneEvent):
+                done = ev
+    if as_json:
+        print(json.dumps({"text": done.text, "finish_reason": done.reason,
+                          "stats": done.stats.to_dict()}, ensure_ascii=False))
+    else:
+        if no_stream:
+            out.write(done.text)
+        if done.text and not done.text.endswith("\n"):
+            out.write("\n")
+        out.flush()
+    if show_stats:
+        print(done.stats.summary(), file=sys.stderr)

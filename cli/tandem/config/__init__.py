@@ -1,0 +1,1 @@
+"""Settings: one schema, one resolver, one tuned format."""

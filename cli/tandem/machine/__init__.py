@@ -1,0 +1,1 @@
+"""This machine: hardware facts, hardware profiles, the memory/offload planner."""

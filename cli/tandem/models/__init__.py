@@ -1,0 +1,1 @@
+"""Model files: catalog, references, store and its sources, GGUF headers, vocabularies."""
