@@ -468,7 +468,7 @@ def _args(args, models):
 def test_config_unknown_key_lists_the_config_keys(tmp_path):
     """Not the profile-only keys (recommended_pairs, tiers...), which a config cannot take."""
     from tandem.config.settings import load_user_config
-    from tandem.machine.profiles import ProfileError
+    from tandem.config.files import ProfileError
 
     path = tmp_path / "config.yaml"
     path.write_text("zzz_nope: 1\n")
@@ -500,7 +500,7 @@ def test_warnings(args, warning, sandbox, tiny_models):
 
 
 def test_swapped_pair_warning(tmp_path):
-    from tandem.config.settings import pair_warnings
+    from tandem.config.prepare import pair_warnings
 
     small, big = tmp_path / "small.gguf", tmp_path / "big.gguf"
     small.write_bytes(b"x" * 10)
@@ -510,9 +510,12 @@ def test_swapped_pair_warning(tmp_path):
 
 
 def test_nested_tuned_file_is_skipped_with_a_warning(sandbox, tiny_models):
+    from tandem.config.tuned import tuned_path
+
     home, work = sandbox
-    (home / "tuned").mkdir()
-    (home / "tuned" / "deep.json").write_text(DEEP)
+    path = tuned_path(home, tiny_models["target"], tiny_models["draft"], 1)  # the run's -t 1
+    path.parent.mkdir()
+    path.write_text(DEEP)
     res = run_cli(["run", *TINY, "--raw", "-n", "2", "hi"], home=home, work=work,
                   models=tiny_models)
     err = res.stderr.decode()
@@ -540,7 +543,8 @@ def test_corrupt_registry_is_set_aside_with_a_warning(sandbox, tiny_models):
 
 def test_registry_is_as_readable_as_the_models(tmp_path, tiny_models):
     from tandem.models.catalog import ModelSpec
-    from tandem.models.store import FetchResult, Store
+    from tandem.models.store import Store
+    from tandem.models.transfer import FetchResult
 
     store = Store(tmp_path / "home")
     spec = ModelSpec(name="m", repo="org/r", filename="m.gguf")
@@ -566,7 +570,7 @@ def test_download_progress_is_shown_when_stderr_is_not_a_terminal():
 
     from rich.console import Console
     from tandem.commands.pairs import ProgressView
-    from tandem.models.store import ProgressEvent
+    from tandem.models.transfer import ProgressEvent
 
     now = [0.0]
     buf = io.StringIO()

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from tandem.bench import report as rep
 from tandem.bench import tune, workloads
+from tandem.config import tuned as tuned_file
 from tandem.bench.runner import BenchConfig, RunResult, plan, run_bench
 from tandem.bench.sweep import SWEEP_KEYS, build_configs, parse_sweep
 from tandem.bench.workloads import Prompt
@@ -532,7 +533,7 @@ def test_parse_sweep_values_and_dedup():
     ("p-min=nan", "out of range"),
     ("p-min=inf", "out of range"),
     ("threads=0", "--sweep threads: 0 is out of range 1..512"),
-    ("flash-attn=maybe", "--sweep flash-attn: 'maybe' is not one of on, off, auto"),
+    ("flash-attn=maybe", "--sweep flash-attn: 'maybe' is not one of auto, on, off"),
 ])
 def test_parse_sweep_rejects(spec, message):
     with pytest.raises(UsageError) as exc:
@@ -677,8 +678,8 @@ def test_tuned_round_trip(tmp_path):
     chosen = tune.choose(rep.aggregate(_wide([1.3, 1.2, 1.4], [1.1, 1.2, 1.25]),
                                        [PLAIN, DRAFT, NGRAM]))
     path = tmp_path / "home" / "tuned" / "k.json"
-    tune.save(path, chosen, {"target": "t.gguf", "threads": 2})
-    loaded = tune.load(path)
+    tuned_file.save(path, chosen, {"target": "t.gguf", "threads": 2})
+    loaded = tuned_file.load(path)
     assert {k: loaded[k] for k in chosen} == json.loads(json.dumps(chosen))
     assert loaded["meta"] == {"target": "t.gguf", "threads": 2} and loaded["when"]
     assert loaded["overall"]["strategy"] == "draft" and loaded["overall"]["n_max"] == 4
@@ -691,44 +692,44 @@ def test_tuned_round_trip(tmp_path):
 ])
 def test_tuned_corrupt_file_loads_as_none(tmp_path, content):
     path = write(tmp_path, "t.json", content)
-    assert tune.load(path) is None
+    assert tuned_file.load(path) is None
 
 
 def test_tuned_missing_file_loads_as_none(tmp_path):
-    assert tune.load(tmp_path / "nope.json") is None
-    assert tune.load(tmp_path) is None  # a directory
+    assert tuned_file.load(tmp_path / "nope.json") is None
+    assert tuned_file.load(tmp_path) is None  # a directory
 
 
 def test_tuned_path_depends_on_pair_files_and_threads(tmp_path):
     target = write(tmp_path, "target.gguf", b"t" * 10)
     draft = write(tmp_path, "draft.gguf", b"d" * 10)
     home = tmp_path / "home"
-    p = tune.tuned_path(home, target, draft)
+    p = tuned_file.tuned_path(home, target, draft)
     assert p.parent == home / "tuned" and p.suffix == ".json" and len(p.stem) == 16
-    assert tune.tuned_path(home, target, draft) == p  # stable
-    assert tune.tuned_path(home, target, draft, 0) == p
+    assert tuned_file.tuned_path(home, target, draft) == p  # stable
+    assert tuned_file.tuned_path(home, target, draft, 0) == p
     # "all cores" and the explicit core count are the same setting
     import os
 
-    assert tune.tuned_path(home, target, draft, os.cpu_count()) == p
-    assert tune.tuned_path(home, target, draft, os.cpu_count() + 1) != p
+    assert tuned_file.tuned_path(home, target, draft, os.cpu_count()) == p
+    assert tuned_file.tuned_path(home, target, draft, os.cpu_count() + 1) != p
     others = {
-        tune.tuned_path(home, target, draft, os.cpu_count() + 2),
-        tune.tuned_path(home, target, draft, os.cpu_count() + 4),
-        tune.tuned_path(home, target, None),
-        tune.tuned_path(home, draft, target),
-        tune.tuned_path(home, target, write(tmp_path, "draft2.gguf", b"d" * 10)),  # another draft
+        tuned_file.tuned_path(home, target, draft, os.cpu_count() + 2),
+        tuned_file.tuned_path(home, target, draft, os.cpu_count() + 4),
+        tuned_file.tuned_path(home, target, None),
+        tuned_file.tuned_path(home, draft, target),
+        tuned_file.tuned_path(home, target, write(tmp_path, "draft2.gguf", b"d" * 10)),  # another draft
     }
     bigger = tmp_path / "b"
     bigger.mkdir()
     shutil.copy(target, bigger / "target.gguf")
     (bigger / "draft.gguf").write_bytes(b"d" * 11)  # same name, other size: another file
-    others.add(tune.tuned_path(home, bigger / "target.gguf", bigger / "draft.gguf"))
+    others.add(tuned_file.tuned_path(home, bigger / "target.gguf", bigger / "draft.gguf"))
     assert p not in others and len(others) == 6
     # same names and sizes in another folder: the same pair
     (bigger / "draft.gguf").write_bytes(b"d" * 10)
-    assert tune.tuned_path(home, bigger / "target.gguf", bigger / "draft.gguf") == p
-    assert tune.tuned_path(tmp_path / "elsewhere", target, draft).name == p.name
+    assert tuned_file.tuned_path(home, bigger / "target.gguf", bigger / "draft.gguf") == p
+    assert tuned_file.tuned_path(tmp_path / "elsewhere", target, draft).name == p.name
 
 
 def test_group_mt_bench_merges_and_interleaves_the_eight_categories():
@@ -761,6 +762,6 @@ def test_tuned_file_on_a_full_disk_leaves_nothing_behind(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "write_text", full)
     path = tmp_path / "tuned" / "k.json"
     with pytest.raises(OSError) as err:
-        tune.save(path, {"overall": None}, {})
+        tuned_file.save(path, {"overall": None}, {})
     assert err.value.errno == errno.ENOSPC
     assert list(path.parent.iterdir()) == []

@@ -111,7 +111,7 @@ def test_hw_subprocess_error_and_output_streams(home):
 
 def test_hw_shows_spec_bench_tuned_settings_for_files_on_disk(home, monkeypatch, tiny_models):
     # what spec-bench --tune writes for these files on this machine (any thread count = all)
-    from tandem.bench import tune
+    from tandem.config import tuned as tune
 
     target, draft = tiny_models["target"], tiny_models["draft"]
     tune.save(tune.tuned_path(home, target, draft),

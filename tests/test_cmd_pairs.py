@@ -16,7 +16,7 @@ from tandem.commands.pairs import ProgressView, _bars_wanted
 from tandem.models import catalog
 from tandem.models.gguf_meta import read_gguf_header
 from tandem.models.pairing import catalog_drafts
-from tandem.models.store import ProgressEvent
+from tandem.models.transfer import ProgressEvent
 
 REPO = "org/tiny-GGUF"
 OTHER = "org/other-GGUF"

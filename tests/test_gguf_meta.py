@@ -9,6 +9,7 @@ import tracemalloc
 
 import pytest
 from tandem.errors import GGUFFormatError, ModelError
+from tandem.models.vocab import VocabInfo
 from tandem.models.gguf_meta import (
     GGML_TYPES,
     HeaderLimits,
@@ -72,7 +73,7 @@ def test_reads_tiny_models(tiny_models):
         assert len(h.tensors) == 2 + 2 * 9 + 1
         assert h.expected_file_size == path.stat().st_size
         assert sum(tensor_data_bytes(h).values()) == sum(4 * t.n_elements for t in h.tensors)
-        assert h.vocab.n_tokens == len(tokens), name
+        assert VocabInfo.from_header(h).n_tokens == len(tokens), name
 
 
 def test_matches_gguf_package(tiny_models):

@@ -30,7 +30,8 @@ from tandem.models.catalog import ModelSpec, PyPIMirror
 from tandem.models.gguf_meta import read_gguf_header
 from tandem.models.hub import HubSource
 from tandem.models.refs import hub_spec, parse_ref
-from tandem.models.store import ProgressEvent, Store
+from tandem.models.store import Store
+from tandem.models.transfer import ProgressEvent
 
 REPO = "org/tiny-GGUF"
 OTHER = "org/other-GGUF"

@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 from hw_fixtures import CPU_ONLY, machine
-from tandem.config.settings import plan_for_settings, recommended_pairs, resolve_settings
+from tandem.config.settings import resolve_settings
+from tandem.machine.fit import plan_for_settings, recommended_pairs
 from tandem.machine.planner import (
     FITS,
     NO_FIT,

@@ -308,7 +308,7 @@ def test_profiles_dir_outside_a_checkout_is_the_wheels_share_dir(tmp_path, monke
     import tandem.machine.profiles as profiles_module
 
     monkeypatch.delenv("TANDEM_PROFILES_DIR", raising=False)
-    monkeypatch.setattr(profiles_module, "__file__", str(tmp_path / "site" / "tandem" / "profiles.py"))
+    monkeypatch.setattr(profiles_module, "__file__", str(tmp_path / "site" / "tandem" / "machine" / "profiles.py"))
     monkeypatch.setattr(sys, "prefix", str(tmp_path / "venv"))
     assert profiles_dir() == tmp_path / "venv" / "share" / "tandem" / "profiles"
 

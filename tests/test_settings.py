@@ -3,21 +3,14 @@ source; the profile choice; tuned settings files; building the engine's SessionO
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 
 import pytest
 from hw_fixtures import machine
-from tandem.config.settings import (
-    SOURCES,
-    cli_values,
-    load_tuned,
-    plan_for_settings,
-    resolve_settings,
-    save_tuned,
-    session_options,
-    tuned_path,
-)
+from tandem.config import tuned as tuned_file
+from tandem.config.prepare import session_options
+from tandem.config.settings import SOURCES, resolve_settings
+from tandem.machine.fit import plan_for_settings
 from tandem.errors import UsageError
 from tandem.machine.planner import Budget, ContextSpec, plan
 from tandem.machine.profiles import ProfileError, ProfileMismatchError, load_profiles
@@ -51,40 +44,55 @@ def write_config(home, body: str):
     (home / "config.yaml").write_text(textwrap.dedent(body).lstrip())
 
 
-def write_tuned(home, **settings):
-    return save_tuned(tuned_path("qwen2.5-coder-1.5b", CPU_BOX.device_id, home), settings,
-                      pair="qwen2.5-coder-1.5b", device=CPU_BOX.device_id)
+def model_files(tmp_path, draft="draft.gguf"):
+    """Two files standing for a pair: tuned results are keyed by the files (names, sizes)."""
+    (tmp_path / "target.gguf").write_bytes(b"t" * 10)
+    (tmp_path / draft).write_bytes(b"d" * 10)
+    return tmp_path / "target.gguf", tmp_path / draft
 
 
-VALUES = {"cli": 8000, "env": 7000, "config": 6000, "tuned": 5000, "profile": 4000,
-          "default": 4096}
+def write_tuned(home, models, spec=None, **ctx):
+    """spec-bench --tune's file for `models`: `spec` strategy/n_max..., `ctx` context fields."""
+    overall = {"config": "x", "strategy": "draft", "speedup": 1.2, **(spec or {}),
+               "target_ctx": ctx or None}
+    path = tuned_file.tuned_path(home, *models)
+    tuned_file.save(path, {"overall": overall, "by_category": {}, "partial": False}, {})
+    return path
+
+
+VALUES = {"cli": 1800, "env": 1700, "config": 1600, "tuned": 1500, "profile": 1400,
+          "default": 512}
 
 
 @pytest.mark.parametrize("top", SOURCES)
 def test_each_source_wins_over_the_next(top, home, tmp_path):
-    """Set n_ctx in `top` and every weaker source: `top` wins and is reported as the source."""
+    """Set n_batch in `top` and every weaker source: `top` wins and is reported as the source.
+    (n_batch, not the context size: spec-bench's tuned results never set the context.)"""
     weaker = SOURCES[SOURCES.index(top):]
-    cli = {"n_ctx": VALUES["cli"]} if "cli" in weaker else {}
-    env = {"TANDEM_CTX_SIZE": str(VALUES["env"])} if "env" in weaker else {}
+    cli = {"n_batch": VALUES["cli"]} if "cli" in weaker else {}
+    env = {"TANDEM_BATCH_SIZE": str(VALUES["env"])} if "env" in weaker else {}
     if "config" in weaker:
         write_config(home, f"""
             # my settings
-            context: {VALUES['config']}
+            batch: {{n_batch: {VALUES['config']}}}
             """)
-    tuned_file = write_tuned(home, n_ctx=VALUES["tuned"]) if "tuned" in weaker else None
+    models = model_files(tmp_path)
+    tuned = write_tuned(home, models, n_batch=VALUES["tuned"]) if "tuned" in weaker else None
     d = tmp_path / "p"
     d.mkdir()
-    body = TEST_PROFILE if "profile" in weaker else TEST_PROFILE.replace("context: 4000\n", "")
+    body = TEST_PROFILE + (f"batch: {{n_batch: {VALUES['profile']}}}\n"
+                           if "profile" in weaker else "")
     (d / "test.yaml").write_text(body)
     profiles = load_profiles(builtin_dir=d, include_user=False)
-    s = resolve_settings(cli, env=env, home=home, hardware=CPU_BOX, profiles=profiles)
-    assert s.n_ctx == VALUES[top]
-    assert s.source("n_ctx") == top
-    origin = {"cli": "--ctx-size", "env": "TANDEM_CTX_SIZE",
-              "config": f"{home / 'config.yaml'}:2", "tuned": str(tuned_file),
+    s = resolve_settings(cli, env=env, home=home, hardware=CPU_BOX, profiles=profiles,
+                         models=models)
+    assert s.n_batch == VALUES[top]
+    assert s.source("n_batch") == top
+    origin = {"cli": "n_batch", "env": "TANDEM_BATCH_SIZE",
+              "config": f"{home / 'config.yaml'}:2", "tuned": str(tuned),
               "profile": "test", "default": ""}[top]
-    assert s.origin("n_ctx") == origin
-    assert s.values["n_ctx"].describe().startswith(top)
+    assert s.origin("n_batch") == origin
+    assert s.sources["n_batch"].describe().startswith(top)
 
 
 def test_every_key_has_a_value_and_a_source(home, profiles):
@@ -102,10 +110,10 @@ def test_every_key_has_a_value_and_a_source(home, profiles):
 
 
 def test_defaults_match_the_engine_defaults():
-    from tandem.config.settings import ENGINE_REPACK
+    from tandem.machine.fit import ENGINE_REPACK
     from tandem.engine.llama import ContextParams
     from tandem.engine.session import DraftParams, SessionOptions
-    from tandem.machine.profiles import FIELDS_BY_KEY
+    from tandem.config.schema import FIELDS_BY_KEY
 
     assert ENGINE_REPACK["fast"] == SessionOptions().repack  # what the planner assumes about loading
     c, d = ContextParams(), DraftParams()
@@ -114,13 +122,6 @@ def test_defaults_match_the_engine_defaults():
                        ("type_k", c.type_k), ("type_v", c.type_v), ("n_max", d.n_max),
                        ("n_min", d.n_min), ("p_min", d.p_min)):
         assert FIELDS_BY_KEY[key].default == value, key
-
-
-def test_strategies_accepted_by_profiles_are_the_engines():
-    from tandem.engine.session import STRATEGIES as ENGINE
-    from tandem.machine.profiles import STRATEGIES
-
-    assert set(STRATEGIES) == set(ENGINE)
 
 
 def test_env_and_cli_values_are_checked(home, profiles):
@@ -144,11 +145,13 @@ def test_env_and_cli_values_are_checked(home, profiles):
     assert (s.target_gpu_layers, s.flash_attn, s.type_k, s.p_min) == ("all", "off", "q8_0", 0.9)
 
 
-def test_cli_values_drop_unset_flags_and_map_names():
-    assert cli_values(ctx_size=None, draft_max=6, threads=2, profile="cpu") == {
-        "n_max": 6, "n_threads": 2, "profile": "cpu"}
+def test_unset_flags_are_dropped_and_unknown_keys_refused(home, profiles):
+    s = resolve_settings({"n_ctx": None, "n_max": 6, "n_threads": 2, "profile": "test"},
+                         env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+    assert (s.n_ctx, s.source("n_ctx")) == (4000, "profile")
+    assert (s.n_max, s.source("n_max"), s.origin("n_max")) == (6, "cli", "--draft-max")
     with pytest.raises(TypeError):
-        cli_values(nonsense=1)
+        resolve_settings({"nonsense": 1}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
 
 
 def test_config_file_errors_name_file_line_and_key(home, profiles):
@@ -240,31 +243,29 @@ def test_weaker_conflicting_values_yield(home, profiles):
 # ---------------------------------------------------------------------------- tuned
 
 
-def test_tuned_settings_round_trip_and_tolerate_absence(home, profiles):
-    assert load_tuned("p", "d", home) == ({}, None, [])
-    path = write_tuned(home, n_max=2, n_ubatch=256, n_batch=256)
-    doc = json.loads(path.read_text())
-    assert doc["settings"] == {"speculative": {"n_max": 2},
-                               "batch": {"n_ubatch": 256, "n_batch": 256}}
-    s = resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+def test_tuned_settings_round_trip_and_tolerate_absence(home, profiles, tmp_path):
+    models = model_files(tmp_path)
+    assert tuned_file.tuned_values(home, models, 0) == ({}, None, [])
+    path = write_tuned(home, models, {"n_max": 2}, n_ubatch=256, n_batch=256)
+    s = resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles,
+                         models=models)
     assert (s.n_max, s.source("n_max"), s.origin("n_max")) == (2, "tuned", str(path))
-    assert s.tuned_path == str(path)
-    # measured for another pair or another device: not applied
-    other = resolve_settings({"pair": "qwen2.5-coder-3b"}, env={}, home=home, hardware=CPU_BOX,
-                             profiles=profiles)
+    assert (s.n_ubatch, s.n_batch) == (256, 256) and s.tuned_path == str(path)
+    # measured for other files: not applied
+    other = resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles,
+                             models=model_files(tmp_path, "draft2.gguf"))
     assert other.n_max == 5 and other.source("n_max") == "profile"
 
 
-def test_tuned_specific_files_beat_generic_ones_and_broken_ones_are_skipped(home, profiles):
-    tdir = home / "tuned"
-    save_tuned(tdir / "generic.json", {"n_max": 9})
-    specific = write_tuned(home, n_max=3)
-    os.utime(specific, (1, 1))  # older, but more specific
-    (tdir / "broken.json").write_text("{not json")
-    (tdir / "bad-value.json").write_text(json.dumps({"settings": {"context": -1}}))
-    s = resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
-    assert s.n_max == 3 and s.tuned_path == str(specific)
-    assert sum("ignored tuned settings" in w for w in s.warnings) == 2
+def test_broken_tuned_files_are_skipped_with_a_warning(home, profiles, tmp_path):
+    models = model_files(tmp_path)
+    path = write_tuned(home, models, {"n_max": 3})
+    for content in ("{not json", json.dumps({"overall": {"strategy": "draft", "n_max": -1}})):
+        path.write_text(content)
+        s = resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles,
+                             models=models)
+        assert s.n_max == 5 and s.tuned_path is None
+        assert sum("ignored tuned settings" in w for w in s.warnings) == 1
 
 
 # --------------------------------------------------------------------- engine options
@@ -305,13 +306,13 @@ def test_session_options_take_gpu_layers_from_the_plan(home):
 
 def test_planned_options_load_and_run_a_session(home, tiny_models):
     """What `tandem run` does once wired: settings -> plan -> SessionOptions -> PairSession."""
-    from tandem.config.settings import prepare_session
+    from tandem.config.prepare import prepare_session
     from tandem.engine.events import DoneEvent
     from tandem.engine.session import PairSession
     from tandem.engine.speculative import GenParams
 
     # one thread: two OpenMP threads spin against whatever else runs on a 2-core machine
-    prep = prepare_session(cli_values(ctx_size=512, strategy="draft", draft_max=3, threads=1),
+    prep = prepare_session({"n_ctx": 512, "strategy": "draft", "n_max": 3, "n_threads": 1},
                            lambda pair: (tiny_models["target"], tiny_models["draft"]),
                            hardware=CPU_BOX, home=home)
     assert prep.plan.status == "fits" and prep.settings.source("n_ctx") == "cli"
@@ -324,7 +325,7 @@ def test_planned_options_load_and_run_a_session(home, tiny_models):
 
 
 def test_a_pair_that_does_not_fit_is_refused_with_what_to_change(home):
-    from tandem.config.settings import prepare_session
+    from tandem.config.prepare import prepare_session
     from tandem.machine.planner import PlanError
     from tandem.models.catalog import ModelSpec
 
@@ -339,8 +340,7 @@ def test_a_pair_that_does_not_fit_is_refused_with_what_to_change(home):
 
 def test_spec_bench_tuned_results_apply_to_their_model_files(home, profiles, tiny_models):
     """spec-bench --tune writes its own format, keyed by the model files (tandem.bench.tune)."""
-    from tandem.bench import tune
-
+    tune = tuned_file
     target, draft = tiny_models["target"], tiny_models["draft"]
     overall = {"config": "draft-k3", "strategy": "draft", "n_max": 3, "n_min": 1, "p_min": 0.6,
                "speedup": 1.3, "draft_model": "draft",

@@ -24,7 +24,8 @@ except ImportError:  # running from a checkout without an install
 from tandem.errors import ChecksumError, DownloadError, ModelError, TandemWarning, UsageError
 from tandem.models import catalog, mirror_pypi, store
 from tandem.models.catalog import DEFAULT_PAIR, ModelSpec, PyPIMirror, get_pair, load_catalog
-from tandem.models.store import FetchResult, ProgressEvent, Store, tandem_home
+from tandem.models.store import Store, tandem_home
+from tandem.models.transfer import FetchResult, ProgressEvent
 
 VERSION = "0.1.0"
 MEMBER = "fakemodel_part{n}/data/part{n:02d}.bin"

@@ -55,16 +55,16 @@ def from_metadata(model=None, tokens=None, extra=None, **tokenizer_keys) -> Voca
 
 
 def test_target_and_drafts_are_compatible(tiny_models):
-    target = read_gguf_header(tiny_models["target"]).vocab
+    target = VocabInfo.from_header(read_gguf_header(tiny_models["target"]))
     for name in ("draft", "draft_weak"):
-        draft = read_gguf_header(tiny_models[name]).vocab
+        draft = VocabInfo.from_header(read_gguf_header(tiny_models[name]))
         assert compatibility_problems(target, draft) == []
         check_compatible(target, draft, "target.gguf", f"{name}.gguf")
 
 
 def test_mismatch_is_incompatible(tiny_models):
-    target = read_gguf_header(tiny_models["target"]).vocab
-    other = read_gguf_header(tiny_models["mismatch"]).vocab
+    target = VocabInfo.from_header(read_gguf_header(tiny_models["target"]))
+    other = VocabInfo.from_header(read_gguf_header(tiny_models["mismatch"]))
     problems = compatibility_problems(target, other)
     assert len(problems) == 2
     assert "sizes differ by 240" in problems[0]
@@ -292,7 +292,7 @@ def test_matches_llama_cpp(tmp_path, case):
     pytest.importorskip("llama_cpp")
     path = tmp_path / f"{case}.gguf"
     _write_vocab_only(path, *CROSS_CHECK[case])
-    mine = read_gguf_header(path).vocab
+    mine = VocabInfo.from_header(read_gguf_header(path))
     theirs = _llama_cpp_vocab(path)
     assert {k: getattr(mine, k) for k in theirs} == theirs
 
@@ -300,6 +300,6 @@ def test_matches_llama_cpp(tmp_path, case):
 def test_tiny_models_match_llama_cpp(tiny_models):
     pytest.importorskip("llama_cpp")
     for path in tiny_models.values():
-        mine = read_gguf_header(path).vocab
+        mine = VocabInfo.from_header(read_gguf_header(path))
         theirs = _llama_cpp_vocab(path)
         assert {k: getattr(mine, k) for k in theirs} == theirs

@@ -78,3 +78,13 @@ def storage_error(exc: OSError, what: str, path: Path, home_hint: bool = False) 
                             f"check the permissions of {where}{elsewhere}")
     return StorageError(f"cannot write {what} ({path}): {exc.strerror or exc}",
                         f"check {path}{elsewhere}")
+
+
+def machine_key(*parts: object) -> str:
+    """A stable 16-hex key of this machine (host name, architecture) and `parts`, for the
+    files tandem keys by machine: calibrated costs and tuned settings."""
+    import hashlib
+    import platform
+
+    text = "|".join([platform.node(), platform.machine(), *map(str, parts)])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

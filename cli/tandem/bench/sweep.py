@@ -6,8 +6,9 @@ from dataclasses import replace
 from typing import Sequence
 
 from tandem.bench.runner import BenchConfig
+from tandem.config.schema import FLASH_ATTN, KV_TYPES, STRATEGIES
 from tandem.engine.llama import ContextParams
-from tandem.engine.session import STRATEGIES, DraftParams
+from tandem.engine.session import DraftParams
 from tandem.errors import UsageError
 
 # key -> (where, field, parser, allowed: (lo, hi) or a tuple of choices)
@@ -20,8 +21,8 @@ SWEEP_KEYS = {
     "n-ubatch": ("ctx", "n_ubatch", int, (1, 8192)),
     "threads": ("target", "n_threads", int, (1, 512)),
     "threads-draft": ("draftctx", "n_threads", int, (1, 512)),
-    "flash-attn": ("ctx", "flash_attn", str, ("on", "off", "auto")),
-    "kv-type": ("ctx", "kv_type", str, ("f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")),
+    "flash-attn": ("ctx", "flash_attn", str, FLASH_ATTN),
+    "kv-type": ("ctx", "kv_type", str, KV_TYPES),
 }
 
 

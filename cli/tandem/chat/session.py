@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Iterator
 
 from tandem import __version__
+from tandem.config.schema import STRATEGIES
 from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
 from tandem.engine.sampling import SamplingParams
-from tandem.engine.session import STRATEGIES, DraftParams, PairSession
+from tandem.engine.session import DraftParams, PairSession
 from tandem.engine.speculative import GenParams
 from tandem.engine.stats import GenStats
 from tandem.errors import ContextOverflowError, TandemError, UsageError

@@ -138,8 +138,8 @@ def spec_bench(
     gen = GenParams(max_tokens=max_tokens, sampling=SamplingParams())
     # the same settings chain as run and chat (flags > env > config > tuned > profile)
     target_path, draft_path, planned = app_module.load_plan(
-        pair, model, model_draft, "none", draft_max, draft_min, draft_p_min, ctx_size, threads,
-        verbose, exact=exact)
+        pair, model, model_draft, app_module.setting_flags(
+            "none", draft_max, draft_min, draft_p_min, ctx_size, threads, exact), verbose)
     base = planned.draft
     threads = planned.target_ctx.n_threads
     draft_paths = [_fetch(ref) for ref in drafts] if drafts else ([draft_path] if draft_path else [])
@@ -226,9 +226,11 @@ def spec_bench(
     if tuned is not None and tuned["overall"] is not None:
         winner = (tuned["overall"] or {}).get("draft_model")
         chosen = draft_paths[labels.index(winner)] if winner in labels else (draft_paths[0] if draft_paths else None)
-        path = tuning.tuned_path(tandem_home(), target_path, chosen, threads)
+        from tandem.config import tuned as tuned_file
+
+        path = tuned_file.tuned_path(tandem_home(), target_path, chosen, threads)
         try:
-            tuning.save(path, tuned, meta)
+            tuned_file.save(path, tuned, meta)
         except OSError as exc:
             raise storage_error(exc, "the tuned settings", path, home_hint=True) from None
         o = tuned["overall"]
@@ -264,12 +266,12 @@ def _check_out_dir(out: Path) -> None:
 
 def _check_tuned_dir(home: Path) -> None:
     """--tune writes <home>/tuned/: refused up front when that cannot work."""
-    from tandem.config.settings import tuned_dir
+    from tandem.config.tuned import TUNED_DIR
     from tandem.fsutil import blocking_file
 
-    blocker = blocking_file(tuned_dir(home))
+    blocker = blocking_file((home / TUNED_DIR))
     if blocker is not None:
-        raise StorageError(f"--tune cannot save into {tuned_dir(home)}: {blocker} is a file, "
+        raise StorageError(f"--tune cannot save into {(home / TUNED_DIR)}: {blocker} is a file, "
                            "not a directory",
                            "set TANDEM_HOME to a directory (or move that file out of the way)")
 

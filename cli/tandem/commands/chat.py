@@ -100,8 +100,8 @@ def _chat(*, pair, system, model, model_draft, strategy, draft_max, draft_min, d
     view = ChatView(make_console(), show_draft=show_draft)
     # no spinner here: a download on the way draws its own progress on stderr
     target_path, draft_path, opts = _app.load_plan(
-        pair, model, model_draft, strategy, draft_max, draft_min, draft_p_min, ctx_size,
-        threads, verbose, exact=exact)
+        pair, model, model_draft, _app.setting_flags(strategy, draft_max, draft_min, draft_p_min,
+                                                     ctx_size, threads, exact), verbose)
     dparams = opts.draft
     gen = GenParams(max_tokens=max_tokens, sampling=sampling, n_max=min(dparams.n_max, 64))
     names = target_path.name + (f" + {Path(draft_path).name}" if draft_path else "")

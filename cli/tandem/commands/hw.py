@@ -48,14 +48,10 @@ def register(app: typer.Typer) -> None:
 def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size=None,
                  force_profile=False, hardware=None) -> dict:
     """Everything `tandem hw` shows, as objects (the renderers only format)."""
-    from tandem.config.settings import (
-        cli_values,
-        plan_for_settings,
-        recommended_pairs,
-        resolve_settings,
-    )
+    from tandem.config.settings import resolve_settings
     from tandem.errors import UsageError
     from tandem.machine import hardware as hwmod
+    from tandem.machine.fit import plan_for_settings, recommended_pairs
     from tandem.models import catalog
     from tandem.models.store import Store
 
@@ -71,24 +67,24 @@ def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size
         if model_draft is not None:
             check_model_path(model_draft, "draft")
     hw = hardware or hwmod.detect()
-    settings = resolve_settings(cli_values(profile=profile, pair=pair, ctx_size=ctx_size),
-                                hardware=hw, force_profile=force_profile or None)
     store = Store()
-    if model is not None:
-        pair_name = None
-        target, draft = model, model_draft
-        label = (model.name, model_draft.name if model_draft else None)
-    else:
-        spec = catalog.get_pair(settings.pair)
-        pair_name = spec.name
-        target, draft = spec.target, spec.draft
-        label = (spec.target.name, spec.draft.name)
-    files = _files_on_disk(store, target, draft)
-    if files is not None:
-        # with the files known, spec-bench --tune's results for them apply (as in run and chat)
-        settings = resolve_settings(cli_values(profile=profile, pair=pair, ctx_size=ctx_size),
-                                    hardware=hw, force_profile=force_profile or None,
-                                    models=files)
+    chosen = {}
+
+    def files(pair_name: str):
+        """The pair's files when on disk: spec-bench --tune's results for them then apply."""
+        if model is not None:
+            chosen.update(name=None, target=model, draft=model_draft,
+                          label=(model.name, model_draft.name if model_draft else None))
+        else:
+            spec = catalog.get_pair(pair_name)
+            chosen.update(name=spec.name, target=spec.target, draft=spec.draft,
+                          label=(spec.target.name, spec.draft.name))
+        return _files_on_disk(store, chosen["target"], chosen["draft"])
+
+    settings = resolve_settings({"profile": profile, "pair": pair, "n_ctx": ctx_size},
+                                hardware=hw, force_profile=force_profile or None, models=files)
+    target, draft, pair_name, label = (chosen["target"], chosen["draft"], chosen["name"],
+                                       chosen["label"])
     plan = plan_for_settings(settings, target, draft, store=store)
     return {"hardware": hw, "settings": settings, "pair": pair_name, "labels": label,
             "plan": plan, "recommended": recommended_pairs(settings, store)}
@@ -198,7 +194,7 @@ def render(r: dict, console=None) -> None:
     st.add_column("Setting")
     st.add_column("Value")
     st.add_column("Source")
-    for key, setting in s.values.items():
+    for key, setting in s.sources.items():
         st.add_row(key, str(setting.value), setting.describe())
     console.print(st)
     console.print()

@@ -180,25 +180,23 @@ def check_max_tokens(max_tokens: int) -> None:
                          "pass -n with a positive number of tokens")
 
 
-def load_plan(pair, model, model_draft, strategy, draft_max, draft_min, draft_p_min, ctx_size,
-              threads, verbose, exact=False):
+def load_plan(pair, model, model_draft, flags: dict, verbose: bool):
     """Settings (flags > env > config > tuned > profile > defaults) -> model files -> memory
-    plan -> SessionOptions; warnings go to stderr. Shared by run and chat."""
-    from tandem.config.settings import cli_values, prepare_session
+    plan -> SessionOptions; warnings go to stderr. `flags`: {settings key: value or None}.
+    Shared by run, chat and spec-bench."""
+    from tandem.config.prepare import prepare_session
 
     if pair is not None and (model is not None or model_draft is not None):
         raise UsageError(f"give a pair name ({pair}) or --model/--model-draft, not both",
                          "drop the pair name to use your own files, or drop -m/-md")
-    _finite(draft_p_min, "--draft-p-min")
-    if model is not None and model_draft is None and strategy is None:
-        strategy = "none"  # a lone -m means plain decoding unless a strategy is asked for
-    cli = cli_values(strategy=strategy, draft_max=draft_max, draft_min=draft_min,
-                     draft_p_min=draft_p_min, ctx_size=ctx_size, threads=threads, pair=pair,
-                     mode="exact" if exact else None)
+    _finite(flags.get("p_min"), "--draft-p-min")
+    if model is not None and model_draft is None and flags.get("strategy") is None:
+        flags = {**flags, "strategy": "none"}  # a lone -m: plain decoding unless asked
     view = download_view()
     try:
         prepared = prepare_session(
-            cli, lambda name: resolve_models(name, model, model_draft, view, view.note),
+            {**flags, "pair": pair},
+            lambda name: resolve_models(name, model, model_draft, view, view.note),
             verbose=verbose)
     finally:
         view.close()
@@ -208,6 +206,13 @@ def load_plan(pair, model, model_draft, strategy, draft_max, draft_min, draft_p_
     if prepared.options.strategy == "none" and model is not None and model_draft is None:
         draft = None
     return prepared.target, draft, prepared.options
+
+
+def setting_flags(strategy=None, n_max=None, n_min=None, p_min=None, n_ctx=None,
+                  n_threads=None, exact=False) -> dict:
+    """The settings flags run, chat and spec-bench share, keyed as the settings are."""
+    return {"strategy": strategy, "n_max": n_max, "n_min": n_min, "p_min": p_min,
+            "n_ctx": n_ctx, "n_threads": n_threads, "mode": "exact" if exact else None}
 
 
 def download_view():

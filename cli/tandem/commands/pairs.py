@@ -25,7 +25,9 @@ from rich.table import Table
 
 from tandem.errors import EXIT_MODEL, UsageError, VocabMismatchError
 from tandem.models import catalog
-from tandem.models.store import ProgressEvent, Store, human_size
+from tandem.models.store import Store
+from tandem.models.transfer import ProgressEvent, human_size
+from tandem.models.vocab import VocabInfo
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
 
@@ -361,7 +363,7 @@ def check_pair(
 
 
 def _vocab_summary(h: Any) -> str:
-    v = h.header.vocab
+    v = VocabInfo.from_header(h.header)
     arch = h.header.architecture or "?"
     return f"{arch}, {v.type_name} vocabulary of {v.n_tokens} tokens"
 
@@ -373,7 +375,7 @@ def _header_source(h: Any) -> str:
 
 
 def _header_json(model: Any, h: Any) -> dict[str, Any]:
-    v = h.header.vocab
+    v = VocabInfo.from_header(h.header)
     return {
         "ref": model.ref, "architecture": h.header.architecture, "name": h.header.name,
         "vocab_type": v.type_name, "n_tokens": v.n_tokens, "where": h.where,
@@ -428,7 +430,7 @@ def suggest(
         return
     if len(failed) == len(results) and failed:
         raise failed[0][1]
-    vocab = t_header.header.vocab
+    vocab = VocabInfo.from_header(t_header.header)
     raise VocabMismatchError(
         f"no catalog draft is compatible with {t.label} "
         f"({vocab.type_name} vocabulary of {vocab.n_tokens} tokens)",

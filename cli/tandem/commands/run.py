@@ -30,6 +30,7 @@ from tandem.commands.options import (
     load_plan,
     read_stdin,
     sampling_params,
+    setting_flags,
     split_pair_and_prompt,
 )
 from tandem.errors import UsageError
@@ -45,9 +46,9 @@ def run(
     model: ModelOpt = None,
     model_draft: DraftOpt = None,
     strategy: StrategyOpt = None,
-    draft_max: DraftMaxOpt = None,
-    draft_min: DraftMinOpt = None,
-    draft_p_min: DraftPMinOpt = None,
+    n_max: DraftMaxOpt = None,
+    n_min: DraftMinOpt = None,
+    p_min: DraftPMinOpt = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens to generate.")] = 256,
     temp: TempOpt = 0.0,
     top_k: TopKOpt = 40,
@@ -57,8 +58,8 @@ def run(
     seed: SeedOpt = None,
     stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable).")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="No chat template: the prompt is sent as is.")] = False,
-    ctx_size: OptCtxOpt = None,
-    threads: OptThreadsOpt = None,
+    n_ctx: OptCtxOpt = None,
+    n_threads: OptThreadsOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with text and statistics.")] = False,
     no_stream: Annotated[bool, typer.Option("--no-stream", help="Print the text once it is complete.")] = False,
     stats: Annotated[Optional[bool], typer.Option("--stats/--no-stats", help="Statistics on stderr (default: when stderr is a terminal).")] = None,
@@ -91,9 +92,8 @@ def run(
     check_max_tokens(max_tokens)
     sampling = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, seed)
     gen = GenParams(max_tokens=max_tokens, sampling=sampling, stop=tuple(stop or ()))
-    target_path, draft_path, opts = load_plan(pair, model, model_draft, strategy, draft_max,
-                                              draft_min, draft_p_min, ctx_size, threads, verbose,
-                                              exact=exact)
+    flags = setting_flags(strategy, n_max, n_min, p_min, n_ctx, n_threads, exact)
+    target_path, draft_path, opts = load_plan(pair, model, model_draft, flags, verbose)
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt}]
     show_stats = sys.stderr.isatty() if stats is None else stats

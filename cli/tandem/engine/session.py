@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from tandem.config.schema import STRATEGIES
 from tandem.engine import template as chat_template
 from tandem.engine.adaptive import model_draft_gain
 from tandem.engine.costs import DISAGREE, MAX_BATCH, CostModel, calibrate, disagreement
@@ -23,7 +24,6 @@ from tandem.engine.llama import Context, ContextParams, Model
 from tandem.engine.speculative import GenParams, generate
 from tandem.errors import UsageError
 
-STRATEGIES = ("none", "draft", "ngram", "hybrid", "auto")
 # auto uses the draft model only where the calibrated costs predict at least this speedup at
 # this acceptance per position; n-gram drafts (free to make) may grow to AUTO_NGRAM_CAP tokens
 AUTO_MODEL_GAIN = 1.15

@@ -13,14 +13,12 @@ from __future__ import annotations
 import os
 import struct
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable, NamedTuple
+from typing import Any, BinaryIO, Callable, NamedTuple
 
 from tandem.errors import GGUFFormatError, ModelError
 
-if TYPE_CHECKING:
-    from tandem.models.vocab import VocabInfo
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -116,7 +114,6 @@ class GGUFHeader:
     bytes_read: int = 0  # bytes taken from the source, read-ahead included
     source_name: str = "model"
     tensors_read: bool = True  # False: only the metadata was parsed (tensors is empty)
-    _vocab: VocabInfo | None = field(default=None, repr=False, compare=False)
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
@@ -170,15 +167,6 @@ class GGUFHeader:
             return self.header_bytes
         last = self.tensors[-1]
         return self.data_offset + last.offset + last.nbytes
-
-    @property
-    def vocab(self) -> VocabInfo:
-        """Tokenizer facts llama.cpp uses to pair a draft with a target (see tandem.models.vocab)."""
-        if self._vocab is None:
-            from tandem.models.vocab import VocabInfo
-
-            self._vocab = VocabInfo.from_header(self)
-        return self._vocab
 
 
 def _pad(n: int, align: int) -> int:

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .catalog import ModelSpec
 from tandem.errors import (
     ChecksumError,
     DiskFullError,
@@ -30,7 +29,9 @@ from tandem.errors import (
     RemoteNotFoundError,
     TandemError,
 )
-from .store import (
+
+from .catalog import ModelSpec
+from .transfer import (
     FetchResult,
     ProgressEvent,
     ProgressFn,

@@ -19,9 +19,10 @@ import zipfile
 import zlib
 from pathlib import Path
 
-from .catalog import ModelSpec, PyPIMirror
 from tandem.errors import ChecksumError, DownloadError
-from .store import (
+
+from .catalog import ModelSpec, PyPIMirror
+from .transfer import (
     FetchResult,
     ProgressEvent,
     ProgressFn,

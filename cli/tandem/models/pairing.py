@@ -11,14 +11,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tandem.errors import NetworkError, TandemError, VocabMismatchError
+
 from . import catalog
 from .catalog import ModelSpec, PairSpec
-from tandem.errors import NetworkError, TandemError, VocabMismatchError
 from .gguf_meta import GGUFHeader, read_gguf_header
 from .hub import HubConfig, list_files, read_remote_header
 from .refs import ModelRef, hub_spec, parse_ref, pick_quant
 from .store import ProgressFn, Store
-from .vocab import compatibility_problems
+from .vocab import VocabInfo, compatibility_problems
 
 NoteFn = Callable[[str], None]
 
@@ -111,7 +112,8 @@ class Compat:
 
 
 def compare(target: Model, draft: Model, t: HeaderRead, d: HeaderRead) -> Compat:
-    problems = tuple(compatibility_problems(t.header.vocab, d.header.vocab))
+    problems = tuple(compatibility_problems(VocabInfo.from_header(t.header),
+                                            VocabInfo.from_header(d.header)))
     return Compat(target, draft, t, d, problems)
 
 

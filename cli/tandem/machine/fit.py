@@ -1,0 +1,125 @@
+"""Plans for pairs under resolved settings: model shapes from GGUF files or the catalog, the
+offload plan for a pair, and the profile's recommended pairs checked against this machine."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tandem.config.schema import MAX_DRAFT
+from tandem.errors import ModelError
+from tandem.machine.planner import Budget, ContextSpec, ModelShape, plan
+from tandem.models.catalog import ModelSpec, load_catalog
+from tandem.models.gguf_meta import read_gguf_header
+
+# whether the engine loads the target's CPU weights repacked, per mode: fast mode uses
+# llama.cpp's default (repacked); exact mode does not, because repacked weights switch GEMM
+# kernels with the batch size and its verification must be batch-invariant
+ENGINE_REPACK = {"fast": True, "exact": False}
+
+
+def context_spec(settings, role: str = "target"):
+    """The planner's ContextSpec for one model of the pair."""
+
+    rows = settings.n_max + 1 if role == "target" else 1
+    return ContextSpec(n_ctx=settings.n_ctx, n_batch=settings.n_batch, n_ubatch=settings.n_ubatch,
+                       flash_attn=settings.flash_attn, type_k=settings.type_k,
+                       type_v=settings.type_v, logit_rows=rows, n_outputs_max=MAX_DRAFT + 1)
+
+
+def model_shape(ref: Any, store: Any = None):
+    """A planner ModelShape from a GGUF path, a catalog ModelSpec (its file when on disk,
+    else an estimate from the catalog) or a ModelShape."""
+    if isinstance(ref, ModelShape):
+        return ref
+    if isinstance(ref, ModelSpec):
+        if store is not None:
+            path = store.path_for(ref)
+            if path.is_file():
+                return _shape_from_file(path, ref.name)
+        size = ref.size if ref.size is not None else getattr(ref, "approx_size", None)
+        return ModelShape.estimate(ref.name, size, hints=(ref.filename, ref.repo))
+    return _shape_from_file(Path(ref), None)
+
+
+_SHAPES: dict[tuple, Any] = {}
+
+
+def _shape_from_file(path: Path, name: str | None):
+    try:
+        st = path.stat()
+    except OSError:
+        return ModelShape.from_gguf(read_gguf_header(path))  # raises the usual ModelError
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _SHAPES:  # a 150k-token vocabulary takes ~0.3 s to parse
+        _SHAPES[key] = ModelShape.from_gguf(read_gguf_header(path), name or path.name)
+    return _SHAPES[key]
+
+
+def plan_for_settings(settings, target: Any, draft: Any = None, *, store: Any = None,
+                      suggest_pairs: bool = True):
+    """Offload plan for `target` + `draft` (paths, catalog ModelSpecs or ModelShapes) under
+    `settings` on its hardware. Smaller catalog pairs are suggested when it does not fit."""
+    t_shape = _shape_of(target, store, "target")
+    d_shape = _shape_of(draft, store, "draft") if draft is not None else None
+    budget = Budget.for_hardware(settings.hardware, settings.gpu_reserve_mb,
+                                 backend=settings.backend, repack=ENGINE_REPACK[settings.mode])
+    same_draft = getattr(draft, "name", None)
+    alternatives = _smaller_pairs(t_shape, same_draft) if suggest_pairs else ()
+    return plan(t_shape, d_shape, budget, context_spec(settings, "target"),
+                context_spec(settings, "draft"), target_layers=settings.target_gpu_layers,
+                draft_layers=settings.draft_gpu_layers, alternatives=alternatives)
+
+
+def _shape_of(ref: Any, store: Any, role: str):
+    """model_shape(), with a bad file's error saying which of the two models it is."""
+    try:
+        return model_shape(ref, store)
+    except ModelError as exc:
+        if exc.message.startswith(f"{role} model"):
+            raise
+        exc.message = f"{role} model: {exc.message}"
+        exc.args = (exc.message,)
+        raise
+
+
+def _smaller_pairs(than, draft_name: str | None):
+    """Catalog pairs with a smaller target, best suggestion first: the same draft (so the same
+    family and vocabulary), then the largest."""
+    out = []
+    for name, pair in load_catalog().items():
+        t = model_shape(pair.target, None)  # estimates: reading headers here would be slow
+        if t.weights_bytes < than.weights_bytes * 0.9:
+            same = pair.draft.name == draft_name
+            out.append(((same, t.weights_bytes), name, t, model_shape(pair.draft, None)))
+    out.sort(key=lambda x: x[0], reverse=True)
+    return [(n, t, d) for _, n, t, d in out]
+
+
+@dataclass(frozen=True)
+class PairAdvice:
+    name: str
+    status: str  # fits | partial | does-not-fit | unknown (not in the catalog)
+    plan: Any = None
+    exact: bool = False  # planned from the GGUF files on disk
+    note: str = ""
+
+
+def recommended_pairs(settings, store: Any = None) -> list[PairAdvice]:
+    """The profile's recommended pairs for this machine's memory, each planned."""
+    catalog = load_catalog()
+    lookup = {n.lower(): n for n in catalog}
+    for n, p in catalog.items():
+        for a in p.aliases:
+            lookup.setdefault(a.lower(), n)
+    out = []
+    for name in settings.profile_obj.pairs_for(settings.hardware):
+        canonical = lookup.get(name.lower())
+        if canonical is None:
+            out.append(PairAdvice(name, "unknown", note="not in this catalog"))
+            continue
+        pair = catalog[canonical]
+        p = plan_for_settings(settings, pair.target, pair.draft, store=store,
+                              suggest_pairs=False)
+        out.append(PairAdvice(canonical, p.status, p, exact=p.target.exact))
+    return out
