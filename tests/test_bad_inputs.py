@@ -569,7 +569,7 @@ def test_download_progress_is_shown_when_stderr_is_not_a_terminal():
     import io
 
     from rich.console import Console
-    from tandem.commands.pairs import ProgressView
+    from tandem.commands.progress import ProgressView
     from tandem.models.transfer import ProgressEvent
 
     now = [0.0]
@@ -597,7 +597,7 @@ def test_run_shows_download_progress_and_notes_a_damaged_file(monkeypatch, tmp_p
 
     from rich.console import Console
     from tandem.commands import options as app
-    from tandem.commands.pairs import ProgressView
+    from tandem.commands.progress import ProgressView
     from tandem.models import catalog
     from tandem.models.refs import hub_spec
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 from fake_hub import FakeHubServer, closed_port_url, use_fake_hub
 from rich.console import Console
-from tandem.commands.pairs import ProgressView, _bars_wanted
+from tandem.commands.progress import ProgressView, bars_wanted
 from tandem.models import catalog
 from tandem.models.gguf_meta import read_gguf_header
 from tandem.models.pairing import catalog_drafts
@@ -276,12 +276,12 @@ def test_bars_only_on_a_terminal_without_no_color(monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
     monkeypatch.delenv("NO_COLOR", raising=False)
     monkeypatch.setenv("TERM", "xterm")
-    assert _bars_wanted()
+    assert bars_wanted()
     monkeypatch.setenv("NO_COLOR", "1")
-    assert not _bars_wanted()
+    assert not bars_wanted()
     monkeypatch.delenv("NO_COLOR")
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
-    assert not _bars_wanted()
+    assert not bars_wanted()
 
 
 # ------------------------------------------------------------------ subprocess

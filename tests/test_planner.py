@@ -9,21 +9,9 @@ import pytest
 from hw_fixtures import CPU_ONLY, machine
 from tandem.config.settings import resolve_settings
 from tandem.machine.fit import plan_for_settings, recommended_pairs
-from tandem.machine.planner import (
-    FITS,
-    NO_FIT,
-    PARTIAL,
-    Budget,
-    ContextSpec,
-    GiB,
-    MiB,
-    ModelShape,
-    PlanTensor,
-    place,
-    plan,
-    repackable,
-    row_bytes,
-)
+from tandem.machine.placement import ContextSpec, place, repackable
+from tandem.machine.planner import FITS, NO_FIT, PARTIAL, Budget, GiB, MiB, plan
+from tandem.machine.shapes import ModelShape, PlanTensor, row_bytes
 from tandem.models.catalog import ModelSpec, load_catalog
 from tandem.models.gguf_meta import read_gguf_header
 

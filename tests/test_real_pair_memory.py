@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 from tandem.machine.hardware import detect
-from tandem.machine.planner import ContextSpec, ModelShape, place
+from tandem.machine.placement import ContextSpec, place
+from tandem.machine.shapes import ModelShape
 
 pytestmark = pytest.mark.slow
 

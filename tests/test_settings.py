@@ -12,7 +12,8 @@ from tandem.config.prepare import session_options
 from tandem.config.settings import SOURCES, resolve_settings
 from tandem.machine.fit import plan_for_settings
 from tandem.errors import UsageError
-from tandem.machine.planner import Budget, ContextSpec, plan
+from tandem.machine.placement import ContextSpec
+from tandem.machine.planner import Budget, plan
 from tandem.machine.profiles import ProfileError, ProfileMismatchError, load_profiles
 
 TEST_PROFILE = """
@@ -292,7 +293,7 @@ def test_session_options_from_settings_and_plan(home, profiles, tiny_models):
 
 def test_session_options_take_gpu_layers_from_the_plan(home):
     s = resolve_settings({}, env={}, home=home, hardware=machine("rtx4090"))
-    from tandem.machine.planner import ModelShape
+    from tandem.machine.shapes import ModelShape
 
     t = ModelShape.estimate("qwen2.5-coder-7b-instruct-q4_k_m", int(4.68e9))
     d = ModelShape.estimate("qwen2.5-coder-0.5b-instruct-q4_k_m", 491400064)

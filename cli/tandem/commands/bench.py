@@ -278,7 +278,7 @@ def _check_tuned_dir(home: Path) -> None:
 
 def _fetch(ref: str) -> Path:
     """A draft reference as a local file: a path, or pulled through the store."""
-    from tandem.commands.options import download_view
+    from tandem.commands.progress import download_view
     from tandem.models import pairing
     from tandem.models.store import Store
 

@@ -192,6 +192,8 @@ def load_plan(pair, model, model_draft, flags: dict, verbose: bool):
     _finite(flags.get("p_min"), "--draft-p-min")
     if model is not None and model_draft is None and flags.get("strategy") is None:
         flags = {**flags, "strategy": "none"}  # a lone -m: plain decoding unless asked
+    from tandem.commands.progress import download_view
+
     view = download_view()
     try:
         prepared = prepare_session(
@@ -213,11 +215,3 @@ def setting_flags(strategy=None, n_max=None, n_min=None, p_min=None, n_ctx=None,
     """The settings flags run, chat and spec-bench share, keyed as the settings are."""
     return {"strategy": strategy, "n_max": n_max, "n_min": n_min, "p_min": p_min,
             "n_ctx": n_ctx, "n_threads": n_threads, "mode": "exact" if exact else None}
-
-
-def download_view():
-    """Download progress on stderr: Rich bars on a terminal, periodic lines otherwise, so a
-    model fetched on the way (run, chat, spec-bench) is never a silent wait."""
-    from tandem.commands.pairs import ProgressView, _bars_wanted, _err
-
-    return ProgressView(_err(), _bars_wanted())

@@ -5,28 +5,19 @@ Results go to stdout (tables, paths, JSON); progress, notes and errors go to std
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Annotated, Any, Optional
 
 import typer
 from rich import box
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 from rich.table import Table
 
+from tandem.commands.progress import download_view, stderr_console
 from tandem.errors import EXIT_MODEL, UsageError, VocabMismatchError
 from tandem.models import catalog
 from tandem.models.store import Store
-from tandem.models.transfer import ProgressEvent, human_size
+from tandem.models.transfer import human_size
 from tandem.models.vocab import VocabInfo
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
@@ -49,16 +40,6 @@ def register(app: typer.Typer) -> None:
 def _out() -> Console:
     # markup off: file names and token texts may contain [brackets]
     return Console(file=sys.stdout, highlight=False, markup=False, emoji=False, soft_wrap=True)
-
-
-def _err() -> Console:
-    return Console(file=sys.stderr, highlight=False, markup=False, emoji=False, soft_wrap=True)
-
-
-def _bars_wanted() -> bool:
-    """Live bars only on a terminal, and not when NO_COLOR or TERM=dumb asks for plain text."""
-    return (sys.stderr.isatty() and not os.environ.get("NO_COLOR")
-            and os.environ.get("TERM") != "dumb")
 
 
 def _size(n: int | None, approx: bool = False) -> str:
@@ -86,73 +67,6 @@ def _table(console: Console, headers: tuple[str, ...], rows: list[tuple[str, ...
 def _print_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
     sys.stdout.flush()
-
-
-class ProgressView:
-    """Renders store ProgressEvents on stderr: Rich bars on a terminal, else plain lines
-    (one when a file starts, then every 25% or LINE_EVERY_S seconds, whichever comes first:
-    a slow download of a large file must still show that it moves)."""
-
-    LINE_EVERY_S = 30.0
-
-    def __init__(self, console: Console, bars: bool, clock=None):
-        import time
-
-        self.console = console
-        self.bars = bars
-        self.clock = clock or time.monotonic
-        self._progress: Progress | None = None
-        self._tasks: dict[tuple[str, str], TaskID] = {}
-        self._plain: dict[tuple[str, str], int] = {}  # last quarter printed
-        self._last_line: dict[tuple[str, str], float] = {}
-
-    def __call__(self, ev: ProgressEvent) -> None:
-        kind = "verify" if ev.phase == "verify" else "fetch"
-        verb = "Verifying" if kind == "verify" else "Downloading"
-        parts = f" (part {ev.part}/{ev.parts})" if ev.parts > 1 and kind == "fetch" else ""
-        key = (ev.model, kind)
-        if self.bars:
-            self._bar(key, f"{verb} {ev.model}{parts}", ev)
-        else:
-            self._line(key, verb, ev)
-
-    def _bar(self, key: tuple[str, str], desc: str, ev: ProgressEvent) -> None:
-        if self._progress is None:
-            self._progress = Progress(
-                TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                TransferSpeedColumn(), TimeRemainingColumn(), console=self.console,
-            )
-            self._progress.start()
-        if key not in self._tasks:
-            self._tasks[key] = self._progress.add_task(desc, total=ev.total)
-        self._progress.update(self._tasks[key], description=desc, completed=ev.done,
-                              total=ev.total)
-
-    def _line(self, key: tuple[str, str], verb: str, ev: ProgressEvent) -> None:
-        now = self.clock()
-        if key not in self._plain:
-            self._plain[key] = 0
-            self._last_line[key] = now
-            size = f" ({human_size(ev.total)})" if ev.total else ""
-            self.console.print(f"{verb} {ev.model}{size}...")
-        quarter = min(4, ev.done * 4 // ev.total) if ev.total else 0
-        if quarter > self._plain[key]:
-            self._plain[key] = quarter
-            self._last_line[key] = now
-            self.console.print(f"  {ev.model}: {quarter * 25}%")
-        elif now - self._last_line[key] >= self.LINE_EVERY_S:
-            self._last_line[key] = now
-            of = f" of {human_size(ev.total)}" if ev.total else ""
-            pct = f" ({100 * ev.done // ev.total}%)" if ev.total else ""
-            self.console.print(f"  {ev.model}: {human_size(ev.done)}{of}{pct}")
-
-    def note(self, message: str) -> None:
-        self.console.print(f"Note: {message}")
-
-    def close(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
 
 
 # -------------------------------------------------------------------------- pull
@@ -200,13 +114,13 @@ def pull(
         t_model = pairing.resolve(target, "target", cfg)
         d_model = pairing.resolve(draft, "draft", cfg)  # type: ignore[arg-type]
         name = None
-    view = ProgressView(_err(), _bars_wanted())
+    view = download_view()
     try:
         result = pairing.pull(t_model, d_model, store, cfg, progress=view, note=view.note,
                               precheck=not no_check)
     finally:
         view.close()
-    err = _err()
+    err = stderr_console()
     what = name or f"{t_model.label} + {d_model.label}"
     if result.fetched:
         err.print(f"{what} is ready; vocabularies are compatible.")
@@ -282,7 +196,7 @@ def list_pairs(
         out.print("Other models on disk:")
         for o in others:
             out.print(f"  {o['ref']}  {human_size(o['size'])}  {o['path']}")
-    _err().print("Sizes and memory are approximate (~) where the catalog has no exact size. "
+    stderr_console().print("Sizes and memory are approximate (~) where the catalog has no exact size. "
                  "`tandem pull PAIR` downloads a pair.")
 
 
@@ -415,7 +329,7 @@ def suggest(
         if not good:
             raise typer.Exit(failed[0][1].exit_code if failed else EXIT_MODEL)
         return
-    out, err = _out(), _err()
+    out, err = _out(), stderr_console()
     for s in good:
         spec = s.draft.spec
         size = _size(spec.display_size, spec.size is None) if spec else "?"

@@ -8,7 +8,9 @@ from typing import Any
 
 from tandem.config.schema import MAX_DRAFT
 from tandem.errors import ModelError
-from tandem.machine.planner import Budget, ContextSpec, ModelShape, plan
+from tandem.machine.placement import ContextSpec
+from tandem.machine.planner import Budget, plan
+from tandem.machine.shapes import ModelShape
 from tandem.models.catalog import ModelSpec, load_catalog
 from tandem.models.gguf_meta import read_gguf_header
 

@@ -4,6 +4,10 @@ Facts only; choosing settings is profiles.py's and planner.py's job. Detection i
 tests can replay recorded outputs: `probe()` runs the commands and reads the files, keeping
 their raw text in a `RawProbe`; `from_probe()` parses that text and never touches the system.
 Nothing here prints; notes and warnings travel inside the returned `Hardware`.
+
+Over 400 lines because it holds one parser per source (nvidia-smi, /proc/cpuinfo,
+/proc/meminfo, sysctl, llama.cpp's system info) beside the probe that collects them: split,
+each would be a handful of lines with the same imports.
 """
 from __future__ import annotations
 
@@ -494,11 +498,3 @@ def fmt_bytes(n: int | None) -> str:
     if n >= MiB:
         return f"{sign}{n / MiB:.0f} MiB"
     return f"{sign}{n / 1024:.0f} KiB"
-
-
-__all__ = [
-    "BackendInfo", "CPUInfo", "GPUInfo", "Hardware", "HardwareParseError", "RawProbe",
-    "apple_gpu_limit", "detect", "fmt_bytes", "from_probe", "parse_cpuinfo", "parse_meminfo",
-    "parse_nvidia_smi", "parse_sysctl", "parse_system_info", "probe", "probe_backend",
-    "probe_nvidia_smi",
-]

