@@ -3,7 +3,8 @@
 It yields data (engine events plus `Notice`) and never prints; `tandem.commands.chat` drives it and
 `tandem.chat.tui` shows it. Each turn's prompt is the whole conversation rendered with the GGUF chat
 template; because it extends the previous turn's tokens, the engine's prefix reuse
-(Context.prefill) evaluates only the new tokens, on the target and on the draft model.
+(Context.prefill) evaluates only the new tokens, on the target and, where the turn's drafter
+uses it, on the draft model.
 """
 from __future__ import annotations
 
@@ -16,14 +17,13 @@ from pathlib import Path
 from typing import Iterator
 
 from tandem import __version__
-from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
+from tandem.engine.events import DoneEvent, PrefillEvent, TokenEvent
 from tandem.engine.sampling import SamplingParams
-from tandem.engine.session import STRATEGIES, DraftParams, PairSession
+from tandem.engine.session import DRAFT_MAX_LIMIT, STRATEGIES, DraftParams, PairSession
 from tandem.engine.speculative import GenParams
 from tandem.engine.stats import GenStats
 from tandem.errors import ContextOverflowError, TandemError, UsageError
 
-DRAFT_MAX_LIMIT = 64  # GenParams accepts 0..64; /draft takes 1..64 (0 is /strategy none)
 PLAIN_PROBE_PROMPT = "Write a short Python function that adds two numbers."
 
 # name, argument, description: the /help table (the view decides how to show it)
@@ -128,7 +128,6 @@ class ChatSession:
         self._plain_tokens = 0  # plain-decoding tokens measured on this machine, this pair
         self._plain_time = 0.0
         self.plain_source = ""  # how the plain rate was measured
-        self._prefilled = 0
 
     # ----- state -----
     @property
@@ -185,6 +184,7 @@ class ChatSession:
                          f"context full: dropped the {_plural(dropped, 'oldest turn')} "
                          f"({kept} kept, prompt {len(tokens)} of {self.n_ctx} tokens)", dropped)
         turn = Turn(user=text, strategy=self.strategy)
+        # the answer's statistics so far, for an answer stopped before the engine's own
         partial = GenStats(strategy=self.strategy, n_prompt=len(tokens))
         pieces: list[str] = []
         done: DoneEvent | None = None
@@ -192,27 +192,14 @@ class ChatSession:
         failed = False
         t0 = time.perf_counter()
         try:
-            yield from self._prefill(tokens)
-            n_pre, t_pre = self._prefilled, time.perf_counter() - t0
-            partial.n_prompt_eval, partial.t_prefill = n_pre, t_pre
             inner = self.pair.generate(tokens, self._turn_gen(), self.strategy, self.draft)
             for ev in inner:
+                partial.observe(ev)
                 if isinstance(ev, TokenEvent):
                     pieces.append(ev.text)
-                    if ev.token >= 0:
-                        partial.n_generated += 1
-                elif isinstance(ev, StepEvent):
-                    partial.record_step(ev.drafted, ev.accepted)
-                    partial.t_draft += ev.t_draft
-                    partial.t_verify += ev.t_verify
-                    partial.t_sample += ev.t_sample
-                elif isinstance(ev, PrefillEvent):
-                    continue  # the prompt was evaluated above, with progress
+                elif isinstance(ev, PrefillEvent) and ev.done >= ev.total:
+                    partial.t_prefill = time.perf_counter() - t0
                 elif isinstance(ev, DoneEvent):
-                    # the prefill done above belongs to this generation's prompt statistics
-                    ev.stats.n_prompt_eval += n_pre
-                    ev.stats.t_prefill += t_pre
-                    ev.stats.t_total += t_pre
                     done = ev
                 yield ev
         except Exception:
@@ -252,39 +239,6 @@ class ChatSession:
         self.context_start = start
         self.dropped_turns += dropped
         return tokens, dropped
-
-    def _contexts(self) -> list:
-        ctxs = [self.pair.target_ctx]
-        if self.strategy not in ("none", "ngram") and self.pair.draft_ctx is not None:
-            ctxs.append(self.pair.draft_ctx)
-        return ctxs
-
-    def _prefill(self, tokens: list[int]) -> Iterator[PrefillEvent]:
-        """Evaluate the prompt (all but its last token) chunk by chunk, reporting progress.
-
-        generate() would do it in one call without progress; afterwards its own prefill finds
-        everything cached. Only tokens past each cache's common prefix are evaluated; the
-        number the target evaluated is left in self._prefilled.
-        """
-        from tandem.engine.llama import common_prefix
-
-        self._prefilled = 0
-        body = tokens[:-1]
-        ctxs = self._contexts()
-        keep = min(common_prefix(c.tokens, body) for c in ctxs)
-        total = len(body) - keep
-        yield PrefillEvent(0, total, len(tokens))
-        if total <= 0:
-            return
-        chunk = max(min(c.n_batch for c in ctxs), 1)
-        end = keep
-        while end < len(body):
-            end = min(end + chunk, len(body))
-            for i, ctx in enumerate(ctxs):
-                n = ctx.prefill(body[:end])
-                if i == 0:
-                    self._prefilled += n
-            yield PrefillEvent(end - keep, total, len(tokens))
 
     def _learn_plain(self, turn: Turn) -> None:
         st = turn.stats

@@ -102,13 +102,13 @@ def _chat(*, pair, system, model, model_draft, strategy, draft_max, draft_min, d
     target_path, draft_path, opts = _app.load_plan(
         pair, model, model_draft, strategy, draft_max, draft_min, draft_p_min, ctx_size,
         threads, verbose, exact=exact)
-    dparams = opts.draft
-    gen = GenParams(max_tokens=max_tokens, sampling=sampling, n_max=min(dparams.n_max, 64))
+    gen = GenParams(max_tokens=max_tokens, sampling=sampling)
     names = target_path.name + (f" + {Path(draft_path).name}" if draft_path else "")
     with view.loading(f"Loading {names}…"):
         session = PairSession(target_path, draft_path, opts)
     with session:
-        chat = ChatSession(session, system=system, gen=gen, strategy=opts.strategy, draft=dparams)
+        chat = ChatSession(session, system=system, gen=gen, strategy=opts.strategy,
+                           draft=opts.draft)
         if plain_probe > 0 and chat.strategy != "none":
             with view.loading(f"Measuring plain decoding on this machine ({plain_probe} tokens)…"):
                 chat.measure_plain(plain_probe)

@@ -5,13 +5,13 @@ exactly what users run.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
 from tandem.engine import template as chat_template
-from tandem.engine.adaptive import model_draft_gain
-from tandem.engine.costs import DISAGREE, MAX_BATCH, CostModel, calibrate, disagreement
+from tandem.engine.auto import AutoDrafter
+from tandem.engine.costs import DISAGREE, CostModel, calibrate, disagreement
 from tandem.engine.drafters import (
     Drafter,
     DraftModelDrafter,
@@ -19,16 +19,12 @@ from tandem.engine.drafters import (
     NgramDrafter,
     NoDrafter,
 )
-from tandem.engine.llama import Context, ContextParams, Model
+from tandem.engine.llama import MAX_OUTPUTS, Context, ContextParams, Model
 from tandem.engine.speculative import GenParams, generate
 from tandem.errors import UsageError
 
 STRATEGIES = ("none", "draft", "ngram", "hybrid", "auto")
-# auto uses the draft model only where the calibrated costs predict at least this speedup at
-# this acceptance per position; n-gram drafts (free to make) may grow to AUTO_NGRAM_CAP tokens
-AUTO_MODEL_GAIN = 1.15
-AUTO_MODEL_ACCEPT = 0.9
-AUTO_NGRAM_CAP = MAX_BATCH - 1  # within the verify limit (exact mode on a CPU: EXACT_BATCH - 1)
+DRAFT_MAX_LIMIT = MAX_OUTPUTS - 1  # a verify batch: the drafts and the last token
 # a calibration during which other processes used more than this share of the CPU was
 # measured on a busy machine: it serves the session that measured it and is not saved
 BUSY_SHARE = 0.25
@@ -41,11 +37,17 @@ def check_cached_costs(target: Context, cached: CostModel, probe: Sequence[int])
 
 @dataclass(frozen=True)
 class DraftParams:
+    """The draft length and its stops; PairSession.drafter hands them to the drafter it builds,
+    which owns them from there (generate() only bounds each step by the room it has)."""
+
     n_max: int = 4
     n_min: int = 0
     p_min: float = 0.5
 
     def __post_init__(self):
+        if not 0 <= self.n_max <= DRAFT_MAX_LIMIT:
+            raise UsageError(f"draft max must be in 0..{DRAFT_MAX_LIMIT}, got {self.n_max}",
+                             "llama.cpp's default is 3; 4-16 are typical")
         if not 0 <= self.n_min <= self.n_max:
             raise UsageError(f"draft min must be in 0..draft max ({self.n_max}), got {self.n_min}",
                              None)
@@ -179,10 +181,10 @@ class PairSession:
         if strategy == "none":
             return NoDrafter()
         if strategy == "ngram":
-            return NgramDrafter()
+            return NgramDrafter(draft.n_max)
         model = None
         if self.draft_ctx is not None:
-            model = DraftModelDrafter(self.draft_ctx, draft.n_min, draft.p_min)
+            model = DraftModelDrafter(self.draft_ctx, draft.n_max, draft.n_min, draft.p_min)
         if strategy == "draft":
             if model is None:
                 raise UsageError("strategy 'draft' needs a draft model",
@@ -190,29 +192,11 @@ class PairSession:
             return model
         if strategy == "hybrid":
             return HybridDrafter(model, n_min=draft.n_min, n_max=draft.n_max)
-        # auto: adaptive lengths from this machine's measured costs, plus the plain fallback
-        notes = []
-        if model is not None:
-            # judged on the calibration: its draft and verify figures share one context, while
-            # online refinement moves the verify costs only (the draft is not run when off)
-            gain = model_draft_gain(self.costs(calibrated=True), draft.n_max, AUTO_MODEL_ACCEPT)
-            if gain < AUTO_MODEL_GAIN:
-                # measured overheads (syncs, sampling) eat a predicted gain this small
-                model = None
-                notes.append(f"draft model off: this machine's costs predict {gain:.2f}x at "
-                             f"{AUTO_MODEL_ACCEPT:.0%} acceptance (needs {AUTO_MODEL_GAIN:.2f}x)")
-        notes.append(self.costs().describe())
-        notes += self.cost_notes  # said once, on the request that found it
-        self.cost_notes = []
-        drafter = HybridDrafter(model, ngram_match=2, costs=self.costs(), n_min=draft.n_min,
-                                n_max=draft.n_max, adaptive=True, guard=True, name="auto",
-                                ngram_cap=self._auto_cap(), ngram_n=8)
-        drafter.notes += notes
-        return drafter
-
-    def _auto_cap(self) -> int:
-        """auto's longest n-gram draft: AUTO_NGRAM_CAP, within what the target may verify."""
-        return min(AUTO_NGRAM_CAP, self.target_ctx.verify_limit - 1)
+        costs, calibrated = self.costs(), self.costs(calibrated=True)
+        notes, self.cost_notes = self.cost_notes, []  # said once, on the request that found it
+        return AutoDrafter(model, costs, n_min=draft.n_min, n_max=draft.n_max,
+                           verify_limit=self.target_ctx.verify_limit, calibrated=calibrated,
+                           notes=notes)
 
     def costs(self, calibrated: bool = False) -> CostModel:
         """The active configuration's cost model on this machine: cached, else calibrated
@@ -282,12 +266,6 @@ class PairSession:
 
     def generate(self, prompt: Sequence[int], gen: GenParams, strategy: str | None = None,
                  draft: DraftParams | None = None) -> Iterator:
-        draft = draft or self.options.draft
-        drafter = self.drafter(strategy, draft)
-        if drafter.name == "none":
-            gen = replace(gen, n_max=0)
-        elif drafter.name == "auto":
-            gen = replace(gen, n_max=max(draft.n_max, self._auto_cap()))
-        else:
-            gen = replace(gen, n_max=draft.n_max)
-        return generate(self.target_ctx, prompt, drafter, gen)
+        """generate() with the drafter for `strategy` built from `draft` (default: the
+        session's options)."""
+        return generate(self.target_ctx, prompt, self.drafter(strategy, draft), gen)
