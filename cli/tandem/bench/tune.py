@@ -25,8 +25,12 @@ def machine_pair_key(target: Path, draft: Path | None, threads: int = 0) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
+def tuned_dir(home: Path) -> Path:
+    return home / "tuned"
+
+
 def tuned_path(home: Path, target: Path, draft: Path | None, threads: int = 0) -> Path:
-    return home / "tuned" / f"{machine_pair_key(target, draft, threads)}.json"
+    return tuned_dir(home) / f"{machine_pair_key(target, draft, threads)}.json"
 
 
 # --tune replaces the profile's choice only on evidence: every category measured on at least
