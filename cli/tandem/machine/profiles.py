@@ -2,7 +2,7 @@
 
 A profile says how tandem should run on one kind of machine: backend, offload of target and
 draft, flash attention, KV cache types, context, batch sizes, threads, speculative defaults,
-the catalog pairs worth recommending for its memory, and the cost figures (HARDWARE.md) that
+the catalog pairs worth recommending for its memory, and the cost figures (docs/hardware.md) that
 speedup predictions use. docs/hardware.md documents every key.
 
 Every file is validated on load; an error names the file, the line and the dotted key. The same
