@@ -8,21 +8,20 @@ uses it, on the draft model.
 """
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from pathlib import Path
 from typing import Iterator
 
-from tandem import __version__
+from tandem.chat import transcript
+from tandem.chat.transcript import Turn
 from tandem.engine.events import DoneEvent, PrefillEvent, TokenEvent
 from tandem.engine.sampling import SamplingParams
 from tandem.engine.session import DRAFT_MAX_LIMIT, STRATEGIES, DraftParams, PairSession
 from tandem.engine.speculative import GenParams
 from tandem.engine.stats import GenStats
-from tandem.errors import ContextOverflowError, TandemError, UsageError
+from tandem.errors import ContextOverflowError, UsageError
 
 PLAIN_PROBE_PROMPT = "Write a short Python function that adds two numbers."
 
@@ -49,15 +48,6 @@ class Notice:
     kind: str  # "dropped" | "context-full"
     message: str
     dropped_turns: int = 0
-
-
-@dataclass
-class Turn:
-    user: str
-    assistant: str = ""
-    reason: str = ""  # eos | length | stop | context | interrupted
-    strategy: str = "none"
-    stats: GenStats | None = None
 
 
 @dataclass(frozen=True)
@@ -362,23 +352,10 @@ class ChatSession:
 
     # ----- statistics and saving -----
     def session_stats(self) -> dict:
-        total = GenStats(strategy=self.strategy)
+        total = GenStats(strategy=self.strategy)  # the speculative turns, summed
         for t in self.turns:
-            st = t.stats
-            if st is None or t.strategy == "none":
-                continue
-            total.n_generated += st.n_generated
-            total.n_steps += st.n_steps
-            total.n_steps_drafted += st.n_steps_drafted
-            total.drafted += st.drafted
-            total.accepted += st.accepted
-            for i, (d, a) in enumerate(zip(st.drafted_at, st.accepted_at)):
-                while len(total.drafted_at) <= i:
-                    total.drafted_at.append(0)
-                    total.accepted_at.append(0)
-                total.drafted_at[i] += d
-                total.accepted_at[i] += a
-            total.t_total += st.t_decode
+            if t.stats is not None and t.strategy != "none":
+                total.add(t.stats)
         n_all = sum(t.stats.n_generated for t in self.turns if t.stats)
         t_all = sum(t.stats.t_decode for t in self.turns if t.stats)
         last = self.turns[-1].stats if self.turns else None
@@ -408,57 +385,17 @@ class ChatSession:
         }
 
     def to_dict(self) -> dict:
-        msgs: list[dict] = []
-        if self.system:
-            msgs.append({"role": "system", "content": self.system})
-        for t in self.turns:
-            msgs.append({"role": "user", "content": t.user})
-            msgs.append({"role": "assistant", "content": t.assistant, "finish_reason": t.reason,
-                         "strategy": t.strategy,
-                         "stats": t.stats.to_dict() if t.stats else None})
-        return {
-            "tandem": __version__,
-            "saved": datetime.now().isoformat(timespec="seconds"),
-            "target": self.pair.target_path.name,
-            "draft": self.pair.draft_path.name if self.pair.draft_path else None,
-            "messages": msgs,
-            "plain_tokens_per_second": self.plain_rate,
-        }
-
-    def to_markdown(self) -> str:
-        draft = f" + {self.pair.draft_path.name}" if self.pair.draft_path else ""
-        lines = [f"# Chat with {self.pair.target_path.name}{draft}", "",
-                 f"_Saved by tandem {__version__} on "
-                 f"{datetime.now().isoformat(sep=' ', timespec='minutes')}._", ""]
-        if self.system:
-            lines += ["## System", "", self.system, ""]
-        for t in self.turns:
-            lines += ["## User", "", t.user, "",
-                      "## Assistant", "", t.assistant or "_(no text)_", ""]
-            if t.stats is not None:
-                lines += [f"_{turn_summary(t)}_", ""]
-        return "\n".join(lines)
+        return transcript.to_dict(self.turns, **self._transcript_meta(),
+                                  plain_rate=self.plain_rate)
 
     def save(self, path: Path) -> Path:
-        text = (json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n"
-                if path.suffix.lower() == ".json" else self.to_markdown())
-        try:
-            path.write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise TandemError(f"cannot write {path}: {exc.strerror or exc}",
-                              "check the directory exists and is writable") from exc
-        return path
+        return transcript.save(path, self.turns, **self._transcript_meta(),
+                               plain_rate=self.plain_rate)
 
-
-def turn_summary(turn: Turn) -> str:
-    st = turn.stats
-    parts = [f"{st.n_generated} tokens", f"{st.tokens_per_second:.1f} tok/s", turn.strategy]
-    if st.drafted:
-        parts.append(f"accepted {100 * st.acceptance_rate:.0f}% ({st.accepted}/{st.drafted})")
-        parts.append(f"mean accepted length {st.mean_accepted_length:.2f}")
-    if turn.reason and turn.reason != "eos":
-        parts.append(f"stopped: {turn.reason}")
-    return " · ".join(parts)
+    def _transcript_meta(self) -> dict:
+        draft = self.pair.draft_path
+        return {"system": self.system, "target": self.pair.target_path.name,
+                "draft": draft.name if draft else None}
 
 
 def _plural(n: int, word: str) -> str:

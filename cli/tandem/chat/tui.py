@@ -3,6 +3,9 @@ and a small `ChatView` object the chat loop talks to by verbs.
 
 `LiveState` holds what the panel shows and is updated from engine events (`apply`), with
 timestamps passed in, so a recorded event sequence renders the same panel every time.
+
+Over 400 lines on purpose: this is the one chat module allowed to import Rich, so the live
+state, its pure rendering and the view object stay together rather than spread Rich imports.
 """
 from __future__ import annotations
 

@@ -49,6 +49,19 @@ class GenStats:
         elif isinstance(ev, PrefillEvent):
             self.n_prompt, self.n_prompt_eval = ev.n_prompt, ev.done
 
+    def add(self, other: GenStats) -> None:
+        """Add another generation's counts and times (a chat's turns, summed)."""
+        for name in ("n_prompt", "n_prompt_eval", "n_generated", "n_steps", "n_steps_drafted",
+                     "drafted", "accepted", "t_prefill", "t_draft", "t_verify", "t_sample",
+                     "t_total"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for i, (d, a) in enumerate(zip(other.drafted_at, other.accepted_at)):
+            if i == len(self.drafted_at):
+                self.drafted_at.append(0)
+                self.accepted_at.append(0)
+            self.drafted_at[i] += d
+            self.accepted_at[i] += a
+
     def record_step(self, drafted: int, accepted: int) -> None:
         self.n_steps += 1
         if drafted:
