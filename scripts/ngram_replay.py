@@ -45,7 +45,8 @@ def record(prompts_file: Path, out: Path, per_category: int, n: int, threads: in
     out.write_text(json.dumps(items))
 
 
-def replay(items: list[dict], make, n_max: int, costs, overhead: float, oracle: bool) -> float:
+def replay(items: list[dict], make, verify_limit: int, costs, overhead: float,
+           oracle: bool) -> float:
     """Predicted speedup over plain decoding for each item."""
     from tandem.engine.events import StepEvent
     from tandem.engine.sampling import SamplingParams
@@ -58,8 +59,9 @@ def replay(items: list[dict], make, n_max: int, costs, overhead: float, oracle: 
         drafter, t, step = make(), 0.0, 0
         drafter.prefill(seq[:pos])
         while pos < end:
-            cap = min(n_max, end - pos - 1)
-            toks = drafter.propose(seq[:pos], cap, sp, None, False).tokens[:cap] if cap > 0 else []
+            room = min(verify_limit - 1, end - pos - 1)  # as generate() bounds a step
+            cap = min(drafter.n_max, room)
+            toks = drafter.propose(seq[:pos], room, sp, None, False).tokens[:cap] if cap > 0 else []
             acc = 0
             while acc < len(toks) and toks[acc] == seq[pos + acc]:
                 acc += 1
@@ -89,10 +91,10 @@ def main() -> int:
     if not ns.replay:
         return 0
 
+    from tandem.engine.auto import AutoDrafter
     from tandem.engine.costs import CostModel
-    from tandem.engine.drafters import HybridDrafter, NgramDrafter
+    from tandem.engine.drafters import NgramDrafter
     from tandem.engine.llama import EXACT_BATCH
-    from tandem.engine.session import AUTO_NGRAM_CAP
 
     costs = CostModel.load(ns.costs) if ns.costs else None
     if costs is None or not costs.verify:
@@ -101,20 +103,18 @@ def main() -> int:
     items = json.loads(ns.replay.read_text())
 
     def auto():
-        return HybridDrafter(None, ngram_match=2, costs=CostModel(dict(costs.verify)), n_max=3,
-                             adaptive=True, guard=True, name="auto", ngram_cap=AUTO_NGRAM_CAP,
-                             ngram_n=8)
+        return AutoDrafter(None, CostModel(dict(costs.verify)), n_max=3)
 
     cap = EXACT_BATCH - 1
-    policies = {"ngram (n_max 4)": (NgramDrafter, 4, False), "auto": (auto, cap, False),
-                f"oracle bound (n_max {cap})": (lambda: NgramDrafter(2, 8), cap, True)}
+    policies = {"ngram (n_max 4)": (lambda: NgramDrafter(4), False), "auto": (auto, False),
+                f"oracle bound (n_max {cap})": (lambda: NgramDrafter(cap, (2, 8)), True)}
     cats = sorted({i["cat"] for i in items})
     print("| policy | " + " | ".join(cats) + " | overall |")
     print("|---" * (len(cats) + 2) + "|")
-    for name, (make, n_max, oracle) in policies.items():
+    for name, (make, oracle) in policies.items():
         cells, every = [], []
         for c in cats:
-            r = replay([i for i in items if i["cat"] == c], make, n_max, costs,
+            r = replay([i for i in items if i["cat"] == c], make, EXACT_BATCH, costs,
                        ns.overhead_ms / 1000, oracle)
             every += r
             cells.append(f"{statistics.median(r):.2f}x")

@@ -50,5 +50,5 @@ def assert_same_as_plain(model, prompt, plain_tokens, spec_tokens, tol=1e-3, par
         f"top-2 gap {gap:.5f} ({a}, {b})")
 
 
-def drafter_for(ctx, n_min=0, p_min=0.0):
-    return DraftModelDrafter(ctx, n_min, p_min) if ctx is not None else NoDrafter()
+def drafter_for(ctx, n_min=0, p_min=0.0, n_max=4):
+    return DraftModelDrafter(ctx, n_max, n_min, p_min) if ctx is not None else NoDrafter()

@@ -9,7 +9,8 @@ from tandem.engine.drafters import HybridDrafter
 from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent
 from tandem.engine.llama import ContextParams
 from tandem.engine.sampling import SamplingParams
-from tandem.engine.session import AUTO_MODEL_GAIN, DraftParams, PairSession, SessionOptions
+from tandem.engine.auto import AUTO_MODEL_GAIN
+from tandem.engine.session import DraftParams, PairSession, SessionOptions
 from tandem.engine.speculative import GenParams
 
 # this CPU's calibrated figures (docs/benchmarks.md): a 0.5B draft token costs 0.43 of a plain step
@@ -159,3 +160,18 @@ def test_a_prompt_too_long_for_the_draft_context_decodes_plainly(tiny_models, tm
         done = [ev for ev in s.generate(prompt, GenParams(max_tokens=8, ignore_eos=True))
                 if isinstance(ev, DoneEvent)][0]
         assert done.stats.n_generated == 8 and done.stats.drafted == 0
+
+
+def test_a_chat_turn_never_reads_the_draft_where_auto_turned_the_model_off(
+        tiny_models, tmp_path, monkeypatch):
+    from tandem.chat.session import ChatSession
+
+    with _auto(tiny_models, tmp_path, monkeypatch, CPU) as s:
+        chat = ChatSession(s, gen=GenParams(max_tokens=8), strategy="auto")
+        decoded = s.draft_ctx.n_decoded
+        done = [ev for ev in chat.send("one two three one two three one two")
+                if isinstance(ev, DoneEvent)][0]
+        assert "draft model off" in done.stats.summary()
+        assert done.stats.n_prompt_eval == done.stats.n_prompt  # the target read the prompt
+        # the prompt phase is the engine's: auto's drafter has no model, so the draft reads nothing
+        assert s.draft_ctx.n_decoded == decoded and s.draft_ctx.tokens == []

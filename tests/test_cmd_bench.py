@@ -259,3 +259,18 @@ def test_empty_selection(cli):
 ])
 def test_bad_settings(cli, args, message):
     assert message in usage_error(cli(*args))
+
+
+def test_help_names_every_sweep_key_of_the_sweep_table(home):
+    from tandem.bench.sweep import SWEEP_KEYS
+
+    res = subprocess.run([sys.executable, "-m", "tandem", "spec-bench", "--help"],
+                         capture_output=True, env=bench_env(home), timeout=60)
+    assert res.returncode == EXIT_OK
+    text = " ".join(re.sub(r"[│╭╮╰╯─]", " ", res.stdout.decode()).split())
+    listed = re.search(r"keys: ((?:[a-z-]+ \([^)]*\)(?:, )?)+)", text)
+    assert listed, text
+    assert re.findall(r"([a-z-]+) \(", listed.group(1)) == list(SWEEP_KEYS)
+    for key, (_, _, parse, allowed) in SWEEP_KEYS.items():
+        shown = "|".join(allowed) if parse is str else f"{allowed[0]}..{allowed[1]}"
+        assert f"{key} ({shown})" in text

@@ -50,9 +50,9 @@ def test_greedy_speculative_equals_plain_on_many_prompts(models, ctxs, n_max, p_
     target = models["target"]
     for text in PROMPTS:
         prompt = toks(target, text)
-        plain, _ = run(ctxs["target"], prompt, NoDrafter(), max_tokens=40, n_max=0, ignore_eos=True)
-        spec, _ = run(ctxs["target"], prompt, drafter_for(ctxs["draft"], 0, p_min),
-                      max_tokens=40, n_max=n_max, ignore_eos=True)
+        plain, _ = run(ctxs["target"], prompt, NoDrafter(), max_tokens=40, ignore_eos=True)
+        spec, _ = run(ctxs["target"], prompt, drafter_for(ctxs["draft"], 0, p_min, n_max),
+                      max_tokens=40, ignore_eos=True)
         assert plain.stats.n_generated == 40
         assert spec.stats.drafted > 0
         assert_same_as_plain(target, prompt, plain.tokens, spec.tokens,
@@ -68,7 +68,7 @@ def test_draft_equal_to_target_accepts_everything(models, tiny_models):
     tctx = Context(target, ContextParams(n_ctx=512, n_threads=1))
     dctx = Context(Model(tiny_models["target"]), ContextParams(n_ctx=512, n_threads=1))
     for text in PROMPTS[:5]:
-        done, steps = run(tctx, toks(target, text), drafter_for(dctx), max_tokens=50, n_max=5,
+        done, steps = run(tctx, toks(target, text), drafter_for(dctx, n_max=5), max_tokens=50,
                           ignore_eos=True)
         assert done.stats.drafted > 0
         assert done.stats.accepted == done.stats.drafted
@@ -117,7 +117,7 @@ def test_acceptance_count_matches_independent_derivation(models, ctxs, tiny_mode
         prompt = toks(target, text)
         ref, drafted, accepted = _independent_counts(tiny_models["target"], tiny_models["draft"],
                                                      prompt, 30, 4)
-        done, _ = run(ctxs["target"], prompt, drafter_for(ctxs["draft"]), max_tokens=30, n_max=4,
+        done, _ = run(ctxs["target"], prompt, drafter_for(ctxs["draft"], n_max=4), max_tokens=30,
                       ignore_eos=True)
         assert list(done.tokens) == ref
         assert (done.stats.drafted, done.stats.accepted) == (drafted, accepted)
@@ -132,10 +132,10 @@ def _samples(ctxs, prompt, drafter_name, n, verify="rejection", positions=(1, 2)
     seen = {p: [] for p in positions}
     acc = steps = 0
     for seed in range(n):
-        drafter = NoDrafter() if drafter_name == "none" else drafter_for(ctxs[drafter_name])
+        drafter = NoDrafter() if drafter_name == "none" else drafter_for(ctxs[drafter_name],
+                                                                        n_max=4)
         done, st = run(ctxs["target"], prompt, drafter, max_tokens=max(positions) + 1,
-                       n_max=0 if drafter_name == "none" else 4, ignore_eos=True, verify=verify,
-                       sampling=SamplingParams(seed=seed, **sp))
+                       ignore_eos=True, verify=verify, sampling=SamplingParams(seed=seed, **sp))
         for p in positions:
             seen[p].append(done.tokens[p])
         acc += done.stats.accepted
@@ -170,7 +170,7 @@ def test_logit_rows_stay_bounded_whatever_the_context(models):
     dctx = Context(models["draft"], ContextParams(n_ctx=2048, n_batch=128, n_threads=1))
     prompt = toks(target, "word " * 300)  # longer than several n_batch chunks
     assert len(prompt) > 1000
-    done, _ = run(tctx, prompt, drafter_for(dctx), max_tokens=60, n_max=6, ignore_eos=True)
+    done, _ = run(tctx, prompt, drafter_for(dctx, n_max=6), max_tokens=60, ignore_eos=True)
     assert done.stats.n_generated == 60
     # llama.cpp's host logits buffer is n_vocab x (largest number of rows requested)
     assert tctx.max_logit_rows <= 6 + 1
@@ -188,7 +188,7 @@ def test_generation_stops_at_the_context_end(models):
     ctx = Context(models["target"], ContextParams(n_ctx=256, n_threads=1))
     dctx = Context(models["draft"], ContextParams(n_ctx=256, n_threads=1))
     prompt = toks(models["target"], "hello")
-    done, _ = run(ctx, prompt, drafter_for(dctx), max_tokens=500, n_max=8, ignore_eos=True)
+    done, _ = run(ctx, prompt, drafter_for(dctx, n_max=8), max_tokens=500, ignore_eos=True)
     plain, _ = run(ctx, prompt, NoDrafter(), max_tokens=500, ignore_eos=True)
     assert done.reason == plain.reason == "context"
     # speculation stops where plain decoding does: at n_ctx tokens in all
@@ -201,7 +201,7 @@ def test_stop_string_truncates_text(models, ctxs):
     full, _ = run(ctxs["target"], prompt, NoDrafter(), max_tokens=40, ignore_eos=True)
     stop = full.text[10:13]
     assert len(stop) == 3
-    done, _ = run(ctxs["target"], prompt, drafter_for(ctxs["draft"]), max_tokens=40, n_max=4,
+    done, _ = run(ctxs["target"], prompt, drafter_for(ctxs["draft"], n_max=4), max_tokens=40,
                   ignore_eos=True, stop=(stop,))
     assert done.reason == "stop"
     assert done.text == full.text[:full.text.index(stop)]
@@ -210,17 +210,25 @@ def test_stop_string_truncates_text(models, ctxs):
 def test_max_tokens_is_exact(models, ctxs):
     prompt = toks(models["target"], "abc")
     for n in (1, 2, 7, 13):
-        done, _ = run(ctxs["target"], prompt, drafter_for(ctxs["draft"]), max_tokens=n, n_max=5,
+        done, _ = run(ctxs["target"], prompt, drafter_for(ctxs["draft"], n_max=5), max_tokens=n,
                       ignore_eos=True)
         assert done.stats.n_generated == n
 
 
 @pytest.mark.parametrize("kw,msg", [
-    ({"max_tokens": 0}, "max tokens"), ({"n_max": -1}, "draft max"), ({"verify": "x"}, "verify"),
+    ({"max_tokens": 0}, "max tokens"), ({"verify": "x"}, "verify"),
 ])
 def test_invalid_parameters(models, ctxs, kw, msg):
     with pytest.raises(UsageError, match=msg):
         run(ctxs["target"], toks(models["target"], "a"), NoDrafter(), **kw)
+
+
+def test_invalid_draft_max():
+    from tandem.engine.session import DraftParams
+
+    for n_max in (-1, 65):  # the draft length's one carrier refuses it
+        with pytest.raises(UsageError, match="draft max"):
+            DraftParams(n_max=n_max)
 
 
 def test_empty_prompt(ctxs):
@@ -238,13 +246,13 @@ def test_every_strategy_keeps_greedy_output(models, ctxs, strategy, tmp_path, mo
     for text in PROMPTS:
         prompt = toks(target, text * 3)  # repetition gives the n-gram drafter matches
         if strategy == "ngram":
-            drafter = NgramDrafter()
+            drafter = NgramDrafter(n_max=6)
         else:
-            drafter = HybridDrafter(DraftModelDrafter(ctxs["draft"], 0, 0.3), costs=costs,
-                                    n_max=6, adaptive=strategy == "auto",
+            drafter = HybridDrafter(DraftModelDrafter(ctxs["draft"], n_min=0, p_min=0.3),
+                                    costs=costs, n_max=6, adaptive=strategy == "auto",
                                     guard=strategy == "auto", name=strategy)
-        plain, _ = run(ctxs["target"], prompt, NoDrafter(), max_tokens=40, n_max=0, ignore_eos=True)
-        spec, _ = run(ctxs["target"], prompt, drafter, max_tokens=40, n_max=6, ignore_eos=True)
+        plain, _ = run(ctxs["target"], prompt, NoDrafter(), max_tokens=40, ignore_eos=True)
+        spec, _ = run(ctxs["target"], prompt, drafter, max_tokens=40, ignore_eos=True)
         assert_same_as_plain(target, prompt, plain.tokens, spec.tokens)
         assert spec.stats.strategy == strategy
 
@@ -260,7 +268,7 @@ def test_hybrid_sampling_with_ngram_tokens_keeps_the_distribution(models, ctxs):
     for seed in range(1200):
         p, _ = run(ctxs["target"], prompt, NoDrafter(), max_tokens=3, ignore_eos=True,
                    sampling=SamplingParams(seed=seed, **sp))
-        s, _ = run(ctxs["target"], prompt, NgramDrafter(), max_tokens=3, n_max=4, ignore_eos=True,
+        s, _ = run(ctxs["target"], prompt, NgramDrafter(n_max=4), max_tokens=3, ignore_eos=True,
                    sampling=SamplingParams(seed=10_000 + seed, **sp))
         plain.append(p.tokens[1])
         spec.append(s.tokens[1])
@@ -274,7 +282,7 @@ def _tiny_drafter(kind, ctxs):
     from tandem.engine.costs import CostModel
     from tandem.engine.drafters import DraftModelDrafter, HybridDrafter
 
-    model = DraftModelDrafter(ctxs["draft"], n_min=2, p_min=0.75)
+    model = DraftModelDrafter(ctxs["draft"], n_max=4, n_min=2, p_min=0.75)
     if kind == "draft":
         return model
     if kind == "hybrid":
@@ -289,7 +297,7 @@ def _first_tokens(ctxs, prompt, kind, seeds, sp):
     out, drafted = [], 0
     for seed in seeds:
         drafter = NoDrafter() if kind == "none" else _tiny_drafter(kind, ctxs)
-        done, _ = run(ctxs["target"], prompt, drafter, max_tokens=3, n_max=4, ignore_eos=True,
+        done, _ = run(ctxs["target"], prompt, drafter, max_tokens=3, ignore_eos=True,
                       sampling=SamplingParams(seed=seed, **sp))
         out.append(done.tokens[:2])
         drafted += done.stats.drafted

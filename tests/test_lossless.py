@@ -70,8 +70,8 @@ def _assert_distribution(samples: list[tuple[int, int]], expected: dict, label: 
 
 
 def _drafter(kind: str, dctx, clock):
-    model = DraftModelDrafter(dctx, n_min=2, p_min=0.75) if kind != "pmin" else \
-        DraftModelDrafter(dctx, n_min=0, p_min=0.75)
+    model = DraftModelDrafter(dctx, n_max=3, n_min=2, p_min=0.75) if kind != "pmin" else \
+        DraftModelDrafter(dctx, n_max=3, n_min=0, p_min=0.75)
     if kind in ("pmin", "draft"):
         return model
     if kind == "hybrid":
@@ -99,8 +99,8 @@ def test_sampled_drafts_keep_the_target_distribution(kind, temperature, filters,
         tctx = ScriptedContext(model, _target_fn, clock=clock, cost=lambda n: 0.1)
         dctx = ScriptedContext(model, _draft_fn, clock=clock, cost=lambda n: 0.001)
         sp = SamplingParams(temperature=temperature, seed=seed, **filters)
-        done, _ = run(tctx, [BOS], _drafter(kind, dctx, clock), max_tokens=3, n_max=3,
-                      ignore_eos=True, sampling=sp)
+        done, _ = run(tctx, [BOS], _drafter(kind, dctx, clock), max_tokens=3, ignore_eos=True,
+                      sampling=sp)
         samples.append(tuple(done.tokens[:2]))
         drafted += done.stats.drafted
     # every request drafted (n_min 2: at least two tokens) in its first step
@@ -137,8 +137,8 @@ def test_speculation_stops_at_the_context_end_like_plain_decoding(n_max):
         if drafter_kind == "none":
             drafter = NoDrafter()
         else:
-            drafter = DraftModelDrafter(ScriptedContext(model, _cycle_fn, n_ctx=40))
-        done, _ = run(tctx, [0, 1, 2], drafter, max_tokens=500, n_max=n_max, ignore_eos=True)
+            drafter = DraftModelDrafter(ScriptedContext(model, _cycle_fn, n_ctx=40), n_max)
+        done, _ = run(tctx, [0, 1, 2], drafter, max_tokens=500, ignore_eos=True)
         assert done.reason == "context"
         outs.append(done)
     plain, spec = outs
@@ -153,7 +153,7 @@ def test_draft_length_respects_n_batch():
     model = ScriptedModel(V)
     tctx = ScriptedContext(model, _cycle_fn, n_batch=4)
     prompt = [0, 1, 2, 3, 4] * 6  # repetitive: the n-gram drafter finds long matches
-    done, steps = run(tctx, prompt, NgramDrafter(), max_tokens=60, n_max=16, ignore_eos=True)
+    done, steps = run(tctx, prompt, NgramDrafter(n_max=16), max_tokens=60, ignore_eos=True)
     assert done.stats.n_generated == 60
     assert max(s.drafted for s in steps) == 3  # one row for the last token, three drafts
     assert max(b for b in tctx.batches[1:]) <= 4
@@ -285,15 +285,15 @@ def test_stats_do_not_count_accepted_drafts_cut_by_eos_or_a_stop_string():
         return one_hot(min(prefix[-1] + 1, eos) if prefix[-1] != BOS else 0, V)
 
     tctx = ScriptedContext(model, fn)
-    done, steps = run(tctx, [BOS], DraftModelDrafter(ScriptedContext(model, fn)),
-                      max_tokens=20, n_max=8)
+    done, steps = run(tctx, [BOS], DraftModelDrafter(ScriptedContext(model, fn), n_max=8),
+                      max_tokens=20)
     assert done.reason == "eos" and done.tokens == (0, 1, 2, 3)
     # the draft proposed 0 1 2 3 <eos> 4 4 4, all accepted; only the first four reached the output
     assert steps[0].accepted == 8
     assert done.stats.accepted == 4 and done.stats.n_generated == 4
     tctx = ScriptedContext(model, fn)
-    done, _ = run(tctx, [BOS], DraftModelDrafter(ScriptedContext(model, fn)), max_tokens=20,
-                  n_max=8, stop=("bc",))
+    done, _ = run(tctx, [BOS], DraftModelDrafter(ScriptedContext(model, fn), n_max=8),
+                  max_tokens=20, stop=("bc",))
     assert done.reason == "stop" and done.text == "a"
     assert done.stats.accepted == 3  # "a", "b", "c" were emitted; the stop string ends there
 
@@ -304,8 +304,9 @@ def test_draft_strategy_is_reproducible_with_a_seed():
     for _ in range(3):
         tctx = ScriptedContext(model, _target_fn)
         dctx = ScriptedContext(model, _draft_fn)
-        done, _ = run(tctx, [BOS], DraftModelDrafter(dctx, 2, 0.75), max_tokens=2, n_max=3,
-                      ignore_eos=True, sampling=SamplingParams(temperature=1.0, seed=7))
+        done, _ = run(tctx, [BOS], DraftModelDrafter(dctx, n_max=3, n_min=2, p_min=0.75),
+                      max_tokens=2, ignore_eos=True,
+                      sampling=SamplingParams(temperature=1.0, seed=7))
         outs.add(done.tokens)
     assert len(outs) == 1
 
@@ -354,7 +355,7 @@ def _simulated_rate(clock, costs: CostModel, check: bool, monkeypatch,
         drafter.guard = None
     prompt = seq[:PROMPT_LEN]
     t0 = clock()
-    done, _ = run(tctx, prompt, drafter, max_tokens=300, n_max=16, ignore_eos=True)
+    done, _ = run(tctx, prompt, drafter, max_tokens=300, ignore_eos=True)
     assert list(done.tokens) == seq[PROMPT_LEN:PROMPT_LEN + 300]
     return 300 / (clock() - t0), done
 

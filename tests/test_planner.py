@@ -184,7 +184,8 @@ def _spec(name: str, gb: float) -> ModelSpec:
 
 
 def test_hardware_md_sizes_on_the_recorded_gpus():
-    """32B Q4_K_M (19.85 GB) + 0.5B fit a 24 GB card entirely, not a 16 GB one (HARDWARE.md)."""
+    """32B Q4_K_M (19.85 GB) + 0.5B fit a 24 GB card entirely, not a 16 GB one
+    (docs/hardware.md)."""
     big = (_spec("qwen2.5-32b-instruct-q4_k_m", 19.85), _spec("qwen2.5-0.5b-instruct", 0.398))
     mid = (_spec("qwen2.5-14b-instruct-q4_k_m", 8.99), big[1])
     for kind, fits_big in (("rtx4090", True), ("rtx4080", False)):

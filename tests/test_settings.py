@@ -8,7 +8,7 @@ import textwrap
 import pytest
 from hw_fixtures import machine
 from tandem.config import tuned as tuned_file
-from tandem.config.prepare import session_options
+from tandem.engine.session import SessionOptions
 from tandem.config.settings import SOURCES, resolve_settings
 from tandem.machine.fit import plan_for_settings
 from tandem.errors import UsageError
@@ -276,7 +276,7 @@ def test_session_options_from_settings_and_plan(home, profiles, tiny_models):
     s = resolve_settings({"n_ctx": 1024, "n_max": 6, "strategy": "draft"},
                          env={"TANDEM_THREADS": "2", "TANDEM_CACHE_TYPE_K": "q8_0"}, home=home,
                          hardware=CPU_BOX, profiles=profiles)
-    opts = session_options(s, verbose=True)
+    opts = SessionOptions.from_settings(s, verbose=True)
     assert opts.strategy == "draft" and opts.verbose
     assert (opts.draft.n_max, opts.draft.n_min, opts.draft.p_min) == (6, 0, 0.5)
     c = opts.target_ctx
@@ -287,7 +287,7 @@ def test_session_options_from_settings_and_plan(home, profiles, tiny_models):
 
     p = plan_for_settings(s, tiny_models["target"], tiny_models["draft"])
     assert p.status == "fits" and p.target.exact
-    opts = session_options(s, p)
+    opts = SessionOptions.from_settings(s, p)
     assert (opts.target_gpu_layers, opts.draft_gpu_layers) == (0, 0)
 
 
@@ -299,9 +299,9 @@ def test_session_options_take_gpu_layers_from_the_plan(home):
     d = ModelShape.estimate("qwen2.5-coder-0.5b-instruct-q4_k_m", 491400064)
     p = plan(t, d, Budget.for_hardware(s.hardware, s.gpu_reserve_mb, s.backend),
              ContextSpec(n_ctx=s.n_ctx))
-    opts = session_options(s, p)
+    opts = SessionOptions.from_settings(s, p)
     assert (opts.target_gpu_layers, opts.draft_gpu_layers) == (29, 25)  # all, output included
-    no_plan = session_options(s)
+    no_plan = SessionOptions.from_settings(s)
     assert (no_plan.target_gpu_layers, no_plan.draft_gpu_layers) == (-1, -1)  # llama.cpp: all
 
 

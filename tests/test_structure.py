@@ -18,12 +18,19 @@ def _module_name(path: Path) -> str:
 
 def _imports() -> dict[str, set[str]]:
     """Every tandem module -> the tandem modules it imports, at any depth (a function-level
-    import that breaks a circle at import time is still a circle in the design)."""
+    import that breaks a circle at import time is still a circle in the design). Imports under
+    `if TYPE_CHECKING:` are left out: they name types for annotations and never run."""
     mods = {_module_name(p): p for p in PKG.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in mods.items():
         deps = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                       and getattr(block.test, "id", "") == "TYPE_CHECKING"
+                       for n in ast.walk(block)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 base = node.module
                 for alias in node.names:

@@ -80,14 +80,14 @@ def _fn(prefix):
 def test_speculative_text_equals_plain_with_multibyte_tokens_and_stops(stop):
     model = ScriptedModel(257, pieces=[bytes([b]) for b in range(256)] + [b""])
     outs = []
-    for drafter in (NoDrafter(), DraftModelDrafter(ScriptedContext(model, _fn))):
+    for drafter in (NoDrafter(), DraftModelDrafter(ScriptedContext(model, _fn), n_max=5)):
         pieces = []
         from tandem.engine.events import TokenEvent
         from tandem.engine.speculative import GenParams, generate
 
         done = None
         for ev in generate(ScriptedContext(model, _fn), [256], drafter,
-                           GenParams(max_tokens=len(SEQ), n_max=5, stop=stop, ignore_eos=True)):
+                           GenParams(max_tokens=len(SEQ), stop=stop, ignore_eos=True)):
             if isinstance(ev, TokenEvent):
                 pieces.append(ev.text)
             done = ev

@@ -1,15 +1,22 @@
-"""Configurations to benchmark: plain decoding, strategies, and --sweep KEY=V1,V2 grids."""
+"""Configurations to benchmark: plain decoding, strategies, and --sweep KEY=V1,V2 grids.
+
+SWEEP_KEYS is the one table of sweep keys: parsing, the configurations and spec-bench's --help
+all read it. The module imports the engine only when it builds configurations, so the CLI can
+read the table for its help without loading llama.cpp.
+"""
 from __future__ import annotations
 
 import itertools
 from dataclasses import replace
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from tandem.bench.runner import BenchConfig
 from tandem.config.schema import FLASH_ATTN, KV_TYPES, STRATEGIES
-from tandem.engine.llama import ContextParams
-from tandem.engine.session import DraftParams
 from tandem.errors import UsageError
+
+if TYPE_CHECKING:
+    from tandem.bench.runner import BenchConfig
+    from tandem.engine.llama import ContextParams
+    from tandem.engine.session import DraftParams
 
 # key -> (where, field, parser, allowed: (lo, hi) or a tuple of choices)
 # where: "draft" = DraftParams; "ctx" = both contexts; "target"/"draftctx" = one context.
@@ -24,6 +31,15 @@ SWEEP_KEYS = {
     "flash-attn": ("ctx", "flash_attn", str, FLASH_ATTN),
     "kv-type": ("ctx", "kv_type", str, KV_TYPES),
 }
+
+
+def sweep_help() -> str:
+    """--sweep's help, from SWEEP_KEYS: every key with its range or choices."""
+    def allowed(values) -> str:
+        return "|".join(values) if isinstance(values[0], str) else f"{values[0]}..{values[1]}"
+
+    keys = ", ".join(f"{key} ({allowed(spec[3])})" for key, spec in SWEEP_KEYS.items())
+    return f"KEY=V1,V2 grid (repeatable); keys: {keys}."
 
 
 def parse_sweep(specs: Sequence[str]) -> dict[str, list]:
@@ -64,12 +80,18 @@ def _apply_ctx(params: ContextParams, field: str, value) -> ContextParams:
 
 
 def build_configs(strategies: Sequence[str], base: DraftParams, grid: dict[str, list],
-                  drafts: Sequence[str] = (), ctx: ContextParams = ContextParams(),
+                  drafts: Sequence[str] = (), ctx: ContextParams | None = None,
                   draft_ctx: ContextParams | None = None) -> list[BenchConfig]:
     """Plain first (the reference), then each strategy x draft model x grid point.
 
     Context keys (batch sizes, threads, flash attention, KV type) also give plain decoding
-    its own variants, since they change the plain rate too."""
+    its own variants, since they change the plain rate too. `ctx`: the session's (default:
+    ContextParams())."""
+    from tandem.bench.runner import BenchConfig
+    from tandem.engine.llama import ContextParams
+    from tandem.engine.session import DraftParams
+
+    ctx = ctx if ctx is not None else ContextParams()
     for s in strategies:
         if s not in STRATEGIES:
             raise UsageError(f"unknown strategy {s!r}", f"choose from: {', '.join(STRATEGIES)}")

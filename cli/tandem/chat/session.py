@@ -3,28 +3,27 @@
 It yields data (engine events plus `Notice`) and never prints; `tandem.commands.chat` drives it and
 `tandem.chat.tui` shows it. Each turn's prompt is the whole conversation rendered with the GGUF chat
 template; because it extends the previous turn's tokens, the engine's prefix reuse
-(Context.prefill) evaluates only the new tokens, on the target and on the draft model.
+(Context.prefill) evaluates only the new tokens, on the target and, where the turn's drafter
+uses it, on the draft model.
 """
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from pathlib import Path
 from typing import Iterator
 
-from tandem import __version__
-from tandem.config.schema import STRATEGIES
-from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
+from tandem.chat import transcript
+from tandem.chat.transcript import Turn
+from tandem.engine.events import DoneEvent, PrefillEvent, TokenEvent
 from tandem.engine.sampling import SamplingParams
-from tandem.engine.session import DraftParams, PairSession
+from tandem.config.schema import STRATEGIES
+from tandem.engine.session import DRAFT_MAX_LIMIT, DraftParams, PairSession
 from tandem.engine.speculative import GenParams
 from tandem.engine.stats import GenStats
-from tandem.errors import ContextOverflowError, TandemError, UsageError
+from tandem.errors import ContextOverflowError, UsageError
 
-DRAFT_MAX_LIMIT = 64  # GenParams accepts 0..64; /draft takes 1..64 (0 is /strategy none)
 PLAIN_PROBE_PROMPT = "Write a short Python function that adds two numbers."
 
 # name, argument, description: the /help table (the view decides how to show it)
@@ -50,15 +49,6 @@ class Notice:
     kind: str  # "dropped" | "context-full"
     message: str
     dropped_turns: int = 0
-
-
-@dataclass
-class Turn:
-    user: str
-    assistant: str = ""
-    reason: str = ""  # eos | length | stop | context | interrupted
-    strategy: str = "none"
-    stats: GenStats | None = None
 
 
 @dataclass(frozen=True)
@@ -129,7 +119,6 @@ class ChatSession:
         self._plain_tokens = 0  # plain-decoding tokens measured on this machine, this pair
         self._plain_time = 0.0
         self.plain_source = ""  # how the plain rate was measured
-        self._prefilled = 0
 
     # ----- state -----
     @property
@@ -186,6 +175,7 @@ class ChatSession:
                          f"context full: dropped the {_plural(dropped, 'oldest turn')} "
                          f"({kept} kept, prompt {len(tokens)} of {self.n_ctx} tokens)", dropped)
         turn = Turn(user=text, strategy=self.strategy)
+        # the answer's statistics so far, for an answer stopped before the engine's own
         partial = GenStats(strategy=self.strategy, n_prompt=len(tokens))
         pieces: list[str] = []
         done: DoneEvent | None = None
@@ -193,27 +183,14 @@ class ChatSession:
         failed = False
         t0 = time.perf_counter()
         try:
-            yield from self._prefill(tokens)
-            n_pre, t_pre = self._prefilled, time.perf_counter() - t0
-            partial.n_prompt_eval, partial.t_prefill = n_pre, t_pre
             inner = self.pair.generate(tokens, self._turn_gen(), self.strategy, self.draft)
             for ev in inner:
+                partial.observe(ev)
                 if isinstance(ev, TokenEvent):
                     pieces.append(ev.text)
-                    if ev.token >= 0:
-                        partial.n_generated += 1
-                elif isinstance(ev, StepEvent):
-                    partial.record_step(ev.drafted, ev.accepted)
-                    partial.t_draft += ev.t_draft
-                    partial.t_verify += ev.t_verify
-                    partial.t_sample += ev.t_sample
-                elif isinstance(ev, PrefillEvent):
-                    continue  # the prompt was evaluated above, with progress
+                elif isinstance(ev, PrefillEvent) and ev.done >= ev.total:
+                    partial.t_prefill = time.perf_counter() - t0
                 elif isinstance(ev, DoneEvent):
-                    # the prefill done above belongs to this generation's prompt statistics
-                    ev.stats.n_prompt_eval += n_pre
-                    ev.stats.t_prefill += t_pre
-                    ev.stats.t_total += t_pre
                     done = ev
                 yield ev
         except Exception:
@@ -253,39 +230,6 @@ class ChatSession:
         self.context_start = start
         self.dropped_turns += dropped
         return tokens, dropped
-
-    def _contexts(self) -> list:
-        ctxs = [self.pair.target_ctx]
-        if self.strategy not in ("none", "ngram") and self.pair.draft_ctx is not None:
-            ctxs.append(self.pair.draft_ctx)
-        return ctxs
-
-    def _prefill(self, tokens: list[int]) -> Iterator[PrefillEvent]:
-        """Evaluate the prompt (all but its last token) chunk by chunk, reporting progress.
-
-        generate() would do it in one call without progress; afterwards its own prefill finds
-        everything cached. Only tokens past each cache's common prefix are evaluated; the
-        number the target evaluated is left in self._prefilled.
-        """
-        from tandem.engine.llama import common_prefix
-
-        self._prefilled = 0
-        body = tokens[:-1]
-        ctxs = self._contexts()
-        keep = min(common_prefix(c.tokens, body) for c in ctxs)
-        total = len(body) - keep
-        yield PrefillEvent(0, total, len(tokens))
-        if total <= 0:
-            return
-        chunk = max(min(c.n_batch for c in ctxs), 1)
-        end = keep
-        while end < len(body):
-            end = min(end + chunk, len(body))
-            for i, ctx in enumerate(ctxs):
-                n = ctx.prefill(body[:end])
-                if i == 0:
-                    self._prefilled += n
-            yield PrefillEvent(end - keep, total, len(tokens))
 
     def _learn_plain(self, turn: Turn) -> None:
         st = turn.stats
@@ -409,23 +353,10 @@ class ChatSession:
 
     # ----- statistics and saving -----
     def session_stats(self) -> dict:
-        total = GenStats(strategy=self.strategy)
+        total = GenStats(strategy=self.strategy)  # the speculative turns, summed
         for t in self.turns:
-            st = t.stats
-            if st is None or t.strategy == "none":
-                continue
-            total.n_generated += st.n_generated
-            total.n_steps += st.n_steps
-            total.n_steps_drafted += st.n_steps_drafted
-            total.drafted += st.drafted
-            total.accepted += st.accepted
-            for i, (d, a) in enumerate(zip(st.drafted_at, st.accepted_at)):
-                while len(total.drafted_at) <= i:
-                    total.drafted_at.append(0)
-                    total.accepted_at.append(0)
-                total.drafted_at[i] += d
-                total.accepted_at[i] += a
-            total.t_total += st.t_decode
+            if t.stats is not None and t.strategy != "none":
+                total.add(t.stats)
         n_all = sum(t.stats.n_generated for t in self.turns if t.stats)
         t_all = sum(t.stats.t_decode for t in self.turns if t.stats)
         last = self.turns[-1].stats if self.turns else None
@@ -455,57 +386,17 @@ class ChatSession:
         }
 
     def to_dict(self) -> dict:
-        msgs: list[dict] = []
-        if self.system:
-            msgs.append({"role": "system", "content": self.system})
-        for t in self.turns:
-            msgs.append({"role": "user", "content": t.user})
-            msgs.append({"role": "assistant", "content": t.assistant, "finish_reason": t.reason,
-                         "strategy": t.strategy,
-                         "stats": t.stats.to_dict() if t.stats else None})
-        return {
-            "tandem": __version__,
-            "saved": datetime.now().isoformat(timespec="seconds"),
-            "target": self.pair.target_path.name,
-            "draft": self.pair.draft_path.name if self.pair.draft_path else None,
-            "messages": msgs,
-            "plain_tokens_per_second": self.plain_rate,
-        }
-
-    def to_markdown(self) -> str:
-        draft = f" + {self.pair.draft_path.name}" if self.pair.draft_path else ""
-        lines = [f"# Chat with {self.pair.target_path.name}{draft}", "",
-                 f"_Saved by tandem {__version__} on "
-                 f"{datetime.now().isoformat(sep=' ', timespec='minutes')}._", ""]
-        if self.system:
-            lines += ["## System", "", self.system, ""]
-        for t in self.turns:
-            lines += ["## User", "", t.user, "",
-                      "## Assistant", "", t.assistant or "_(no text)_", ""]
-            if t.stats is not None:
-                lines += [f"_{turn_summary(t)}_", ""]
-        return "\n".join(lines)
+        return transcript.to_dict(self.turns, **self._transcript_meta(),
+                                  plain_rate=self.plain_rate)
 
     def save(self, path: Path) -> Path:
-        text = (json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n"
-                if path.suffix.lower() == ".json" else self.to_markdown())
-        try:
-            path.write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise TandemError(f"cannot write {path}: {exc.strerror or exc}",
-                              "check the directory exists and is writable") from exc
-        return path
+        return transcript.save(path, self.turns, **self._transcript_meta(),
+                               plain_rate=self.plain_rate)
 
-
-def turn_summary(turn: Turn) -> str:
-    st = turn.stats
-    parts = [f"{st.n_generated} tokens", f"{st.tokens_per_second:.1f} tok/s", turn.strategy]
-    if st.drafted:
-        parts.append(f"accepted {100 * st.acceptance_rate:.0f}% ({st.accepted}/{st.drafted})")
-        parts.append(f"mean accepted length {st.mean_accepted_length:.2f}")
-    if turn.reason and turn.reason != "eos":
-        parts.append(f"stopped: {turn.reason}")
-    return " · ".join(parts)
+    def _transcript_meta(self) -> dict:
+        draft = self.pair.draft_path
+        return {"system": self.system, "target": self.pair.target_path.name,
+                "draft": draft.name if draft else None}
 
 
 def _plural(n: int, word: str) -> str:

@@ -3,6 +3,9 @@ and a small `ChatView` object the chat loop talks to by verbs.
 
 `LiveState` holds what the panel shows and is updated from engine events (`apply`), with
 timestamps passed in, so a recorded event sequence renders the same panel every time.
+
+Over 400 lines because this is the one chat module allowed to import Rich, so the live
+state, its pure rendering and the view object stay together rather than spread Rich imports.
 """
 from __future__ import annotations
 
@@ -42,9 +45,7 @@ class LiveState:
     plain_rate: float | None = None  # measured plain decoding tok/s for this pair, this machine
     plain_source: str = ""
     parts: list[tuple[str, bool]] = field(default_factory=list)  # (text, from_draft)
-    n_tokens: int = 0
-    n_from_draft: int = 0
-    steps: GenStats = field(default_factory=GenStats)  # draft/accept counts, step by step
+    steps: GenStats = field(default_factory=GenStats)  # tokens, drafts, acceptance so far
     draft_len: int | None = None  # draft length asked of the drafter at the latest step
     prefill_done: int = 0
     prefill_total: int = 0
@@ -59,6 +60,7 @@ class LiveState:
     # ----- updates -----
     def apply(self, ev, now: float) -> None:
         self.now = now
+        self.steps.observe(ev)
         if isinstance(ev, PrefillEvent):
             self.n_prompt = ev.n_prompt
             if ev.total:
@@ -72,19 +74,20 @@ class LiveState:
             if ev.text:
                 self.parts.append((ev.text, ev.from_draft))
             if ev.token >= 0:
-                self.n_tokens += 1
-                self.n_from_draft += ev.from_draft
                 self.recent.append(now)
         elif isinstance(ev, StepEvent):
             if ev.n_max > 0:  # steps capped to 0 by max_tokens or the context say nothing
                 self.draft_len = ev.n_max
-            self.steps.record_step(ev.drafted, ev.accepted)
         elif isinstance(ev, DoneEvent):
             self.final = ev.stats
             self.reason = ev.reason
             self.status = "done"
 
     # ----- derived numbers -----
+    @property
+    def n_tokens(self) -> int:
+        return self.steps.n_generated
+
     @property
     def text(self) -> str:
         return "".join(p for p, _ in self.parts)

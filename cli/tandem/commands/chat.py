@@ -43,9 +43,9 @@ def register(app: typer.Typer) -> None:
         model: ModelOpt = None,
         model_draft: DraftOpt = None,
         strategy: StrategyOpt = None,
-        draft_max: DraftMaxOpt = None,
-        draft_min: DraftMinOpt = None,
-        draft_p_min: DraftPMinOpt = None,
+        n_max: DraftMaxOpt = None,
+        n_min: DraftMinOpt = None,
+        p_min: DraftPMinOpt = None,
         max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens per answer.")] = 1024,
         temp: TempOpt = 0.0,
         top_k: TopKOpt = 40,
@@ -53,8 +53,8 @@ def register(app: typer.Typer) -> None:
         min_p: MinPOpt = 0.0,
         repeat_penalty: RepeatPenaltyOpt = 1.0,
         seed: SeedOpt = None,
-        ctx_size: OptCtxOpt = None,
-        threads: OptThreadsOpt = None,
+        n_ctx: OptCtxOpt = None,
+        n_threads: OptThreadsOpt = None,
         show_draft: Annotated[bool, typer.Option("--show-draft", help="Colour the tokens the target accepted from the draft.")] = False,
         plain_probe: Annotated[int, typer.Option("--plain-probe", help="Tokens of plain decoding measured at start for the speedup figure (0: off; plain turns also count).")] = 16,
         exact: ExactOpt = False,
@@ -72,14 +72,14 @@ def register(app: typer.Typer) -> None:
           tandem chat -m target.gguf -md draft.gguf --draft-max 6 --show-draft
         """
         _chat(pair=pair, system=system, model=model, model_draft=model_draft, strategy=strategy,
-              draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min,
+              n_max=n_max, n_min=n_min, p_min=p_min,
               max_tokens=max_tokens, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-              repeat_penalty=repeat_penalty, seed=seed, ctx_size=ctx_size, threads=threads,
+              repeat_penalty=repeat_penalty, seed=seed, n_ctx=n_ctx, n_threads=n_threads,
               show_draft=show_draft, plain_probe=plain_probe, verbose=verbose, exact=exact)
 
 
-def _chat(*, pair, system, model, model_draft, strategy, draft_max, draft_min, draft_p_min,
-          max_tokens, temp, top_k, top_p, min_p, repeat_penalty, seed, ctx_size, threads,
+def _chat(*, pair, system, model, model_draft, strategy, n_max, n_min, p_min,
+          max_tokens, temp, top_k, top_p, min_p, repeat_penalty, seed, n_ctx, n_threads,
           show_draft, plain_probe, verbose, exact=False) -> None:
     from tandem.chat.session import ChatSession
     from tandem.chat.tui import ChatView, make_console
@@ -100,15 +100,16 @@ def _chat(*, pair, system, model, model_draft, strategy, draft_max, draft_min, d
     view = ChatView(make_console(), show_draft=show_draft)
     # no spinner here: a download on the way draws its own progress on stderr
     target_path, draft_path, opts = _app.load_plan(
-        pair, model, model_draft, _app.setting_flags(strategy, draft_max, draft_min, draft_p_min,
-                                                     ctx_size, threads, exact), verbose)
-    dparams = opts.draft
-    gen = GenParams(max_tokens=max_tokens, sampling=sampling, n_max=min(dparams.n_max, 64))
+        pair, model, model_draft, _app.setting_flags(
+            exact, strategy=strategy, n_max=n_max, n_min=n_min, p_min=p_min, n_ctx=n_ctx,
+            n_threads=n_threads), verbose)
+    gen = GenParams(max_tokens=max_tokens, sampling=sampling)
     names = target_path.name + (f" + {Path(draft_path).name}" if draft_path else "")
     with view.loading(f"Loading {names}…"):
         session = PairSession(target_path, draft_path, opts)
     with session:
-        chat = ChatSession(session, system=system, gen=gen, strategy=opts.strategy, draft=dparams)
+        chat = ChatSession(session, system=system, gen=gen, strategy=opts.strategy,
+                           draft=opts.draft)
         if plain_probe > 0 and chat.strategy != "none":
             with view.loading(f"Measuring plain decoding on this machine ({plain_probe} tokens)…"):
                 chat.measure_plain(plain_probe)

@@ -210,8 +210,7 @@ def load_plan(pair, model, model_draft, flags: dict, verbose: bool):
     return prepared.target, draft, prepared.options
 
 
-def setting_flags(strategy=None, n_max=None, n_min=None, p_min=None, n_ctx=None,
-                  n_threads=None, exact=False) -> dict:
-    """The settings flags run, chat and spec-bench share, keyed as the settings are."""
-    return {"strategy": strategy, "n_max": n_max, "n_min": n_min, "p_min": p_min,
-            "n_ctx": n_ctx, "n_threads": n_threads, "mode": "exact" if exact else None}
+def setting_flags(exact: bool = False, **flags) -> dict:
+    """The settings flags of a command, whose parameters are named as the settings keys
+    (None: not given); --exact is the mode."""
+    return {**flags, "mode": "exact" if exact else None}

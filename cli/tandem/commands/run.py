@@ -92,7 +92,8 @@ def run(
     check_max_tokens(max_tokens)
     sampling = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, seed)
     gen = GenParams(max_tokens=max_tokens, sampling=sampling, stop=tuple(stop or ()))
-    flags = setting_flags(strategy, n_max, n_min, p_min, n_ctx, n_threads, exact)
+    flags = setting_flags(exact, strategy=strategy, n_max=n_max, n_min=n_min, p_min=p_min,
+                          n_ctx=n_ctx, n_threads=n_threads)
     target_path, draft_path, opts = load_plan(pair, model, model_draft, flags, verbose)
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt}]

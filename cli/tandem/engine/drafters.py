@@ -5,7 +5,11 @@ draft:  a draft model, as llama.cpp's draft-simple (fixed n_max, p_min, n_min).
 ngram:  prompt lookup over the prompt and the output so far (no model).
 hybrid: n-gram tokens when a long match exists, the draft model otherwise; a draft-model
         draft that stops early is continued with n-gram tokens.
-auto:   hybrid with adaptive draft lengths and a measured fallback to plain decoding.
+auto:   hybrid with adaptive draft lengths and a measured fallback to plain decoding
+        (AutoDrafter, engine/auto.py).
+
+Each drafter owns its draft length, `n_max`; generate() only says how much room a step has
+(the context end, max_tokens and the verify batch the target may decode).
 """
 from __future__ import annotations
 
@@ -34,10 +38,12 @@ class Draft:
 
 class Drafter(Protocol):
     name: str
+    n_max: int  # the longest draft this drafter proposes (0: it never drafts)
 
-    def propose(self, tokens: Sequence[int], n_max: int, sampling: SamplingParams,
+    def propose(self, tokens: Sequence[int], room: int, sampling: SamplingParams,
                 rng: np.random.Generator, sample: bool) -> Draft:
-        """Up to n_max tokens to follow `tokens`; `sample`: draw from q instead of argmax."""
+        """Up to min(n_max, room) tokens to follow `tokens`; `sample`: draw from q instead of
+        argmax."""
         ...
 
     def prefill(self, prompt: Sequence[int]) -> None:
@@ -51,8 +57,9 @@ class Drafter(Protocol):
 
 class NoDrafter:
     name = "none"
+    n_max = 0
 
-    def propose(self, tokens, n_max, sampling, rng, sample) -> Draft:
+    def propose(self, tokens, room, sampling, rng, sample) -> Draft:
         return Draft()
 
     def prefill(self, prompt: Sequence[int]) -> None:
@@ -84,8 +91,9 @@ class DraftModelDrafter:
 
     name = "draft"
 
-    def __init__(self, ctx: Context, n_min: int = 0, p_min: float = 0.0):
+    def __init__(self, ctx: Context, n_max: int = 4, n_min: int = 0, p_min: float = 0.0):
         self.ctx = ctx
+        self.n_max = n_max
         self.n_min = n_min
         self.p_min = p_min
         # the latest propose(): catch-up tokens re-read by sync() and its time, then the
@@ -95,12 +103,16 @@ class DraftModelDrafter:
         self.last_decodes = 0
         self.last_decode_s = 0.0
 
-    def propose(self, tokens, n_max, sampling, rng, sample) -> Draft:
+    def propose(self, tokens, room, sampling, rng, sample) -> Draft:
+        return self.draft(tokens, min(self.n_max, room), sampling, rng, sample)
+
+    def draft(self, tokens, k, sampling, rng, sample) -> Draft:
+        """Up to k tokens, whatever n_max says: a HybridDrafter chooses k by its own policy."""
         self.last_sync_tokens, self.last_sync_s = 0, 0.0
         self.last_decodes, self.last_decode_s = 0, 0.0
         # the draft evaluates tokens + d1..d(k-1), all of which must fit its context
-        n_max = min(n_max, self.ctx.n_ctx - len(tokens) + 1)
-        if n_max <= 0 or n_max < self.n_min:
+        k = min(k, self.ctx.n_ctx - len(tokens) + 1)
+        if k <= 0 or k < self.n_min:
             return Draft()
         t0 = time.perf_counter()
         self.last_sync_tokens = self.ctx.prefill(tokens[:-1])
@@ -125,7 +137,7 @@ class DraftModelDrafter:
             else:
                 tok = greedy_token(logits, hist, sampling)
             out.append(tok)
-            if len(out) >= n_max:
+            if len(out) >= k:
                 break
             logits = self.ctx.decode([tok])[0]
             self.last_decodes += 1
@@ -146,19 +158,22 @@ class DraftModelDrafter:
 
 
 class NgramDrafter:
-    """Prompt lookup: the continuation of the latest earlier occurrence of the last n tokens."""
+    """Prompt lookup: the continuation of the latest earlier occurrence of the last n tokens,
+    for n in `sizes` (longest first)."""
 
     name = "ngram"
 
-    def __init__(self, n_min: int = 2, n_max: int = 4, min_match: int = 2):
-        self.index = NgramIndex(n_min, n_max)
+    def __init__(self, n_max: int = 4, sizes: tuple[int, int] = (2, 4), min_match: int = 2):
+        self.n_max = n_max
+        self.index = NgramIndex(*sizes)
         self.min_match = min_match
 
-    def propose(self, tokens, n_max, sampling, rng, sample) -> Draft:
-        if n_max <= 0:
+    def propose(self, tokens, room, sampling, rng, sample) -> Draft:
+        k = min(self.n_max, room)
+        if k <= 0:
             return Draft()
         self.index.sync(tokens)
-        cont, match = self.index.lookup(n_max)
+        cont, match = self.index.lookup(k)
         return Draft(cont) if match >= self.min_match else Draft()
 
     def prefill(self, prompt: Sequence[int]) -> None:
@@ -171,6 +186,10 @@ class NgramDrafter:
 class HybridDrafter:
     """n-gram tokens when a match of at least `ngram_match` tokens exists, the draft model
     otherwise; when the model stops early (p_min), n-gram tokens continue its draft.
+
+    `n_max` is the draft model's longest draft and `ngram_cap` the n-gram source's (at least
+    n_max: n-gram drafts cost no draft time); the attribute `n_max`, the longest draft of
+    either, is what generate() reads.
 
     With `adaptive`, each source's draft length is chosen per step from its measured
     acceptance and this machine's costs (see adaptive.py); n-gram acceptance is tracked per
@@ -187,20 +206,19 @@ class HybridDrafter:
                  ngram_cap: int | None = None, ngram_n: int = 4):
         self.name = name
         self.model = model
-        self.ngram = NgramDrafter(min(2, ngram_n), ngram_n, min_match=1)
+        self.model_max = n_max
+        self.n_max = max(n_max, ngram_cap or n_max)
+        self.ngram = NgramDrafter(self.n_max, (min(2, ngram_n), ngram_n), min_match=1)
         self.ngram_match = ngram_match
         self.costs = costs or CostModel()
         self.adaptive = adaptive
-        self.n_max = n_max
-        # n-gram drafts may be longer than the model's: they cost no draft time
-        self.ngram_cap = max(n_max, ngram_cap or n_max)
         self.model_len = LengthController(self.costs, n_min, n_max, True,
                                           tracker=AcceptanceTracker(max(n_max, 1)))
         # n-gram drafts cost no model time, so their probes are cheap: probe often
         self.ngram_len = {
-            n: LengthController(self.costs, 1, self.ngram_cap, False, probe_every=4,
+            n: LengthController(self.costs, 1, self.n_max, False, probe_every=4,
                                 probe_len=1, max_probe_every=32,
-                                tracker=AcceptanceTracker(self.ngram_cap, prior=0.6))
+                                tracker=AcceptanceTracker(self.n_max, prior=0.6))
             for n in range(min(ngram_match, ngram_n), ngram_n + 1)}
         self.guard = FallbackGuard() if guard else None
         self.notes: list[str] = []  # decisions a report may show (e.g. why the model is off)
@@ -218,13 +236,13 @@ class HybridDrafter:
         if self.model is not None:
             self.model.prefill(prompt)
 
-    def propose(self, tokens, n_max, sampling, rng, sample) -> Draft:
+    def propose(self, tokens, room, sampling, rng, sample) -> Draft:
         self._last, self._last_ngram, self._model_ran, self._probe = Draft(), None, False, False
-        if n_max <= 0 or (self.guard is not None and self.guard.want_plain()):
+        if min(room, self.n_max) <= 0 or (self.guard is not None and self.guard.want_plain()):
             return self._last
         idx = self.ngram.index
         idx.sync(tokens)
-        cont, match = idx.lookup(min(n_max, self.ngram_cap))
+        cont, match = idx.lookup(min(room, self.n_max))
         if match >= self.ngram_match and cont:
             k = len(cont)
             if self.adaptive:
@@ -237,13 +255,13 @@ class HybridDrafter:
                 return self._last
         if self.model is None:
             return self._last
-        k = self.model_len.choose(n_max) if self.adaptive else min(n_max, self.n_max)
+        k = self.model_len.choose(room) if self.adaptive else min(room, self.model_max)
         self._probe = self.adaptive and self.model_len.last_was_probe
         if k <= 0:
             return self._last
         # a probe after a plain stretch first re-reads the lagged tokens in one batch; that
         # catch-up is timed apart (model.last_sync_s) and never priced as draft tokens
-        draft = self.model.propose(tokens, k, sampling, rng, sample)
+        draft = self.model.draft(tokens, k, sampling, rng, sample)
         self._model_ran = True
         if len(draft.tokens) < k:
             extra, match = idx.lookup(k - len(draft.tokens), extra=draft.tokens)

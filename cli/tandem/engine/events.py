@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from tandem.engine.stats import GenStats
+if TYPE_CHECKING:  # stats.py folds these events, so it imports this module
+    from tandem.engine.stats import GenStats
 
 
 @dataclass(frozen=True)

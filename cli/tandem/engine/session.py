@@ -11,8 +11,8 @@ from typing import Iterator, Sequence
 
 from tandem.config.schema import STRATEGIES
 from tandem.engine import template as chat_template
-from tandem.engine.adaptive import model_draft_gain
-from tandem.engine.costs import DISAGREE, MAX_BATCH, CostModel, calibrate, disagreement
+from tandem.engine.auto import AutoDrafter
+from tandem.engine.costs import DISAGREE, CostModel, calibrate, disagreement
 from tandem.engine.drafters import (
     Drafter,
     DraftModelDrafter,
@@ -20,15 +20,11 @@ from tandem.engine.drafters import (
     NgramDrafter,
     NoDrafter,
 )
-from tandem.engine.llama import Context, ContextParams, Model
+from tandem.engine.llama import MAX_OUTPUTS, Context, ContextParams, Model
 from tandem.engine.speculative import GenParams, generate
 from tandem.errors import UsageError
 
-# auto uses the draft model only where the calibrated costs predict at least this speedup at
-# this acceptance per position; n-gram drafts (free to make) may grow to AUTO_NGRAM_CAP tokens
-AUTO_MODEL_GAIN = 1.15
-AUTO_MODEL_ACCEPT = 0.9
-AUTO_NGRAM_CAP = MAX_BATCH - 1  # within the verify limit (exact mode on a CPU: EXACT_BATCH - 1)
+DRAFT_MAX_LIMIT = MAX_OUTPUTS - 1  # a verify batch: the drafts and the last token
 # a calibration during which other processes used more than this share of the CPU was
 # measured on a busy machine: it serves the session that measured it and is not saved
 BUSY_SHARE = 0.25
@@ -41,11 +37,17 @@ def check_cached_costs(target: Context, cached: CostModel, probe: Sequence[int])
 
 @dataclass(frozen=True)
 class DraftParams:
+    """The draft length and its stops; PairSession.drafter hands them to the drafter it builds,
+    which owns them from there (generate() only bounds each step by the room it has)."""
+
     n_max: int = 4
     n_min: int = 0
     p_min: float = 0.5
 
     def __post_init__(self):
+        if not 0 <= self.n_max <= DRAFT_MAX_LIMIT:
+            raise UsageError(f"draft max must be in 0..{DRAFT_MAX_LIMIT}, got {self.n_max}",
+                             "llama.cpp's default is 3; 4-16 are typical")
         if not 0 <= self.n_min <= self.n_max:
             raise UsageError(f"draft min must be in 0..draft max ({self.n_max}), got {self.n_min}",
                              None)
@@ -64,7 +66,7 @@ class SessionOptions:
     verbose: bool = False
     # Repacked CPU weights are llama.cpp's default and faster, but make verify batches of 4+
     # tokens differ numerically from single-token decoding: exact mode loads the target
-    # unrepacked (settings.session_options). The draft's numerics only affect acceptance.
+    # unrepacked (from_settings). The draft's numerics only affect acceptance.
     repack: bool = True
     draft_repack: bool = True
     extra: dict = field(default_factory=dict)
@@ -73,6 +75,43 @@ class SessionOptions:
         if self.strategy not in STRATEGIES:
             raise UsageError(f"unknown strategy {self.strategy!r}",
                              f"choose one of: {', '.join(STRATEGIES)}")
+
+    @classmethod
+    def from_settings(cls, s, plan=None, *, verbose: bool = False,
+                      extra: dict | None = None) -> SessionOptions:
+        """Options for resolved settings (tandem.config.settings.Settings, read by attribute):
+        the draft length and its stops become this session's DraftParams; GPU layers come from
+        `plan` (the planner resolves `auto`), else from the settings themselves."""
+        exact = s.mode == "exact"
+        ctx = ContextParams(n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
+                            n_threads=s.n_threads, n_threads_batch=s.n_threads_batch,
+                            flash_attn=s.flash_attn, type_k=s.type_k, type_v=s.type_v)
+        if plan is not None:
+            layers = (plan.target.gpu_layers, plan.draft.gpu_layers if plan.draft else 0)
+        else:
+            layers = (gpu_layers_value(s.target_gpu_layers, s.backend),
+                      gpu_layers_value(s.draft_gpu_layers, s.backend))
+        return cls(strategy=s.strategy, draft=DraftParams(s.n_max, s.n_min, s.p_min),
+                   target_ctx=exact_context(ctx) if exact else ctx, draft_ctx=None,
+                   target_gpu_layers=layers[0], draft_gpu_layers=layers[1], verbose=verbose,
+                   repack=not exact, extra=dict(extra or {}))
+
+
+def gpu_layers_value(value: int | str, backend: str) -> int:
+    """llama.cpp's n_gpu_layers for a setting without a plan: all = -1 (every layer)."""
+    if value == "all":
+        return -1
+    if value == "auto":
+        return 0 if backend == "cpu" else -1
+    return int(value)
+
+
+def exact_context(ctx: ContextParams) -> ContextParams:
+    """What exact mode needs of the target's context on llama.cpp's CPU kernels: flash
+    attention on (without it, 2+ rows take other matmul kernels) and a q8_0 KV cache (with
+    f16, single-token flash attention switches to a split-KV kernel at 512 cached tokens);
+    verify batches then stay within EXACT_BATCH rows (engine/llama.py)."""
+    return replace(ctx, flash_attn="on", type_k="q8_0", type_v="q8_0", exact=True)
 
 
 def check_pair(target_path: Path, draft_path: Path) -> None:
@@ -179,10 +218,10 @@ class PairSession:
         if strategy == "none":
             return NoDrafter()
         if strategy == "ngram":
-            return NgramDrafter()
+            return NgramDrafter(draft.n_max)
         model = None
         if self.draft_ctx is not None:
-            model = DraftModelDrafter(self.draft_ctx, draft.n_min, draft.p_min)
+            model = DraftModelDrafter(self.draft_ctx, draft.n_max, draft.n_min, draft.p_min)
         if strategy == "draft":
             if model is None:
                 raise UsageError("strategy 'draft' needs a draft model",
@@ -190,29 +229,11 @@ class PairSession:
             return model
         if strategy == "hybrid":
             return HybridDrafter(model, n_min=draft.n_min, n_max=draft.n_max)
-        # auto: adaptive lengths from this machine's measured costs, plus the plain fallback
-        notes = []
-        if model is not None:
-            # judged on the calibration: its draft and verify figures share one context, while
-            # online refinement moves the verify costs only (the draft is not run when off)
-            gain = model_draft_gain(self.costs(calibrated=True), draft.n_max, AUTO_MODEL_ACCEPT)
-            if gain < AUTO_MODEL_GAIN:
-                # measured overheads (syncs, sampling) eat a predicted gain this small
-                model = None
-                notes.append(f"draft model off: this machine's costs predict {gain:.2f}x at "
-                             f"{AUTO_MODEL_ACCEPT:.0%} acceptance (needs {AUTO_MODEL_GAIN:.2f}x)")
-        notes.append(self.costs().describe())
-        notes += self.cost_notes  # said once, on the request that found it
-        self.cost_notes = []
-        drafter = HybridDrafter(model, ngram_match=2, costs=self.costs(), n_min=draft.n_min,
-                                n_max=draft.n_max, adaptive=True, guard=True, name="auto",
-                                ngram_cap=self._auto_cap(), ngram_n=8)
-        drafter.notes += notes
-        return drafter
-
-    def _auto_cap(self) -> int:
-        """auto's longest n-gram draft: AUTO_NGRAM_CAP, within what the target may verify."""
-        return min(AUTO_NGRAM_CAP, self.target_ctx.verify_limit - 1)
+        costs, calibrated = self.costs(), self.costs(calibrated=True)
+        notes, self.cost_notes = self.cost_notes, []  # said once, on the request that found it
+        return AutoDrafter(model, costs, n_min=draft.n_min, n_max=draft.n_max,
+                           verify_limit=self.target_ctx.verify_limit, calibrated=calibrated,
+                           notes=notes)
 
     def costs(self, calibrated: bool = False) -> CostModel:
         """The active configuration's cost model on this machine: cached, else calibrated
@@ -282,12 +303,6 @@ class PairSession:
 
     def generate(self, prompt: Sequence[int], gen: GenParams, strategy: str | None = None,
                  draft: DraftParams | None = None) -> Iterator:
-        draft = draft or self.options.draft
-        drafter = self.drafter(strategy, draft)
-        if drafter.name == "none":
-            gen = replace(gen, n_max=0)
-        elif drafter.name == "auto":
-            gen = replace(gen, n_max=max(draft.n_max, self._auto_cap()))
-        else:
-            gen = replace(gen, n_max=draft.n_max)
-        return generate(self.target_ctx, prompt, drafter, gen)
+        """generate() with the drafter for `strategy` built from `draft` (default: the
+        session's options)."""
+        return generate(self.target_ctx, prompt, self.drafter(strategy, draft), gen)

@@ -1,6 +1,6 @@
 """generate(): the one decoding loop behind run, chat and spec-bench.
 
-Each step: the drafter proposes up to n_max tokens; the target decodes [last, d1..dk] in one
+Each step: the drafter proposes up to its own n_max; the target decodes [last, d1..dk] in one
 batch with logits on every row; drafts are accepted until the first mismatch, where the
 target's own token is kept (plus a bonus token when all are accepted); rejected positions
 are removed from the KV cache. Greedy verification is exact match against the target's argmax;
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Generator, Iterator, Sequence
 
 import numpy as np
 
@@ -31,7 +31,6 @@ class GenParams:
     max_tokens: int = 256
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()
-    n_max: int = 4
     # "rejection": speculative sampling (exact, accepts more at temperature > 0);
     # "match": llama.cpp's rule, greedy drafts accepted when the target samples the same token.
     verify: str = "rejection"
@@ -40,9 +39,6 @@ class GenParams:
     def __post_init__(self):
         if self.max_tokens < 1:
             raise UsageError(f"max tokens must be >= 1, got {self.max_tokens}", None)
-        if not 0 <= self.n_max <= 64:
-            raise UsageError(f"draft max must be in 0..64, got {self.n_max}",
-                             "llama.cpp's default is 3; 4-16 are typical")
         if self.verify not in VERIFY_RULES:
             raise UsageError(f"unknown verify rule {self.verify!r}", "use rejection or match")
 
@@ -64,18 +60,16 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
     model = target.model
     text = TextStream(params.stop)
     tokens = list(prompt)
-    n_max = min(params.n_max, target.verify_limit - 1)
-    if n_max < params.n_max:
-        stats.notes.append(_cap_note(target, n_max))
+    verify_room = target.verify_limit - 1
+    if drafter.n_max > verify_room:
+        stats.notes.append(_cap_note(target, verify_room))
     t_start = time.perf_counter()
 
     # The last prompt token goes into the first verify batch, so prefill stops one short.
-    total = max(len(tokens) - 1 - _cached(target, tokens[:-1]), 0)
-    yield PrefillEvent(0, total, len(prompt))
-    stats.n_prompt_eval = target.prefill(tokens[:-1]) + 1
-    drafter.prefill(tokens)
+    evaluated = yield from _prefill(target, drafter, tokens)
+    stats.n_prompt_eval = evaluated + 1
     stats.t_prefill = time.perf_counter() - t_start
-    yield PrefillEvent(total, total, len(prompt))
+    yield PrefillEvent(evaluated, evaluated, len(prompt))
 
     reason = "length"
     step = 0
@@ -84,11 +78,12 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
             reason = "context"
             break
         # a step yields up to k + 1 tokens: keep them within the context (plain decoding stops
-        # at n_ctx tokens, so must speculation) and within max_tokens
-        k_cap = min(n_max, target.n_ctx - len(tokens) - 1,
-                    params.max_tokens - stats.n_generated - 1)
+        # at n_ctx tokens, so must speculation), within max_tokens and one verify batch
+        room = min(verify_room, target.n_ctx - len(tokens) - 1,
+                   params.max_tokens - stats.n_generated - 1)
+        k_cap = min(drafter.n_max, room)
         t0 = time.perf_counter()
-        draft = drafter.propose(tokens, k_cap, sp, rng, sample_drafts) if k_cap > 0 else Draft()
+        draft = drafter.propose(tokens, room, sp, rng, sample_drafts) if k_cap > 0 else Draft()
         if len(draft.tokens) > k_cap:
             draft = Draft(draft.tokens[:k_cap], draft.dists[:k_cap] if draft.dists else None)
         t1 = time.perf_counter()
@@ -102,27 +97,22 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
         target.truncate(len(tokens) + n_acc)
         step_event = StepEvent(step, len(draft.tokens), n_acc, k_cap, t1 - t0, t2 - t1, t3 - t2)
         drafter.observe(step_event)
-        stats.t_draft += t1 - t0
-        stats.t_verify += t2 - t1
-        stats.t_sample += t3 - t2
-        emitted = 0
         for i, tok in enumerate(new):
             if model.is_eog(tok) and not params.ignore_eos:
                 reason = "eos"
                 break
             tokens.append(tok)
-            stats.n_generated += 1
-            emitted += 1
-            piece = text.feed(model.piece(tok))
-            yield TokenEvent(tok, piece, i < n_acc, step)
+            token_event = TokenEvent(tok, text.feed(model.piece(tok)), i < n_acc, step)
+            stats.observe(token_event)
+            yield token_event
             if text.stopped:
                 reason = "stop"
                 break
             if stats.n_generated >= params.max_tokens:
                 break
-        # the statistics count accepted drafts that reached the output, not those cut by EOS
-        # or a stop string (the drafter's own feedback above saw the full verdict)
-        stats.record_step(len(draft.tokens), min(n_acc, emitted))
+        # the statistics count the accepted drafts that reached the output (TokenEvents
+        # from_draft), not those cut by EOS or a stop string; the drafter saw the full verdict
+        stats.observe(step_event)
         yield step_event
         step += 1
     tail = text.flush()
@@ -141,8 +131,23 @@ def _cap_note(target: Context, n_max: int) -> str:
             "bit-identical to single-token decoding (measured on llama.cpp's CPU kernels)")
 
 
-def _cached(ctx: Context, tokens: Sequence[int]) -> int:
-    return common_prefix(ctx.tokens, tokens)
+def _prefill(target: Context, drafter: Drafter,
+             tokens: Sequence[int]) -> Generator[PrefillEvent, None, int]:
+    """Evaluate the prompt but its last token on the target, n_batch tokens at a time with a
+    PrefillEvent each, then let the drafter read it; returns how many the target evaluated.
+    Only what is past the target's cached prefix is evaluated (a chat's earlier turns)."""
+    body = tokens[:-1]
+    keep = common_prefix(target.tokens, body)
+    total = len(body) - keep
+    yield PrefillEvent(0, total, len(tokens))
+    done = 0
+    for end in range(keep + target.n_batch, len(body) + target.n_batch, target.n_batch):
+        done += target.prefill(body[:min(end, len(body))])
+        if done < total:  # the last one waits for the drafter: the prompt phase ends there
+            yield PrefillEvent(done, total, len(tokens))
+    target.prefill(body)  # an empty body, or one the cache already holds: only truncates
+    drafter.prefill(tokens)
+    return done
 
 
 def _verify(rows: np.ndarray, draft: Draft, tokens: list[int], sp: SamplingParams, rule: str,

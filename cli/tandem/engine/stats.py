@@ -1,7 +1,13 @@
-"""Statistics of one generation: drafted, accepted, per-position acceptance, time split."""
+"""Statistics of one generation: drafted, accepted, per-position acceptance, time split.
+
+GenStats.observe folds generate()'s events into them: the engine, the chat's partial answers
+and the live view all count through it, so their figures cannot drift apart.
+"""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+
+from tandem.engine.events import PrefillEvent, StepEvent, TokenEvent
 
 
 @dataclass
@@ -22,6 +28,39 @@ class GenStats:
     t_sample: float = 0.0
     t_total: float = 0.0
     notes: list[str] = field(default_factory=list)  # the drafter's decisions (e.g. model off)
+
+    def __post_init__(self):
+        # accepted drafts emitted in the step under way (its TokenEvents precede its StepEvent)
+        self._step_accepted = 0
+
+    def observe(self, ev) -> None:
+        """Count one event of generate(). A step's accepted drafts are its TokenEvents marked
+        from_draft: drafts accepted but cut by EOS or a stop string never reached the output."""
+        if isinstance(ev, TokenEvent):
+            if ev.token >= 0:  # -1: text held back by a stop string, released at the end
+                self.n_generated += 1
+                self._step_accepted += ev.from_draft
+        elif isinstance(ev, StepEvent):
+            self.record_step(ev.drafted, self._step_accepted)
+            self._step_accepted = 0
+            self.t_draft += ev.t_draft
+            self.t_verify += ev.t_verify
+            self.t_sample += ev.t_sample
+        elif isinstance(ev, PrefillEvent):
+            self.n_prompt, self.n_prompt_eval = ev.n_prompt, ev.done
+
+    def add(self, other: GenStats) -> None:
+        """Add another generation's counts and times (a chat's turns, summed)."""
+        for name in ("n_prompt", "n_prompt_eval", "n_generated", "n_steps", "n_steps_drafted",
+                     "drafted", "accepted", "t_prefill", "t_draft", "t_verify", "t_sample",
+                     "t_total"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for i, (d, a) in enumerate(zip(other.drafted_at, other.accepted_at)):
+            if i == len(self.drafted_at):
+                self.drafted_at.append(0)
+                self.accepted_at.append(0)
+            self.drafted_at[i] += d
+            self.accepted_at[i] += a
 
     def record_step(self, drafted: int, accepted: int) -> None:
         self.n_steps += 1

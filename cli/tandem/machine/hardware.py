@@ -50,7 +50,7 @@ _SYSCTL_FLAGS = {
     "hw.optional.arm.FEAT_BF16": "bf16",
 }
 # Without iogpu.wired_limit_mb, macOS lets Metal wire about 2/3 of RAM on small machines and
-# about 3/4 from 64 GB up (65-78% reported; docs/hardware.md); llama.cpp's Metal backend reports the same
+# about 3/4 from 64 GB up (docs/hardware.md: 65-78%); llama.cpp's Metal backend reports the same
 # limit (recommendedMaxWorkingSetSize) as the GPU's free memory.
 APPLE_GPU_SHARE_SMALL = 0.67
 APPLE_GPU_SHARE_LARGE = 0.75

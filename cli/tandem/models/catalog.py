@@ -288,11 +288,6 @@ def load_catalog(path: Path | str | None = None) -> dict[str, PairSpec]:
     return dict(_load(str(path) if path else None).pairs)
 
 
-def load_models(path: Path | str | None = None) -> dict[str, ModelSpec]:
-    """All model files by name (catalog order)."""
-    return dict(_load(str(path) if path else None).models)
-
-
 def pair_names(path: Path | str | None = None) -> list[str]:
     return list(_load(str(path) if path else None).pairs)
 

@@ -124,14 +124,6 @@ def check(target: Model, draft: Model, store: Store, cfg: HubConfig | None = Non
     return compare(target, draft, t, d)
 
 
-def check_files(target: Path, draft: Path) -> None:
-    """Before loading: raise VocabMismatchError if llama.cpp would refuse this pair."""
-    t, d = Model(target.name, path=target), Model(draft.name, path=draft)
-    compat = check(t, d, Store())
-    if not compat.compatible:
-        raise compat.error()
-
-
 # ------------------------------------------------------------------------ suggest
 
 
