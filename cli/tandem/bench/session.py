@@ -16,9 +16,11 @@ from tandem.bench import report as rep
 from tandem.bench import tune as tuning
 from tandem.config import tuned as tuned_file
 from tandem.bench import workloads
+from tandem.bench.multiturn import Conversation, count_runs, run_conversations
 from tandem.bench.runner import BenchProgress, RunResult, classify_divergences, run_bench
 from tandem.bench.sweep import build_configs
 from tandem.bench.workloads import Prompt
+from tandem.engine.history import Library
 from tandem.engine.sampling import SamplingParams
 from tandem.engine.session import PairSession, SessionOptions
 from tandem.engine.speculative import GenParams
@@ -89,12 +91,15 @@ class BenchSession:
     """One spec-bench run: its configurations, the results so far, and what they conclude."""
 
     def __init__(self, request: BenchRequest, target_path: Path, draft_paths: Sequence[Path],
-                 planned: SessionOptions, prompts: Sequence[Prompt], grid: dict[str, list]):
+                 planned: SessionOptions, prompts: Sequence[Prompt], grid: dict[str, list],
+                 conversations: Sequence[Conversation] = ()):
         self.request = request
         self.target_path = target_path
         self.draft_paths = list(draft_paths)
         self.labels = draft_labels(self.draft_paths)
         self.prompts = list(prompts)
+        # multi-turn workloads (bench/multiturn.py): measured instead of `prompts`
+        self.conversations = list(conversations)
         self.planned = planned
         self.threads = planned.target_ctx.n_threads
         self.configs = build_configs(request.strategies, planned.draft, grid,
@@ -114,6 +119,8 @@ class BenchSession:
 
     @property
     def total(self) -> int:
+        if self.conversations:
+            return count_runs(self.conversations, self.configs)
         return len(self.prompts) * len(self.configs) * self.request.reps
 
     def run(self, verbose: bool = False,
@@ -121,12 +128,20 @@ class BenchSession:
         """Load the pair, then yield a line before the cost curve is measured, a BenchProgress
         without a result when the runs begin, and one after every recorded run. should_stop()
         ends it early, keeping the results so far (a partial report)."""
-        opts = replace(self.planned, strategy="none", verbose=verbose)
+        # never the user's history: each run's library is what the workload says it is
+        opts = replace(self.planned, strategy="none", verbose=verbose, history=False)
         with PairSession(self.target_path, self.draft_paths, opts) as session:
+            session.library = Library(None, remember=False)
             if self.request.cost_curve:
                 yield "measuring the verify-batch cost curve..."
                 self.meta["costs"] = measure_costs(session, self.configs)
             yield BenchProgress(0, self.total, None)
+            if self.conversations:
+                for ev in run_conversations(session, self.conversations, self.configs,
+                                            self.gen, should_stop):
+                    self.results.append(ev.result)
+                    yield ev
+                return
             for ev in run_bench(session, self.prompts, self.configs, self.gen, self.request.reps,
                                 self.request.warmup, should_stop):
                 if ev.result is not None:

@@ -35,6 +35,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("temp", "X", "sampling temperature (0: greedy)"),
     ("max-tokens", "N", "most tokens per answer"),
     ("system", "TEXT", "set the system prompt (no text: clear it)"),
+    ("add", "FILE", "let auto draft from a text file (code or notes the answers will quote)"),
     ("reset", "", "forget the conversation (keeps the system prompt)"),
     ("save", "FILE", "save the conversation: .json as JSON, anything else as markdown"),
     ("exit", "", "leave (also /quit, Ctrl-D)"),
@@ -257,7 +258,7 @@ class ChatSession:
             return self.plain_rate
         gen = GenParams(max_tokens=max_tokens, sampling=SamplingParams(), ignore_eos=True)
         done = None
-        for ev in self.pair.generate(tokens, gen, strategy="none"):
+        for ev in self.pair.generate(tokens, gen, strategy="none", record=False):
             if isinstance(ev, DoneEvent):
                 done = ev
         if done is not None and done.stats.n_generated and done.stats.t_decode > 0:
@@ -333,6 +334,15 @@ class ChatSession:
         return CommandResult("set", msg + "; it applies from the next message",
                              {"system": self.system})
 
+    def _cmd_add(self, arg: str) -> CommandResult:
+        if not arg:
+            raise UsageError("/add needs a file name", "for example: /add src/app.py")
+        path = Path(arg).expanduser()
+        n = self.pair.add_context_file(path)
+        note = "" if self.strategy == "auto" else " (drafted from with /strategy auto)"
+        return CommandResult("set", f"added {path.name} ({n} tokens) for drafting{note}",
+                             {"file": str(path), "tokens": n})
+
     def _cmd_reset(self, arg: str) -> CommandResult:
         n = len(self.turns)
         self.reset()
@@ -377,6 +387,8 @@ class ChatSession:
             "drafted": total.drafted,
             "accepted": total.accepted,
             "acceptance_rate": total.acceptance_rate,
+            "by_source": {k: list(v) for k, v in total.by_source.items()},
+            "context_files": list(self.pair.library.file_names),
             "mean_accepted_length": total.mean_accepted_length,
             "acceptance_by_position": total.acceptance_by_position,
             "plain_tokens_per_second": self.plain_rate,

@@ -25,6 +25,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from tandem.config.schema import DRAFT_SOURCES
 from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
 from tandem.engine.stats import GenStats
 
@@ -226,10 +227,23 @@ def panel_lines(state: LiveState, width: int | None = None) -> list[Text]:
         else:
             pos.append("by position: no drafts yet")
         lines.append(pos)
+        sources = sources_text(state.steps.by_source, narrow)
+        if sources:
+            lines.append(Text(sources))
     # the drafter's decisions (e.g. auto turning the draft model off), once the answer is done
     for note in (state.final.notes if state.final is not None else []):
         lines.append(Text(note, style="dim"))
     return lines
+
+
+def sources_text(by_source: dict[str, list[int]], narrow: bool = False) -> str:
+    """Where the drafts came from: accepted/drafted per source (model, prompt, file, history);
+    empty while only one kind of drafter proposed anything (nothing to tell apart)."""
+    seen = [s for s in DRAFT_SOURCES if by_source.get(s, [0, 0])[0] > 0]
+    if not seen or seen == ["model"]:
+        return ""
+    parts = [f"{s} {by_source[s][1]}/{by_source[s][0]}" for s in seen]
+    return ("from " if narrow else "drafts accepted/drafted from: ") + " · ".join(parts)
 
 
 def summary_line(state: LiveState, width: int | None = None) -> str:
@@ -245,6 +259,9 @@ def summary_line(state: LiveState, width: int | None = None) -> str:
                      f"({state.accepted}/{state.drafted})")
         parts.append(f"mean accepted length {state.mean_accepted_length:.2f}")
         parts.append(f"by position {sparkline(state.by_position)}")
+        sources = sources_text(state.steps.by_source, narrow=True)
+        if sources:
+            parts.append(sources)
     if state.reason and state.reason != "eos":
         parts.append(f"stopped: {state.reason}")
     elif state.status == "interrupted":
@@ -484,6 +501,11 @@ class ChatView:
             by_pos = data["acceptance_by_position"]
             rows.append(("by position", sparkline(by_pos) + "  " + " ".join(
                 f"{i + 1}:{100 * r:.0f}%" for i, r in enumerate(by_pos))))
+            sources = sources_text(data.get("by_source") or {}, narrow=True)
+            if sources:
+                rows.append(("drafts", sources))
+        if data.get("context_files"):
+            rows.append(("context files", ", ".join(data["context_files"])))
         plain = data.get("plain_tokens_per_second")
         if plain:
             line = f"{_fmt_rate(plain)} tok/s (measured here: {data['plain_source']})"

@@ -49,9 +49,9 @@ def _root(
 
 def _register_commands() -> None:
     """Each command lives in its own module with a register(app)."""
-    from tandem.commands import bench, chat, hw, pairs, run
+    from tandem.commands import bench, chat, history, hw, pairs, run
 
-    for module in (run, pairs, hw, chat, bench):
+    for module in (run, pairs, hw, chat, bench, history):
         module.register(app)
 
 

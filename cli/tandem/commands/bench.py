@@ -63,6 +63,7 @@ def spec_bench(
     prompts: Annotated[Optional[Path], typer.Option("--prompts", readable=False, help="Spec-Bench JSONL, JSONL with prompt/category, a text file (prompts separated by blank lines), or - for stdin.")] = None,
     per_category: Annotated[Optional[int], typer.Option("--per-category", help="At most this many prompts per category.")] = None,
     category: Annotated[Optional[list[str]], typer.Option("--category", help="Only this category (repeatable).")] = None,
+    multi_turn: Annotated[bool, typer.Option("--multi-turn", help="Conversations instead of single prompts: the built-in code-editing conversations, and the two-turn rows of --prompts (Spec-Bench's MT-bench), reported per turn, plus a fresh session that edits an earlier answer from the history.")] = False,
     group_mt_bench: Annotated[bool, typer.Option("--group-mt-bench", help="Report Spec-Bench's eight MT-bench categories as one (as the Spec-Bench paper does).")] = False,
     strategies: Annotated[str, typer.Option("--strategies", help="Comma-separated strategies to compare with plain decoding.")] = "draft,ngram,hybrid,auto",
     sweep: Annotated[Optional[list[str]], typer.Option("--sweep", help=SWEEP_HELP)] = None,
@@ -90,6 +91,8 @@ def spec_bench(
 
       tandem spec-bench --prompts question.dev.jsonl --per-category 5 --out bench-out
 
+      tandem spec-bench --multi-turn --prompts question.dev.jsonl --strategies auto
+
       tandem spec-bench --strategies draft --sweep draft-max=2,4,8 --sweep p-min=0,0.5 --tune
     """
     from tandem.bench.session import BenchRequest, BenchSession, load_prompts
@@ -108,7 +111,17 @@ def spec_bench(
     pair, rest = app_module.split_pair_and_prompt(args or [])
     if rest:
         raise UsageError(f"unexpected argument {rest!r}", "spec-bench takes an optional pair name")
-    items = load_prompts(prompts, app_module.read_stdin, per_category, category, group_mt_bench)
+    conversations = []
+    if multi_turn:
+        from tandem.bench import multiturn
+
+        conversations = multiturn.builtin_conversations() + (
+            multiturn.spec_bench_conversations(prompts) if prompts is not None else [])
+        conversations = multiturn.select(conversations, per_category)
+        items = []
+    else:
+        items = load_prompts(prompts, app_module.read_stdin, per_category, category,
+                             group_mt_bench)
     grid = parse_sweep(sweep or [])
     # the same settings chain as run and chat (flags > env > config > tuned > profile)
     target_path, draft_path, planned = app_module.load_plan(
@@ -116,7 +129,7 @@ def spec_bench(
             exact, strategy="none", n_max=n_max, n_min=n_min, p_min=p_min, n_ctx=n_ctx,
             n_threads=n_threads), verbose)
     draft_paths = [_fetch(ref) for ref in drafts] if drafts else ([draft_path] if draft_path else [])
-    bench = BenchSession(request, target_path, draft_paths, planned, items, grid)
+    bench = BenchSession(request, target_path, draft_paths, planned, items, grid, conversations)
     err = Console(stderr=True, no_color=bool(os.environ.get("NO_COLOR")) or None)
     stop = {"now": False}
 

@@ -17,6 +17,7 @@ from tandem.errors import TandemError, UsageError
 
 def register(app: typer.Typer) -> None:
     from tandem.commands.options import (
+        ContextFileOpt,
         DraftMaxOpt,
         DraftMinOpt,
         DraftOpt,
@@ -24,6 +25,7 @@ def register(app: typer.Typer) -> None:
         ExactOpt,
         MinPOpt,
         ModelOpt,
+        NoHistoryOpt,
         OptCtxOpt,
         OptThreadsOpt,
         RepeatPenaltyOpt,
@@ -58,12 +60,14 @@ def register(app: typer.Typer) -> None:
         show_draft: Annotated[bool, typer.Option("--show-draft", help="Colour the tokens the target accepted from the draft.")] = False,
         plain_probe: Annotated[int, typer.Option("--plain-probe", help="Tokens of plain decoding measured at start for the speedup figure (0: off; plain turns also count).")] = 16,
         exact: ExactOpt = False,
+        context_file: ContextFileOpt = None,
+        no_history: NoHistoryOpt = False,
         verbose: VerboseOpt = False,
     ):
         """Chat in the terminal, with live tokens/s, draft acceptance and speedup.
 
         Slash commands: /help /stats /strategy NAME /draft N /temp X /max-tokens N /system TEXT
-        /reset /save FILE /exit. Ctrl-C stops an answer; Ctrl-C twice or Ctrl-D exits.
+        /add FILE /reset /save FILE /exit. Ctrl-C stops an answer; Ctrl-C twice or Ctrl-D exits.
 
         Examples:
 
@@ -75,12 +79,14 @@ def register(app: typer.Typer) -> None:
               n_max=n_max, n_min=n_min, p_min=p_min,
               max_tokens=max_tokens, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
               repeat_penalty=repeat_penalty, seed=seed, n_ctx=n_ctx, n_threads=n_threads,
-              show_draft=show_draft, plain_probe=plain_probe, verbose=verbose, exact=exact)
+              show_draft=show_draft, plain_probe=plain_probe, verbose=verbose, exact=exact,
+              context_file=context_file, no_history=no_history)
 
 
 def _chat(*, pair, system, model, model_draft, strategy, n_max, n_min, p_min,
           max_tokens, temp, top_k, top_p, min_p, repeat_penalty, seed, n_ctx, n_threads,
-          show_draft, plain_probe, verbose, exact=False) -> None:
+          show_draft, plain_probe, verbose, exact=False, context_file=None,
+          no_history=False) -> None:
     from tandem.chat.session import ChatSession
     from tandem.chat.tui import ChatView, make_console
     from tandem.commands import options as _app
@@ -96,18 +102,21 @@ def _chat(*, pair, system, model, model_draft, strategy, n_max, n_min, p_min,
     _app.check_max_tokens(max_tokens)
     _app.check_text(system, "the system prompt (-s)")
     sampling = _app.sampling_params(temp, top_k, top_p, min_p, repeat_penalty, seed)
+    contexts = _app.read_context_files(context_file)
     _read_lines_leniently()
     view = ChatView(make_console(), show_draft=show_draft)
     # no spinner here: a download on the way draws its own progress on stderr
     target_path, draft_path, opts = _app.load_plan(
         pair, model, model_draft, _app.setting_flags(
-            exact, strategy=strategy, n_max=n_max, n_min=n_min, p_min=p_min, n_ctx=n_ctx,
+            exact, no_history, strategy=strategy, n_max=n_max, n_min=n_min, p_min=p_min, n_ctx=n_ctx,
             n_threads=n_threads), verbose)
     gen = GenParams(max_tokens=max_tokens, sampling=sampling)
     names = target_path.name + (f" + {Path(draft_path).name}" if draft_path else "")
     with view.loading(f"Loading {names}…"):
         session = PairSession(target_path, draft_path, opts)
     with session:
+        for path, text in contexts:
+            session.add_context_file(path, text)
         chat = ChatSession(session, system=system, gen=gen, strategy=opts.strategy,
                            draft=opts.draft)
         if plain_probe > 0 and chat.strategy != "none":

@@ -26,6 +26,8 @@ OptCtxOpt = Annotated[Optional[int], typer.Option("--ctx-size", "-c", help="Cont
 OptThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", help="CPU threads (0: all cores; default: from the profile).")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log on stderr.")]
 ExactOpt = Annotated[bool, typer.Option("--exact", help="Exact mode: output bit-identical to plain decoding (unrepacked weights, q8_0 KV, verify batches of <= 7 tokens on a CPU; slower). Default (fast): llama.cpp's own kernels, greedy output equal to plain decoding up to floating-point rounding (a near-tie may flip).")]
+NoHistoryOpt = Annotated[bool, typer.Option("--no-history", help="Do not draft from earlier answers kept on disk, nor keep this one (config: `history: off`, env TANDEM_HISTORY=off).")]
+ContextFileOpt = Annotated[Optional[list[Path]], typer.Option("--context-file", readable=False, help="A text file auto may draft from (repeatable): code or notes the answer will quote.")]
 SystemOpt = Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.")]
 TempOpt = Annotated[float, typer.Option("--temp", help="Temperature; 0 is greedy.")]
 TopKOpt = Annotated[int, typer.Option("--top-k", help="Top-k (0: off).")]
@@ -210,7 +212,14 @@ def load_plan(pair, model, model_draft, flags: dict, verbose: bool):
     return prepared.target, draft, prepared.options
 
 
-def setting_flags(exact: bool = False, **flags) -> dict:
+def setting_flags(exact: bool = False, no_history: bool = False, **flags) -> dict:
     """The settings flags of a command, whose parameters are named as the settings keys
-    (None: not given); --exact is the mode."""
-    return {**flags, "mode": "exact" if exact else None}
+    (None: not given); --exact is the mode, --no-history the history."""
+    return {**flags, "mode": "exact" if exact else None, "history": "off" if no_history else None}
+
+
+def read_context_files(paths) -> list[tuple[Path, str]]:
+    """--context-file's files, read and checked before any model loads."""
+    from tandem.engine.history import read_context_file
+
+    return [(Path(p), read_context_file(Path(p))) for p in paths or ()]

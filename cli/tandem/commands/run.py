@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from tandem.commands.options import (
+    ContextFileOpt,
     DraftMaxOpt,
     DraftMinOpt,
     DraftOpt,
@@ -15,6 +16,7 @@ from tandem.commands.options import (
     ExactOpt,
     MinPOpt,
     ModelOpt,
+    NoHistoryOpt,
     OptCtxOpt,
     OptThreadsOpt,
     RepeatPenaltyOpt,
@@ -28,6 +30,7 @@ from tandem.commands.options import (
     check_max_tokens,
     check_text,
     load_plan,
+    read_context_files,
     read_stdin,
     sampling_params,
     setting_flags,
@@ -64,6 +67,8 @@ def run(
     no_stream: Annotated[bool, typer.Option("--no-stream", help="Print the text once it is complete.")] = False,
     stats: Annotated[Optional[bool], typer.Option("--stats/--no-stats", help="Statistics on stderr (default: when stderr is a terminal).")] = None,
     exact: ExactOpt = False,
+    context_file: ContextFileOpt = None,
+    no_history: NoHistoryOpt = False,
     verbose: VerboseOpt = False,
 ):
     """Generate a completion; text on stdout, statistics on stderr.
@@ -75,6 +80,8 @@ def run(
       git diff | tandem run -s "Write the commit message for this diff"
 
       tandem run -m target.gguf -md draft.gguf --draft-max 8 "hello"
+
+      tandem run --context-file app.py "Add logging to the load() function in app.py"
     """
     from tandem.engine.events import DoneEvent, TokenEvent
     from tandem.engine.session import PairSession
@@ -92,7 +99,8 @@ def run(
     check_max_tokens(max_tokens)
     sampling = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, seed)
     gen = GenParams(max_tokens=max_tokens, sampling=sampling, stop=tuple(stop or ()))
-    flags = setting_flags(exact, strategy=strategy, n_max=n_max, n_min=n_min, p_min=p_min,
+    contexts = read_context_files(context_file)
+    flags = setting_flags(exact, no_history, strategy=strategy, n_max=n_max, n_min=n_min, p_min=p_min,
                           n_ctx=n_ctx, n_threads=n_threads)
     target_path, draft_path, opts = load_plan(pair, model, model_draft, flags, verbose)
     messages = ([{"role": "system", "content": system}] if system else []) + [
@@ -100,6 +108,8 @@ def run(
     show_stats = sys.stderr.isatty() if stats is None else stats
     done = None
     with PairSession(target_path, draft_path, opts) as session:
+        for path, text in contexts:
+            session.add_context_file(path, text)
         tokens = session.prompt_tokens(messages, raw=raw)
         out = sys.stdout
         for ev in session.generate(tokens, gen):

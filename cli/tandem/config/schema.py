@@ -18,6 +18,10 @@ MODES = ("fast", "exact")
 FLASH_ATTN = ("auto", "on", "off")
 KV_TYPES = ("f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 QUANTIZED_KV = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+ON_OFF = ("on", "off")
+# where a drafted token came from: the draft model, the current prompt and output (prompt
+# lookup), a file the user named, or earlier answers (engine/history.py)
+DRAFT_SOURCES = ("model", "prompt", "file", "history")
 MAX_CONTEXT = 1 << 20
 MAX_DRAFT = 64  # verify batches carry at most MAX_DRAFT drafts (engine/llama.py MAX_OUTPUTS)
 
@@ -133,6 +137,8 @@ SETTING_FIELDS: tuple[Field, ...] = (
       label="GPU layers"),
     F("draft_gpu_layers", ("offload", "draft"), "TANDEM_GPU_LAYERS_DRAFT", "layers", "auto",
       label="draft GPU layers"),
+    F("history", ("history",), "TANDEM_HISTORY", "choice", "on", choices=ON_OFF,
+      label="draft history", flag="--no-history"),
     F("gpu_reserve_mb", ("offload", "reserve_mb"), "TANDEM_GPU_RESERVE_MB", "int", 512, 0,
       1 << 20, label="GPU reserve (MiB)"),
 )

@@ -67,6 +67,7 @@ class Settings:
     type_v: str
     target_gpu_layers: int | str
     draft_gpu_layers: int | str
+    history: str
     gpu_reserve_mb: int
     sources: Mapping[str, Setting] = field(repr=False, default_factory=dict)
     profile_obj: Any = None  # tandem.machine.profiles.Profile
@@ -88,7 +89,7 @@ class Settings:
                 for k, s in self.sources.items()}
 
 
-VALUE_KEYS = tuple(f.name for f in fields(Settings))[:18]
+VALUE_KEYS = tuple(f.name for f in fields(Settings))[:19]
 assert set(VALUE_KEYS) == {"pair", "profile"} | set(FIELDS_BY_KEY)
 
 

@@ -1,35 +1,55 @@
 """`auto`: hybrid drafting tuned to this machine, as one named drafter.
 
-It drafts n-gram continuations when a match of 2+ tokens exists (up to AUTO_NGRAM_CAP tokens,
-within the verify limit: they cost no draft time) and the draft model otherwise, each with an
-adaptive length from its measured acceptance and this machine's costs, and falls back to plain
-decoding while speculation measures slower (adaptive.py). The draft model is used at all only
-where the calibrated costs predict it can pay; the decision and the costs used are its notes.
+Zero-cost drafts come from suffix indexes (engine/suffix.py) over what was already said: the
+current prompt and output (prompt lookup, the conversation so far in a chat), files the user
+named, and earlier answers of this pair (engine/history.py). Of the sources that match the
+context's ending, the longest match wins (equal lengths: prompt, then file, then history);
+its draft length is chosen from the acceptance measured for that source at that match length
+and this machine's costs (adaptive.py), so a source or match length that does not pay is not
+used. The draft model drafts otherwise, where the calibrated costs predict it can pay at all,
+and auto falls back to plain decoding while speculation measures slower. The decisions and
+the costs used are its notes.
 """
 from __future__ import annotations
 
 from typing import Sequence
 
-from tandem.engine.adaptive import model_draft_gain
+from tandem.engine.adaptive import AcceptanceTracker, LengthController, model_draft_gain
 from tandem.engine.costs import MAX_BATCH, CostModel
-from tandem.engine.drafters import DraftModelDrafter, HybridDrafter
+from tandem.engine.drafters import Draft, DraftModelDrafter, HybridDrafter
+from tandem.engine.events import StepEvent
+from tandem.engine.history import Library
+from tandem.engine.suffix import MAX_MATCH, SuffixIndex
 
 # the draft model is used only where the calibrated costs predict at least this speedup at
 # this acceptance per position: measured overheads (syncs, sampling) eat a gain this small
 AUTO_MODEL_GAIN = 1.15
 AUTO_MODEL_ACCEPT = 0.9
 AUTO_NGRAM_CAP = MAX_BATCH - 1  # within the verify limit (exact mode on a CPU: EXACT_BATCH - 1)
+# Shortest match each source drafts from, and its prior acceptance: the prompt is small and
+# about this very request; files and earlier answers are larger, so a 2-token match there is
+# mostly chance and starts lower (the measured acceptance soon replaces any prior)
+MIN_MATCH = {"prompt": 2, "file": 3, "history": 3}
+PRIOR = {"prompt": 0.6, "file": 0.5, "history": 0.5}
+ORDER = ("prompt", "file", "history")  # equal match lengths: the nearer source first
+BUCKETS = (2, 3, 4, 5, 8, 16)  # acceptance is tracked per match length, long ones grouped
+
+
+def bucket(match: int) -> int:
+    return max(b for b in BUCKETS if b <= max(match, BUCKETS[0]))
 
 
 class AutoDrafter(HybridDrafter):
     """`costs`: this machine's cost model, refined by the steps; `calibrated`: the calibration
     it started from, which the draft-model decision reads (its draft and verify figures share
     one context, while refinement moves only the verify costs: the draft is not run when off).
-    `n_max` is the draft model's longest draft; `notes` are said once, after the decision."""
+    `n_max` is the draft model's longest draft; `library` holds the session's files and
+    earlier answers; `notes` are said once, after the decision."""
 
     def __init__(self, model: DraftModelDrafter | None, costs: CostModel, *, n_min: int = 0,
                  n_max: int = 4, verify_limit: int = MAX_BATCH,
-                 calibrated: CostModel | None = None, notes: Sequence[str] = ()):
+                 calibrated: CostModel | None = None, notes: Sequence[str] = (),
+                 library: Library | None = None):
         decided: list[str] = []
         if model is not None:
             gain = model_draft_gain(calibrated or costs, n_max, AUTO_MODEL_ACCEPT)
@@ -38,7 +58,80 @@ class AutoDrafter(HybridDrafter):
                 decided.append(f"draft model off: this machine's costs predict {gain:.2f}x at "
                                f"{AUTO_MODEL_ACCEPT:.0%} acceptance "
                                f"(needs {AUTO_MODEL_GAIN:.2f}x)")
-        super().__init__(model, ngram_match=2, costs=costs, n_min=n_min, n_max=n_max,
-                         adaptive=True, guard=True, name="auto",
+        super().__init__(model, ngram_match=MIN_MATCH["prompt"], costs=costs, n_min=n_min,
+                         n_max=n_max, adaptive=True, guard=True, name="auto",
                          ngram_cap=min(AUTO_NGRAM_CAP, verify_limit - 1), ngram_n=8)
         self.notes += decided + [costs.describe()] + list(notes)
+        self.prompt = SuffixIndex()
+        self.library = library
+        # suffix drafts cost no model time, so their probes are cheap: probe often
+        self.source_len = {
+            (src, b): LengthController(self.costs, 1, self.n_max, False, probe_every=4,
+                                       probe_len=1, max_probe_every=32,
+                                       tracker=AcceptanceTracker(self.n_max, prior=PRIOR[src]))
+            for src in ORDER for b in BUCKETS}
+        self.step_sources: tuple[tuple[str, int, int], ...] = ()  # the latest step's, by source
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        self.prompt.sync(prompt)
+        if self.model is not None:
+            self.model.prefill(prompt)
+
+    def candidates(self, tokens: Sequence[int], k: int) -> list[tuple[str, list[int], int]]:
+        """(source, continuation, match length) of every source matching the context's end,
+        best first."""
+        self.prompt.sync(tokens)
+        suffix = list(tokens[-MAX_MATCH:])
+        sources = [("prompt", self.prompt)] + (self.library.sources() if self.library else [])
+        out = []
+        for src, idx in sources:
+            cont, match = idx.draft(suffix, k, MIN_MATCH[src])
+            if cont:
+                out.append((src, cont, match))
+        out.sort(key=lambda c: (-c[2], ORDER.index(c[0])))
+        return out
+
+    def propose(self, tokens, room, sampling, rng, sample) -> Draft:
+        self._last, self._last_ngram, self._model_ran, self._probe = Draft(), None, False, False
+        k_cap = min(room, self.n_max)
+        if k_cap <= 0 or (self.guard is not None and self.guard.want_plain()):
+            return self._last
+        for src, cont, match in self.candidates(tokens, k_cap):
+            ctl = self.source_len[(src, bucket(match))]
+            k = ctl.choose(len(cont))
+            if k > 0:
+                self._last_ngram, self._probe = ctl, ctl.last_was_probe
+                self._last = Draft(cont[:k], [None] * k if sample else None, n_model=0,
+                                   source=src)
+                return self._last
+        if self.model is None:
+            return self._last
+        k = self.model_len.choose(room)
+        self._probe = self.model_len.last_was_probe
+        if k <= 0:
+            return self._last
+        # a probe after a plain stretch first re-reads the lagged tokens in one batch; that
+        # catch-up is timed apart (model.last_sync_s) and never priced as draft tokens
+        draft = self.model.draft(tokens, k, sampling, rng, sample)
+        self._model_ran = True
+        if draft.tokens and len(draft.tokens) < k:
+            extra, match = self.prompt.draft(list(tokens[-MAX_MATCH:]) + draft.tokens,
+                                             k - len(draft.tokens), MIN_MATCH["prompt"])
+            if extra:
+                draft = Draft(draft.tokens + extra,
+                              (draft.dists or []) + [None] * len(extra) if sample else None,
+                              n_model=len(draft.tokens))
+        self._last = draft
+        return draft
+
+    def observe(self, step: StepEvent) -> None:
+        d = self._last
+        n_model = min(d.n_model, step.drafted)
+        rest = step.drafted - n_model
+        sources = []
+        if n_model:
+            sources.append(("model", n_model, min(step.accepted, n_model)))
+        if rest:
+            sources.append((d.source, rest, max(step.accepted - n_model, 0)))
+        self.step_sources = tuple(sources)
+        super().observe(step)

@@ -34,6 +34,7 @@ class Draft:
     # sampling); None, or a None entry, marks a deterministic token (verified as a point mass).
     dists: list[Dist | None] | None = None
     n_model: int = 0  # leading tokens that came from the draft model (the rest: n-gram)
+    source: str = "prompt"  # where the tokens after the model's came from (DRAFT_SOURCES)
 
 
 class Drafter(Protocol):

@@ -36,6 +36,9 @@ class StepEvent:
     t_draft: float
     t_verify: float
     t_sample: float
+    # (source, drafted, accepted) per draft source of this step (config.schema.DRAFT_SOURCES),
+    # where the drafter says (PairSession.generate adds it); empty otherwise
+    sources: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ from tandem.config.schema import STRATEGIES
 from tandem.engine import template as chat_template
 from tandem.engine.auto import AutoDrafter
 from tandem.engine.costs import DISAGREE, CostModel, calibrate, disagreement
+from tandem.engine.events import DoneEvent, StepEvent
+from tandem.engine.history import HistoryStore, Library, read_context_file
 from tandem.engine.drafters import (
     Drafter,
     DraftModelDrafter,
@@ -69,6 +71,9 @@ class SessionOptions:
     # unrepacked (from_settings). The draft's numerics only affect acceptance.
     repack: bool = True
     draft_repack: bool = True
+    # earlier answers of this pair on disk, drafted from by auto and added to after each
+    # answer (engine/history.py); off: neither read nor written
+    history: bool = False
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -94,7 +99,7 @@ class SessionOptions:
         return cls(strategy=s.strategy, draft=DraftParams(s.n_max, s.n_min, s.p_min),
                    target_ctx=exact_context(ctx) if exact else ctx, draft_ctx=None,
                    target_gpu_layers=layers[0], draft_gpu_layers=layers[1], verbose=verbose,
-                   repack=not exact, extra=dict(extra or {}))
+                   repack=not exact, history=s.history == "on", extra=dict(extra or {}))
 
 
 def gpu_layers_value(value: int | str, backend: str) -> int:
@@ -165,6 +170,22 @@ class PairSession:
         self.draft_label: str | None = None
         self.configure(options.target_ctx, options.draft_ctx or options.target_ctx,
                        next(iter(self.drafts), None))
+        # files the user named and earlier answers: what auto drafts from besides the prompt
+        self.library = Library(self._history_store() if options.history else None)
+
+    def _history_store(self) -> HistoryStore:
+        from tandem.models.store import tandem_home
+
+        return HistoryStore(tandem_home(), self.target_path)
+
+    def add_context_file(self, path: str | Path, text: str | None = None) -> int:
+        """Index a text file for drafting (--context-file, chat /add); its token count.
+        `text`: the file's content when the caller has read (and checked) it already."""
+        if text is None:
+            text = read_context_file(Path(path))
+        tokens = self.target.tokenize(text, add_special=False, parse_special=False)
+        self.library.add_file(Path(path).name, tokens)
+        return len(tokens)
 
     @property
     def draft_path(self) -> Path | None:
@@ -233,7 +254,7 @@ class PairSession:
         notes, self.cost_notes = self.cost_notes, []  # said once, on the request that found it
         return AutoDrafter(model, costs, n_min=draft.n_min, n_max=draft.n_max,
                            verify_limit=self.target_ctx.verify_limit, calibrated=calibrated,
-                           notes=notes)
+                           notes=notes, library=self.library)
 
     def costs(self, calibrated: bool = False) -> CostModel:
         """The active configuration's cost model on this machine: cached, else calibrated
@@ -302,7 +323,28 @@ class PairSession:
         return tokens
 
     def generate(self, prompt: Sequence[int], gen: GenParams, strategy: str | None = None,
-                 draft: DraftParams | None = None) -> Iterator:
+                 draft: DraftParams | None = None, record: bool = True) -> Iterator:
         """generate() with the drafter for `strategy` built from `draft` (default: the
-        session's options)."""
-        return generate(self.target_ctx, prompt, self.drafter(strategy, draft), gen)
+        session's options). Steps say which source their drafts came from (where the drafter
+        knows), and each finished answer joins the library's history (`record`: unless it
+        is a measurement, not an answer)."""
+        drafter = self.drafter(strategy, draft)
+        by_source = getattr(drafter, "step_sources", None) is not None
+        inner = generate(self.target_ctx, prompt, drafter, gen)
+        totals: dict[str, list[int]] = {}
+        try:
+            for ev in inner:
+                if isinstance(ev, StepEvent) and by_source:
+                    ev = replace(ev, sources=drafter.step_sources)
+                    drafter.step_sources = ()
+                    for source, d, a in ev.sources:
+                        counts = totals.setdefault(source, [0, 0])
+                        counts[0] += d
+                        counts[1] += a
+                elif isinstance(ev, DoneEvent):
+                    ev.stats.by_source = totals  # generate()'s own statistics never saw them
+                    if record:
+                        self.library.record(ev.tokens)
+                yield ev
+        finally:
+            inner.close()

@@ -28,6 +28,9 @@ class GenStats:
     t_sample: float = 0.0
     t_total: float = 0.0
     notes: list[str] = field(default_factory=list)  # the drafter's decisions (e.g. model off)
+    # source -> [drafted, accepted]: which drafts came from the model, the prompt, a file or
+    # earlier answers (config.schema.DRAFT_SOURCES), where the drafter says
+    by_source: dict[str, list[int]] = field(default_factory=dict)
 
     def __post_init__(self):
         # accepted drafts emitted in the step under way (its TokenEvents precede its StepEvent)
@@ -42,6 +45,8 @@ class GenStats:
                 self._step_accepted += ev.from_draft
         elif isinstance(ev, StepEvent):
             self.record_step(ev.drafted, self._step_accepted)
+            for source, drafted, accepted in ev.sources:
+                self.add_source(source, drafted, accepted)
             self._step_accepted = 0
             self.t_draft += ev.t_draft
             self.t_verify += ev.t_verify
@@ -55,12 +60,19 @@ class GenStats:
                      "drafted", "accepted", "t_prefill", "t_draft", "t_verify", "t_sample",
                      "t_total"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        for source, (d, a) in other.by_source.items():
+            self.add_source(source, d, a)
         for i, (d, a) in enumerate(zip(other.drafted_at, other.accepted_at)):
             if i == len(self.drafted_at):
                 self.drafted_at.append(0)
                 self.accepted_at.append(0)
             self.drafted_at[i] += d
             self.accepted_at[i] += a
+
+    def add_source(self, source: str, drafted: int, accepted: int) -> None:
+        counts = self.by_source.setdefault(source, [0, 0])
+        counts[0] += drafted
+        counts[1] += accepted
 
     def record_step(self, drafted: int, accepted: int) -> None:
         self.n_steps += 1

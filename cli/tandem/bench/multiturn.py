@@ -1,0 +1,136 @@
+"""spec-bench's multi-turn workloads: conversations measured turn by turn.
+
+Each conversation is run turn by turn, every configuration on the same prompt (rotated, as
+single prompts are), and the next turn's context holds plain decoding's answer (greedy, so
+every lossless configuration's). Turns are reported apart: `<set> t1` (nothing said yet),
+`<set> t2+` (the earlier answers are in the context) and `<set> fresh`: after all
+conversations, a new session asks to change an earlier answer without quoting it, with the
+answers of every conversation before it as the pair's history (engine/history.py), as a
+user's store would hold them. No other run sees any history: each gets an empty library.
+
+The sets: the built-in code-editing conversations (data/conversations.yaml; `code-edit`, and
+`holdout` for those never tuned on) and Spec-Bench's two-turn MT-bench rows (`mt-bench`).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import yaml
+
+from tandem.bench.runner import BenchConfig, BenchProgress, RunResult, _run_one
+from tandem.bench.workloads import Prompt
+from tandem.engine.history import Library
+from tandem.engine.speculative import GenParams
+from tandem.errors import UsageError
+
+CONVERSATIONS = Path(__file__).resolve().parents[1] / "data" / "conversations.yaml"
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: str
+    group: str  # code-edit | holdout | mt-bench: the report's category prefix
+    turns: tuple[str, ...]
+    fresh: str | None = None  # a later session's request to change an earlier answer
+
+
+def builtin_conversations() -> list[Conversation]:
+    data = yaml.safe_load(CONVERSATIONS.read_text(encoding="utf-8"))
+    return [Conversation(c["id"], "holdout" if c.get("split") == "holdout" else "code-edit",
+                         tuple(t.strip() for t in c["turns"]), (c.get("fresh") or "").strip() or None)
+            for c in data["conversations"]]
+
+
+def spec_bench_conversations(path: Path) -> list[Conversation]:
+    """The rows of a Spec-Bench JSONL with two or more turns (its MT-bench questions)."""
+    out = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read conversations from {path}: {exc}",
+                         "pass Spec-Bench's question.jsonl (rows with a `turns` list)") from None
+    for no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{path}:{no}: not valid JSON ({exc.msg})",
+                             "pass Spec-Bench's question.jsonl") from None
+        turns = obj.get("turns") if isinstance(obj, dict) else None
+        if isinstance(turns, list) and len(turns) >= 2 and all(isinstance(t, str) for t in turns):
+            out.append(Conversation(str(obj.get("question_id", no)), "mt-bench", tuple(turns)))
+    if not out:
+        raise UsageError(f"{path} has no rows with two or more turns",
+                         "Spec-Bench's question.jsonl has 80 two-turn MT-bench rows")
+    return out
+
+
+def select(convs: Sequence[Conversation], per_group: int | None) -> list[Conversation]:
+    counts: dict[str, int] = {}
+    out = []
+    for c in convs:
+        if per_group is not None and counts.get(c.group, 0) >= per_group:
+            continue
+        counts[c.group] = counts.get(c.group, 0) + 1
+        out.append(c)
+    return out
+
+
+def count_runs(convs: Sequence[Conversation], configs: Sequence[BenchConfig]) -> int:
+    return sum(len(c.turns) + (c.fresh is not None) for c in convs) * len(configs)
+
+
+def run_conversations(session, convs: Sequence[Conversation], configs: Sequence[BenchConfig],
+                      gen: GenParams, should_stop: Callable[[], bool] | None = None
+                      ) -> Iterator[BenchProgress]:
+    """Yield a BenchProgress after each run (see the module docstring for the order)."""
+    total = count_runs(convs, configs)
+    plain = next((c.name for c in configs if c.is_plain), configs[0].name)
+    answers: list[tuple[int, ...]] = []  # every answer so far: the fresh sessions' history
+    done_runs = 0
+    order = 0
+
+    def measure(tokens, pid, category, text, history):
+        nonlocal done_runs, order
+        shift = order % len(configs)
+        order += 1
+        out = {}
+        for config in list(configs[shift:]) + list(configs[:shift]):
+            if should_stop is not None and should_stop():
+                return None
+            library = Library(None, remember=False)
+            for a in history:
+                library.history.add(a)
+            session.library = library
+            done = _run_one(session, tokens, config, gen)
+            done_runs += 1
+            out[config.name] = (done, BenchProgress(done_runs, total, RunResult.from_done(
+                config.name, Prompt(pid, category, text), 0, done)))
+        return out
+
+    for conv in convs:
+        msgs: list[dict] = []
+        for i, text in enumerate(conv.turns):
+            msgs = msgs + [{"role": "user", "content": text}]
+            category = f"{conv.group} {'t1' if i == 0 else ('t2' if conv.group == 'mt-bench' else 't2+')}"
+            runs = measure(session.prompt_tokens(msgs), f"{conv.id}#{i + 1}", category, text, ())
+            if runs is None:
+                return
+            for _, ev in runs.values():
+                yield ev
+            done = runs[plain][0]
+            answers.append(done.tokens)
+            msgs = msgs + [{"role": "assistant", "content": done.text}]
+    for conv in convs:
+        if conv.fresh is None:
+            continue
+        tokens = session.prompt_tokens([{"role": "user", "content": conv.fresh}])
+        runs = measure(tokens, f"{conv.id}#fresh", f"{conv.group} fresh", conv.fresh, answers)
+        if runs is None:
+            return
+        for _, ev in runs.values():
+            yield ev

@@ -1,0 +1,206 @@
+"""What was already said, kept for drafting: earlier answers of a pair on disk, and the files the
+user names, each as a SuffixIndex the `auto` drafter looks up (engine/auto.py).
+
+On disk: one JSON file per target model under <tandem_home>/history/, keyed by the target
+file's name and size (token ids only mean something to that tokenizer), holding the answers'
+token ids, oldest first. It is bounded (HISTORY_MAX_TOKENS tokens and HISTORY_MAX_ENTRIES
+answers: the oldest go first), rewritten whole through a temporary file and os.replace (a
+crash mid-write leaves the previous file, never half of one), and only ever read from the
+TANDEM_HOME it was written in. `history: off` (config), TANDEM_HISTORY=off or --no-history
+neither reads nor writes it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from tandem.engine.suffix import SuffixIndex
+from tandem.errors import UsageError
+from tandem.fsutil import atomic_write_text
+
+HISTORY_DIR = "history"
+HISTORY_MAX_TOKENS = 100_000  # ~0.6 MB of JSON, ~25 MB of index in memory (docs/benchmarks.md)
+HISTORY_MAX_ENTRIES = 500
+HISTORY_MIN_TOKENS = 8  # shorter answers predict nothing worth a file write
+CONTEXT_FILE_MAX_BYTES = 4 << 20
+FORMAT = 1
+
+
+def history_dir(home: Path) -> Path:
+    return Path(home) / HISTORY_DIR
+
+
+def history_key(target: Path) -> str:
+    """The history file's name for this target model: its file name and size."""
+    target = Path(target)
+    size = target.stat().st_size if target.exists() else 0
+    return hashlib.sha256(f"{target.name}|{size}".encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class HistoryInfo:
+    """What one history file holds (for `tandem history`)."""
+
+    path: Path
+    target: str
+    entries: int
+    tokens: int
+    bytes: int
+    newest: float  # time.time() of the latest answer (0: unknown)
+
+
+class HistoryStore:
+    """The on-disk answers of one target model."""
+
+    def __init__(self, home: Path, target: Path, max_tokens: int = HISTORY_MAX_TOKENS,
+                 max_entries: int = HISTORY_MAX_ENTRIES):
+        self.path = history_dir(home) / f"{history_key(target)}.json"
+        self.target = Path(target).name
+        self.max_tokens = max_tokens
+        self.max_entries = max_entries
+
+    def load(self) -> list[list[int]]:
+        """The stored answers, oldest first; a missing or unreadable file is no history (the
+        next write replaces a damaged one)."""
+        return [e["tokens"] for e in self._entries()]
+
+    def _entries(self) -> list[dict]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):
+            return []
+        entries = data.get("entries") if isinstance(data, dict) else None
+        if not isinstance(entries, list):
+            return []
+        return [e for e in entries if isinstance(e, dict) and isinstance(e.get("tokens"), list)
+                and all(isinstance(t, int) for t in e["tokens"])]
+
+    def append(self, tokens: Sequence[int]) -> bool:
+        """Add one answer (read, append, trim, replace); False when it is too short to keep.
+        An answer equal to a stored one moves to the end instead of being stored twice."""
+        tokens = [int(t) for t in tokens]
+        if len(tokens) < HISTORY_MIN_TOKENS:
+            return False
+        entries = [e for e in self._entries() if e["tokens"] != tokens]
+        entries.append({"time": time.time(), "tokens": tokens})
+        entries = trim(entries, self.max_tokens, self.max_entries)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({"format": FORMAT, "target": self.target, "entries": entries},
+                          separators=(",", ":"))
+        # a per-process temporary name: two tandem processes never write the same temp file
+        atomic_write_text(self.path, text, self.path.with_name(
+            f"{self.path.name}.{os.getpid()}.tmp"))
+        return True
+
+
+def trim(entries: list[dict], max_tokens: int, max_entries: int) -> list[dict]:
+    """The newest entries within both bounds (a single answer over max_tokens keeps its end)."""
+    out: list[dict] = []
+    total = 0
+    for e in reversed(entries):
+        if len(out) >= max_entries or total >= max_tokens:
+            break
+        room = max_tokens - total
+        if len(e["tokens"]) > room:
+            e = {**e, "tokens": e["tokens"][-room:]}
+        out.append(e)
+        total += len(e["tokens"])
+    return list(reversed(out))
+
+
+def list_histories(home: Path) -> list[HistoryInfo]:
+    """Every history file under `home`, with what it holds."""
+    out = []
+    folder = history_dir(home)
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            raw = path.read_bytes()
+            data = json.loads(raw)
+            entries = data.get("entries", []) if isinstance(data, dict) else []
+            target = str(data.get("target", "?")) if isinstance(data, dict) else "?"
+        except (OSError, ValueError, RecursionError):
+            raw, entries, target = b"", [], "? (unreadable)"
+        entries = [e for e in entries if isinstance(e, dict) and isinstance(e.get("tokens"), list)]
+        out.append(HistoryInfo(path, target, len(entries),
+                               sum(len(e["tokens"]) for e in entries), len(raw),
+                               max((float(e.get("time", 0) or 0) for e in entries), default=0.0)))
+    return out
+
+
+def clear_histories(home: Path) -> int:
+    """Delete every history file (and stray temporary files) under `home`; how many."""
+    folder = history_dir(home)
+    n = 0
+    for path in list(folder.iterdir()) if folder.is_dir() else []:
+        if path.is_file() and (path.suffix in (".json", ".tmp")):
+            path.unlink()
+            n += path.suffix == ".json"
+    return n
+
+
+def read_context_file(path: Path) -> str:
+    """A file the user names for drafting (--context-file, chat /add): UTF-8 text only."""
+    path = Path(path).expanduser()
+    try:
+        if path.is_dir():
+            raise UsageError(f"context file {path} is a directory",
+                             "name a text file (for several, repeat --context-file)")
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"context file not found: {path}", "check the path") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read context file {path}: {exc.strerror or exc}",
+                         "check the path and its permissions") from None
+    if len(raw) > CONTEXT_FILE_MAX_BYTES:
+        raise UsageError(f"context file {path} is {len(raw) >> 20} MiB; the limit is "
+                         f"{CONTEXT_FILE_MAX_BYTES >> 20} MiB",
+                         "name the files that matter, not a whole tree")
+    if b"\x00" in raw:
+        raise UsageError(f"context file {path} looks binary (it contains NUL bytes)",
+                         "name text files: source code, notes, documents")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"context file {path} is not UTF-8 text (byte {exc.start})",
+                         "convert it first, e.g. with iconv") from None
+
+
+class Library:
+    """The session-wide draft sources besides the prompt: files the user named and earlier
+    answers (from disk, plus this session's). `store` None: nothing is read or written;
+    `remember` False: answers are not added at all (spec-bench decides what history holds)."""
+
+    def __init__(self, store: HistoryStore | None = None, remember: bool = True):
+        self.store = store
+        self.remember = remember
+        self.files = SuffixIndex()
+        self.history = SuffixIndex()
+        self.file_names: list[str] = []
+        if store is not None:
+            for answer in store.load():
+                self.history.add(answer)
+
+    def add_file(self, name: str, tokens: Sequence[int]) -> None:
+        self.files.add(tokens)
+        self.file_names.append(name)
+
+    def record(self, tokens: Sequence[int]) -> None:
+        """An answer just given: drafted from for the rest of the session, and kept on disk
+        when the store is on. A failed write costs only the next session's drafts."""
+        if not self.remember or len(tokens) < HISTORY_MIN_TOKENS:
+            return
+        self.history.add(tokens)
+        if self.store is not None:
+            try:
+                self.store.append(tokens)
+            except OSError:
+                pass
+
+    def sources(self) -> list[tuple[str, SuffixIndex]]:
+        return [(name, idx) for name, idx in (("file", self.files), ("history", self.history))
+                if len(idx)]
