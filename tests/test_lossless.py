@@ -384,3 +384,82 @@ def test_a_poisoned_cost_model_cannot_make_auto_slower_than_plain(monkeypatch):
     assert ratios["checked"] >= 1.0 and ratios["fixed"] >= 1.0, ratios
     assert ratios["guarded"] >= 0.95, ratios  # the guard alone limits the damage
     assert any("measured afresh" in n for n in done.stats.notes)
+
+
+# ------------------------------------------------------- drafts from history and context files
+
+HIST_PROMPT = [BOS, 2, 3]
+
+
+def _hist_target_fn(prefix):
+    # as _target_fn, after a three-token prompt: (0.6, 0.4), then by the first token
+    if len(prefix) <= len(HIST_PROMPT):  # shorter: the prompt's own rows, never sampled
+        return logits_of([0.6, 0.4], V)
+    return logits_of([0.3, 0.7] if prefix[len(HIST_PROMPT)] == 0 else [0.6, 0.4], V)
+
+
+def _history_auto(source: str):
+    from tandem.engine.auto import AutoDrafter
+    from tandem.engine.history import Library
+
+    lib = Library(None, remember=False)
+    # the earlier answers disagree with each other and with the target's likeliest tokens:
+    # point-mass drafts that are often wrong, the case where a bias would show
+    for doc in ([BOS, 2, 3, 1, 1, 4], [BOS, 2, 3, 0, 0, 4]):
+        (lib.history if source == "history" else lib.files).add(doc)
+    costs = CostModel(verify={n: 0.1 for n in range(1, 18)})
+    auto = AutoDrafter(None, costs, n_max=3, library=lib)
+    auto.guard = None  # never fall back to plain: every request must draft
+    return auto
+
+
+@pytest.mark.parametrize("source", ["history", "file"])
+def test_history_drafts_keep_the_target_distribution(source, monkeypatch):
+    """Drafts from earlier answers or files are deterministic: verified as point masses, the
+    output is distributed exactly as plain decoding's (chi-square, as above)."""
+    clock = FakeClock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    model = ScriptedModel(V)
+    sp_args = {"temperature": 0.8, "top_k": 3, "top_p": 0.95}
+    samples, by_source = [], Counter()
+    for seed in range(3000):
+        tctx = ScriptedContext(model, _hist_target_fn, clock=clock, cost=lambda n: 0.1)
+        done, steps = run(tctx, HIST_PROMPT, _history_auto(source), max_tokens=3,
+                          ignore_eos=True, sampling=SamplingParams(seed=seed, **sp_args))
+        samples.append(tuple(done.tokens[:2]))
+        by_source[source] += steps[0].drafted
+    assert by_source[source] >= 3000 * 2
+    sp = SamplingParams(**sp_args)
+    expected = {}
+    p0 = distribution(_hist_target_fn(HIST_PROMPT), [], sp)
+    for a in range(V):
+        if p0.prob(a) > 0:
+            p1 = distribution(_hist_target_fn(HIST_PROMPT + [a]), [], sp)
+            expected.update({(a, b): p0.prob(a) * p1.prob(b) for b in range(V) if p1.prob(b) > 0})
+    _assert_distribution(samples, expected, f"auto from {source}")
+
+
+def test_greedy_with_history_is_identical_to_plain_in_exact_mode(tiny_models):
+    """Exact mode, greedy: auto drafting from history and files gives plain decoding's tokens."""
+    from tandem.engine.events import DoneEvent
+    from tandem.engine.llama import ContextParams
+    from tandem.engine.session import PairSession, SessionOptions, exact_context
+    from tandem.engine.speculative import GenParams
+
+    ctx = exact_context(ContextParams(n_ctx=512, n_threads=1))
+    opts = SessionOptions(strategy="auto", target_ctx=ctx, repack=False)
+    gen = GenParams(max_tokens=40, ignore_eos=True)
+    with PairSession(tiny_models["target"], tiny_models["draft"], opts) as s:
+        prompts = [[1, 30 + i, 31 + i, 32, 33] for i in range(4)]
+        plain = [[ev for ev in s.generate(p, gen, strategy="none", record=False)
+                  if isinstance(ev, DoneEvent)][0].tokens for p in prompts]
+        for answer in plain:
+            s.library.record(answer)  # earlier answers, as a history would hold them
+        s.library.add_file("notes", list(plain[0][5:]) + list(plain[2]))
+        drafted_from = Counter()
+        for p, want in zip(prompts, plain):
+            done = [ev for ev in s.generate(p, gen) if isinstance(ev, DoneEvent)][0]
+            assert done.tokens == want
+            for src, (d, _) in done.stats.by_source.items():
+                drafted_from[src] += d
+    assert drafted_from["history"] + drafted_from["file"] > 0, drafted_from

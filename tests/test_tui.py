@@ -212,3 +212,31 @@ def test_summary_line_after_an_answer():
     assert "accepted 50% (6/12)" in line and "mean accepted length 3.00" in line
     assert line.endswith("stopped: Ctrl-C")
     assert "\n" in summary_line(state, 40)  # narrow: one item a line
+
+
+def test_panel_counts_drafts_from_history_apart_from_the_prompt():
+    """auto's steps say where their drafts came from; the panel, the summary line and /stats
+    show accepted/drafted per source."""
+    from tandem.chat.tui import sources_text, summary_line
+
+    state = LiveState(strategy="auto", n_max=4)
+    t = 1.0
+    state.apply(PrefillEvent(10, 10, 11), t)
+    tok = 0
+    for step, (drafted, accepted, source) in enumerate([(4, 4, "prompt"), (6, 3, "history"),
+                                                        (2, 0, "history")]):
+        for i in range(accepted + 1):
+            t += 0.05
+            state.apply(TokenEvent(tok, "x ", i < accepted, step), t)
+            tok += 1
+        state.apply(StepEvent(step, drafted, accepted, 8, 0.0, 0.02, 0.0,
+                              sources=((source, drafted, accepted),)), t)
+    assert state.steps.by_source == {"prompt": [4, 4], "history": [8, 3]}
+    text = export(render(state, width=100))
+    assert "drafts accepted/drafted from: prompt 4/4 · history 3/8" in text
+    assert "from prompt 4/4 · history 3/8" in summary_line(state)
+    # a plain draft-model run has nothing to tell apart
+    assert sources_text({"model": [5, 3]}) == ""
+    total = GenStats()
+    total.add(state.steps)
+    assert total.by_source == {"prompt": [4, 4], "history": [8, 3]}
