@@ -272,3 +272,20 @@ def test_real_pair_second_turn_does_not_reevaluate_the_first(real_pair):
         assert p.draft_ctx.n_decoded - draft_decoded <= new + 4 + d2.stats.drafted + d2.stats.n_steps
         print(f"turn 2: prompt {d2.stats.n_prompt} tokens, evaluated {d2.stats.n_prompt_eval}, new {new}")
         assert d2.stats.n_generated == 16 and d2.text
+
+
+def test_add_indexes_a_file_for_drafting_and_refuses_bad_ones(pair, tmp_path):
+    chat = ChatSession(pair, gen=GenParams(max_tokens=8), strategy="auto")
+    (tmp_path / "app.py").write_text("def load(path):\n    return open(path).read()\n")
+    res = chat.command(f"/add {tmp_path / 'app.py'}")
+    assert res.action == "set" and "added app.py" in res.message and res.data["tokens"] > 5
+    assert chat.session_stats()["context_files"] == ["app.py"]
+    with pytest.raises(UsageError, match="not found"):
+        chat.command(f"/add {tmp_path / 'missing.py'}")
+    (tmp_path / "blob").write_bytes(b"\x00\x01\x02")
+    with pytest.raises(UsageError, match="binary"):
+        chat.command(f"/add {tmp_path / 'blob'}")
+    with pytest.raises(UsageError, match="needs a file"):
+        chat.command("/add")
+    answer(chat, "show me load")
+    assert "by_source" in chat.session_stats()
