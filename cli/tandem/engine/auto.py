@@ -32,6 +32,10 @@ AUTO_NGRAM_CAP = MAX_BATCH - 1  # within the verify limit (exact mode on a CPU: 
 MIN_MATCH = {"prompt": 2, "file": 3, "history": 3}
 PRIOR = {"prompt": 0.6, "file": 0.5, "history": 0.5}
 ORDER = ("prompt", "file", "history")  # equal match lengths: the nearer source first
+# The prompt is drafted by copying its latest match (prompt lookup): in a chat the latest
+# version of an answer predicts its next rewrite better than a vote of every earlier version
+# (replayed code-editing turns: 2.78 vs 2.76 tokens per step). Files and history vote.
+LATEST = ("prompt",)
 BUCKETS = (2, 3, 4, 5, 8, 16)  # acceptance is tracked per match length, long ones grouped
 
 
@@ -85,7 +89,7 @@ class AutoDrafter(HybridDrafter):
         sources = [("prompt", self.prompt)] + (self.library.sources() if self.library else [])
         out = []
         for src, idx in sources:
-            cont, match = idx.draft(suffix, k, MIN_MATCH[src])
+            cont, match = idx.draft(suffix, k, MIN_MATCH[src], latest=src in LATEST)
             if cont:
                 out.append((src, cont, match))
         out.sort(key=lambda c: (-c[2], ORDER.index(c[0])))

@@ -182,8 +182,7 @@ class Library:
         self.history = SuffixIndex()
         self.file_names: list[str] = []
         if store is not None:
-            for answer in store.load():
-                self.history.add(answer)
+            self.history.add_many(store.load())
 
     def add_file(self, name: str, tokens: Sequence[int]) -> None:
         self.files.add(tokens)
