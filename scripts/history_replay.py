@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Replay zero-cost drafting on recorded multi-turn conversations: acceptance and tokens per
+step per turn, and the speedup the calibrated verify costs predict.
+
+Greedy output does not depend on the drafter, so which drafts would be accepted is a function
+of plain decoding's output (as scripts/ngram_replay.py does for single prompts). `--record`
+runs spec-bench's multi-turn workloads (bench/multiturn.py: the built-in code-editing
+conversations and Spec-Bench's MT-bench rows) with plain decoding on the default pair and
+keeps every turn's prompt and output tokens; `--replay` runs drafting policies over them with
+the real drafter classes, the draft model off (as auto keeps it on this CPU), each step
+priced at the calibrated verify cost of its batch. Predictions, not measurements:
+`tandem spec-bench --multi-turn` measures.
+
+  .venv/bin/python scripts/history_replay.py --record turns.json [--mt-bench question.jsonl]
+  .venv/bin/python scripts/history_replay.py --replay turns.json --costs ~/.local/share/tandem/costs/X.json
+
+Policies: `ngram` is auto's prompt lookup before the suffix index (NgramIndex, latest match,
+n <= 8); `auto` is auto now (suffix index over the prompt, files and history); `auto-no-history`
+is auto with an empty history (what --no-history gives on the fresh sessions).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def record(out: Path, mt_bench: Path | None, per_group: int, n: int, threads: int) -> None:
+    from tandem.bench import multiturn
+    from tandem.bench.runner import BenchConfig
+    from tandem.engine.llama import ContextParams
+    from tandem.engine.session import PairSession, SessionOptions
+    from tandem.engine.speculative import GenParams
+    from tandem.models.catalog import get_pair
+    from tandem.models.store import Store
+
+    convs = multiturn.builtin_conversations() + (
+        multiturn.spec_bench_conversations(mt_bench) if mt_bench else [])
+    convs = multiturn.select(convs, per_group)
+    pair, store = get_pair(), Store()
+    ctx = ContextParams(n_ctx=4096, n_threads=threads)
+    rows = []
+    with PairSession(store.ensure(pair.target), None,
+                     SessionOptions(strategy="none", target_ctx=ctx)) as s:
+        prompts: dict[str, list[int]] = {}
+        real = s.generate
+
+        def keep(tokens, gen, strategy=None, draft=None, record=True):
+            prompts["last"] = list(tokens)
+            return real(tokens, gen, strategy, draft, record)
+
+        s.generate = keep
+        for ev in multiturn.run_conversations(s, convs, [BenchConfig("plain", "none")],
+                                              GenParams(max_tokens=n)):
+            r = ev.result
+            rows.append({"id": r.prompt_id, "category": r.category, "prompt": prompts["last"],
+                         "output": r.tokens})
+            print(f"{r.prompt_id:24} {r.category:16} {r.n_generated:4} tokens "
+                  f"{r.tokens_per_second:5.1f} tok/s", file=sys.stderr)
+            out.write_text(json.dumps(rows))
+
+
+def simulate(drafter, prompt: list[int], output: list[int], costs, cap: int = 16):
+    """(steps, drafted, accepted, predicted seconds) of greedy decoding with `drafter`."""
+    import numpy as np
+
+    from tandem.engine.events import StepEvent
+    from tandem.engine.sampling import SamplingParams
+
+    tokens, pos = list(prompt), 0
+    steps = drafted = accepted = 0
+    seconds = 0.0
+    sp, rng = SamplingParams(), np.random.default_rng(0)
+    drafter.prefill(tokens)
+    while pos < len(output):
+        room = min(cap, len(output) - pos - 1)
+        draft = drafter.propose(tokens, room, sp, rng, False).tokens[:room] if room > 0 else []
+        n = 0
+        while n < len(draft) and draft[n] == output[pos + n]:
+            n += 1
+        t = costs.verify_cost(len(draft) + 1)
+        if room > 0:
+            drafter.observe(StepEvent(steps, len(draft), n, room, 0.0, t, 0.0))
+        new = output[pos:pos + n + 1]
+        tokens += new
+        pos += len(new)
+        steps, drafted, accepted, seconds = steps + 1, drafted + len(draft), accepted + n, seconds + t
+    return steps, drafted, accepted, seconds
+
+
+def policy(name: str, costs, history: list[list[int]]):
+    from tandem.engine.auto import AutoDrafter
+    from tandem.engine.costs import CostModel
+    from tandem.engine.drafters import HybridDrafter
+    from tandem.engine.history import Library
+
+    costs = CostModel(dict(costs.verify), 0.0)
+    if name == "ngram":  # auto's n-gram drafting before the suffix index
+        d = HybridDrafter(None, ngram_match=2, costs=costs, n_max=4, adaptive=True,
+                          guard=False, name="auto", ngram_cap=16, ngram_n=8)
+        return d
+    library = Library(None, remember=False)
+    if name == "auto":
+        library.history.add_many(history)
+    d = AutoDrafter(None, costs, n_max=4, verify_limit=17, library=library)
+    d.guard = None  # the replay has no wall clock to fall back on
+    return d
+
+
+def replay(path: Path, costs_path: Path, policies: list[str]) -> None:
+    from tandem.engine.costs import CostModel
+
+    costs = CostModel.load(costs_path)
+    if costs is None:
+        sys.exit(f"Error: cannot read costs from {costs_path}")
+    rows = json.loads(path.read_text())
+    # the fresh sessions' history: every answer of a turn before them, as run_conversations
+    answers = [r["output"] for r in rows if not r["category"].endswith("fresh")]
+    table: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        for name in policies:
+            history = answers if r["category"].endswith("fresh") else []
+            s, d, a, t = simulate(policy(name, costs, history), r["prompt"], r["output"], costs)
+            plain = len(r["output"]) * costs.verify_cost(1)
+            acc = table.setdefault((name, r["category"]), [0, 0, 0, 0, 0.0, 0.0])
+            for i, v in enumerate((s, d, a, len(r["output"]), t, plain)):
+                acc[i] += v
+    print("| policy | turns | tokens | tokens/step | acceptance | predicted speedup |")
+    print("|---|---|---|---|---|---|")
+    for (name, cat), (s, d, a, n, t, plain) in sorted(table.items(), key=lambda x: (x[0][1], x[0][0])):
+        print(f"| {name} | {cat} | {int(n)} | {n / s:.2f} | {a / max(d, 1):.0%} | "
+              f"{plain / t:.2f}x |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--record", type=Path)
+    ap.add_argument("--replay", type=Path)
+    ap.add_argument("--mt-bench", type=Path, help="Spec-Bench question.jsonl (two-turn rows)")
+    ap.add_argument("--per-group", type=int, default=None)
+    ap.add_argument("-n", type=int, default=256, help="tokens per turn when recording")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--costs", type=Path)
+    ap.add_argument("--policies", default="ngram,auto-no-history,auto")
+    args = ap.parse_args()
+    if args.record:
+        record(args.record, args.mt_bench, args.per_group, args.n, args.threads)
+    if args.replay:
+        if args.costs is None:
+            sys.exit("Error: --replay needs --costs (a calibrated cost file)")
+        replay(args.replay, args.costs, args.policies.split(","))
+
+
+if __name__ == "__main__":
+    main()
