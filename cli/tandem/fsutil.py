@@ -33,6 +33,19 @@ def atomic_write_text(path: Path, text: str, tmp: Path | None = None) -> Path:
     return path
 
 
+def decode_text(raw: bytes, what: str, binary_hint: str, encoding_hint: str) -> str:
+    """`raw` as UTF-8 text, or a UsageError naming `what`: NUL bytes mean a binary file
+    (they would reach the tokenizer as garbage), other bad bytes a foreign encoding."""
+    from tandem.errors import UsageError
+
+    if b"\x00" in raw:
+        raise UsageError(f"{what} looks binary (it contains NUL bytes)", binary_hint)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{what} is not UTF-8 text (byte {exc.start})", encoding_hint) from None
+
+
 def blocking_file(path: Path) -> Path | None:
     """The first existing ancestor of `path` (or `path` itself) that is not a directory:
     the file that makes `path` impossible to create."""

@@ -13,7 +13,6 @@ The sets: the built-in code-editing conversations (data/conversations.yaml; `cod
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -21,6 +20,7 @@ from typing import Callable, Iterator, Sequence
 import yaml
 
 from tandem.bench.runner import BenchConfig, BenchProgress, RunResult, _run_one
+from tandem.bench import workloads
 from tandem.bench.workloads import Prompt
 from tandem.engine.history import Library
 from tandem.engine.speculative import GenParams
@@ -46,26 +46,11 @@ def builtin_conversations() -> list[Conversation]:
 
 def spec_bench_conversations(path: Path) -> list[Conversation]:
     """The rows of a Spec-Bench JSONL with two or more turns (its MT-bench questions)."""
-    out = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read conversations from {path}: {exc}",
-                         "pass Spec-Bench's question.jsonl (rows with a `turns` list)") from None
-    for no, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{path}:{no}: not valid JSON ({exc.msg})",
-                             "pass Spec-Bench's question.jsonl") from None
-        turns = obj.get("turns") if isinstance(obj, dict) else None
-        if isinstance(turns, list) and len(turns) >= 2 and all(isinstance(t, str) for t in turns):
-            out.append(Conversation(str(obj.get("question_id", no)), "mt-bench", tuple(turns)))
+    out = [Conversation(p.id, "mt-bench", p.turns) for p in workloads.read_file(path)
+           if len(p.turns) >= 2]
     if not out:
         raise UsageError(f"{path} has no rows with two or more turns",
-                         "Spec-Bench's question.jsonl has 80 two-turn MT-bench rows")
+                         "Spec-Bench's question.jsonl has 40 two-turn MT-bench rows")
     return out
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
@@ -19,6 +19,8 @@ class Prompt:
     category: str
     text: str
     system: str | None = None
+    # every turn of a multi-turn row (text is the first; --multi-turn measures the others)
+    turns: tuple[str, ...] = field(default=(), compare=False)
 
 
 def builtin() -> list[Prompt]:
@@ -87,7 +89,7 @@ def parse_jsonl(lines: Iterable[str], name: str) -> list[Prompt]:
             raise UsageError(f"{name}:{no}: duplicate id {qid!r} (also on line {seen[qid]})",
                              "give every prompt its own question_id")
         seen[qid] = no
-        out.append(Prompt(qid, category, text, system))
+        out.append(Prompt(qid, category, text, system, tuple(turns or ())))
     if not out:
         raise UsageError(f"{name}: no prompts found", "the file is empty")
     return out

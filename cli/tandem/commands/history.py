@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from tandem.fsutil import storage_error
 from tandem.engine.history import clear_histories, history_dir, list_histories
 from tandem.models.store import tandem_home
 from tandem.models.transfer import human_size
@@ -59,5 +61,9 @@ def show(as_json: Annotated[bool, typer.Option("--json", help="Print JSON on std
 def clear():
     """Delete every stored history of this TANDEM_HOME."""
     home = tandem_home()
-    n = clear_histories(home)
+    try:
+        n = clear_histories(home)
+    except OSError as exc:
+        raise storage_error(exc, "the history", Path(exc.filename or history_dir(home)),
+                            home_hint=True) from None
     print(f"cleared {n} histor{'y' if n == 1 else 'ies'} from {history_dir(home)}")

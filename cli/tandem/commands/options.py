@@ -12,6 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from tandem.errors import ModelError, TandemError, UsageError
+from tandem.fsutil import decode_text
 
 ModelOpt = Annotated[Optional[Path], typer.Option("--model", "-m", readable=False, help="Target GGUF path (instead of a pair name).")]
 DraftOpt = Annotated[Optional[Path], typer.Option("--model-draft", "-md", "--spec-draft-model", readable=False, help="Draft GGUF path.")]
@@ -40,15 +41,9 @@ SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed for 
 def read_stdin() -> str:
     if sys.stdin is None or sys.stdin.isatty():
         return ""
-    data = sys.stdin.buffer.read()
-    if b"\x00" in data:
-        raise UsageError("stdin looks binary (it contains NUL bytes)",
-                         "pipe text; for a binary file, pipe a text rendering of it instead")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"stdin is not UTF-8 text (byte {exc.start})",
-                         "pipe text, or convert it with iconv first") from exc
+    return decode_text(sys.stdin.buffer.read(), "stdin",
+                       "pipe text; for a binary file, pipe a text rendering of it instead",
+                       "pipe text, or convert it with iconv first")
 
 
 def check_text(text: str | None, what: str) -> str | None:

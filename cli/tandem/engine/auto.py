@@ -108,25 +108,11 @@ class AutoDrafter(HybridDrafter):
                 self._last = Draft(cont[:k], [None] * k if sample else None, n_model=0,
                                    source=src)
                 return self._last
-        if self.model is None:
-            return self._last
-        k = self.model_len.choose(room)
-        self._probe = self.model_len.last_was_probe
-        if k <= 0:
-            return self._last
-        # a probe after a plain stretch first re-reads the lagged tokens in one batch; that
-        # catch-up is timed apart (model.last_sync_s) and never priced as draft tokens
-        draft = self.model.draft(tokens, k, sampling, rng, sample)
-        self._model_ran = True
-        if draft.tokens and len(draft.tokens) < k:
-            extra, match = self.prompt.draft(list(tokens[-MAX_MATCH:]) + draft.tokens,
-                                             k - len(draft.tokens), MIN_MATCH["prompt"])
-            if extra:
-                draft = Draft(draft.tokens + extra,
-                              (draft.dists or []) + [None] * len(extra) if sample else None,
-                              n_model=len(draft.tokens))
-        self._last = draft
-        return draft
+        return self.model_draft(tokens, room, sampling, rng, sample)
+
+    def continue_draft(self, tokens, drafted: list[int], k: int) -> tuple[list[int], int]:
+        return self.prompt.draft(list(tokens[-MAX_MATCH:]) + drafted, k, MIN_MATCH["prompt"],
+                                 latest=True)
 
     def observe(self, step: StepEvent) -> None:
         d = self._last

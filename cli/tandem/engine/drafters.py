@@ -254,6 +254,11 @@ class HybridDrafter:
                 cont = cont[:k]
                 self._last = Draft(cont, [None] * len(cont) if sample else None, n_model=0)
                 return self._last
+        return self.model_draft(tokens, room, sampling, rng, sample)
+
+    def model_draft(self, tokens, room, sampling, rng, sample) -> Draft:
+        """The draft model's draft (adaptive length), continued with zero-cost tokens
+        (continue_draft) when the model stops early."""
         if self.model is None:
             return self._last
         k = self.model_len.choose(room) if self.adaptive else min(room, self.model_max)
@@ -264,14 +269,19 @@ class HybridDrafter:
         # catch-up is timed apart (model.last_sync_s) and never priced as draft tokens
         draft = self.model.draft(tokens, k, sampling, rng, sample)
         self._model_ran = True
-        if len(draft.tokens) < k:
-            extra, match = idx.lookup(k - len(draft.tokens), extra=draft.tokens)
-            if draft.tokens and match >= self.ngram_match:
+        if draft.tokens and len(draft.tokens) < k:
+            extra, match = self.continue_draft(tokens, draft.tokens, k - len(draft.tokens))
+            if extra and match >= self.ngram_match:
                 draft = Draft(draft.tokens + extra,
                               (draft.dists or []) + [None] * len(extra) if sample else None,
                               n_model=len(draft.tokens))
         self._last = draft
         return draft
+
+    def continue_draft(self, tokens, drafted: list[int], k: int) -> tuple[list[int], int]:
+        """Up to k n-gram tokens after tokens + drafted, and the match length (the index
+        follows `tokens` already: propose() synced it)."""
+        return self.ngram.index.lookup(k, extra=drafted)
 
     def observe(self, step: StepEvent) -> None:
         d = self._last

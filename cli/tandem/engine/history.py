@@ -21,7 +21,7 @@ from typing import Sequence
 
 from tandem.engine.suffix import SuffixIndex
 from tandem.errors import UsageError
-from tandem.fsutil import atomic_write_text
+from tandem.fsutil import atomic_write_text, decode_text
 
 HISTORY_DIR = "history"
 HISTORY_MAX_TOKENS = 100_000  # ~0.6 MB of JSON, ~25 MB of index in memory (docs/benchmarks.md)
@@ -160,14 +160,9 @@ def read_context_file(path: Path) -> str:
         raise UsageError(f"context file {path} is {len(raw) >> 20} MiB; the limit is "
                          f"{CONTEXT_FILE_MAX_BYTES >> 20} MiB",
                          "name the files that matter, not a whole tree")
-    if b"\x00" in raw:
-        raise UsageError(f"context file {path} looks binary (it contains NUL bytes)",
-                         "name text files: source code, notes, documents")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"context file {path} is not UTF-8 text (byte {exc.start})",
-                         "convert it first, e.g. with iconv") from None
+    return decode_text(raw, f"context file {path}",
+                       "name text files: source code, notes, documents",
+                       "convert it first, e.g. with iconv")
 
 
 class Library:
