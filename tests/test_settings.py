@@ -360,3 +360,21 @@ def test_spec_bench_tuned_results_apply_to_their_model_files(home, profiles, tin
     other = resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles,
                              models=(target, tiny_models["draft_weak"]))
     assert other.n_max == 5
+
+
+def test_history_is_on_by_default_and_each_source_can_turn_it_off(home, profiles):
+    s = resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+    assert s.history == "on" and SessionOptions.from_settings(s).history
+    s = resolve_settings({"history": "off"}, env={}, home=home, hardware=CPU_BOX,
+                         profiles=profiles)
+    assert s.source("history") == "cli" and s.origin("history") == "--no-history"
+    assert not SessionOptions.from_settings(s).history
+    s = resolve_settings({}, env={"TANDEM_HISTORY": "off"}, home=home, hardware=CPU_BOX,
+                         profiles=profiles)
+    assert s.history == "off" and s.source("history") == "env"
+    (home / "config.yaml").write_text("history: off\n")  # YAML reads a bare off as false
+    s = resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+    assert s.history == "off" and s.source("history") == "config"
+    with pytest.raises(UsageError, match="TANDEM_HISTORY"):
+        resolve_settings({}, env={"TANDEM_HISTORY": "maybe"}, home=home, hardware=CPU_BOX,
+                         profiles=profiles)
