@@ -16,7 +16,8 @@ priced at the calibrated verify cost of its batch. Predictions, not measurements
 
 Policies: `ngram` is auto's prompt lookup before the suffix index (NgramIndex, latest match,
 n <= 8); `auto` is auto now (suffix index over the prompt, files and history); `auto-no-history`
-is auto with an empty history (what --no-history gives on the fresh sessions).
+is auto with an empty history (what --no-history gives on the fresh sessions); `oracle`
+drafts exactly what would be accepted of what auto's indexes hold (a bound, not a policy).
 """
 from __future__ import annotations
 
@@ -89,6 +90,39 @@ def simulate(drafter, prompt: list[int], output: list[int], costs, cap: int = 16
     return steps, drafted, accepted, seconds
 
 
+class Oracle:
+    """Knows the output: of the tokens auto's indexes propose (every source, up to 16), drafts
+    exactly the accepted ones, cut where this machine's verify costs say the batch pays best.
+    No policy over these indexes can do better: it bounds what drafting from them gives."""
+
+    name = "oracle"
+
+    def __init__(self, auto, costs, output_of):
+        self.auto, self.costs, self.output_of = auto, costs, output_of
+        self.n_max = 16
+
+    def prefill(self, prompt):
+        self.auto.prefill(prompt)
+
+    def propose(self, tokens, room, sampling, rng, sample):
+        from tandem.engine.drafters import Draft
+
+        want = self.output_of(len(tokens))
+        best: list[int] = []
+        for _, cont, _ in self.auto.candidates(tokens, min(room, 16)):
+            n = 0
+            while n < len(cont) and n < len(want) and cont[n] == want[n]:
+                n += 1
+            best = cont[:n] if n > len(best) else best
+        # the length with the most tokens per second of verify time (0: a plain step)
+        k = max(range(len(best) + 1),
+                key=lambda j: (j + 1) / self.costs.verify_cost(j + 1))
+        return Draft(best[:k])
+
+    def observe(self, step):
+        pass
+
+
 def policy(name: str, costs, history: list[list[int]]):
     from tandem.engine.auto import AutoDrafter
     from tandem.engine.costs import CostModel
@@ -101,7 +135,7 @@ def policy(name: str, costs, history: list[list[int]]):
                           guard=False, name="auto", ngram_cap=16, ngram_n=8)
         return d
     library = Library(None, remember=False)
-    if name == "auto":
+    if name in ("auto", "oracle"):
         library.history.add_many(history)
     d = AutoDrafter(None, costs, n_max=4, verify_limit=17, library=library)
     d.guard = None  # the replay has no wall clock to fall back on
@@ -121,7 +155,11 @@ def replay(path: Path, costs_path: Path, policies: list[str]) -> None:
     for r in rows:
         for name in policies:
             history = answers if r["category"].endswith("fresh") else []
-            s, d, a, t = simulate(policy(name, costs, history), r["prompt"], r["output"], costs)
+            drafter = policy(name, costs, history)
+            if name == "oracle":
+                start = len(r["prompt"])
+                drafter = Oracle(drafter, costs, lambda n, o=r["output"], b=start: o[n - b:])
+            s, d, a, t = simulate(drafter, r["prompt"], r["output"], costs)
             plain = len(r["output"]) * costs.verify_cost(1)
             acc = table.setdefault((name, r["category"]), [0, 0, 0, 0, 0.0, 0.0])
             for i, v in enumerate((s, d, a, len(r["output"]), t, plain)):
@@ -142,7 +180,7 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=256, help="tokens per turn when recording")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--costs", type=Path)
-    ap.add_argument("--policies", default="ngram,auto-no-history,auto")
+    ap.add_argument("--policies", default="ngram,auto-no-history,auto,oracle")
     args = ap.parse_args()
     if args.record:
         record(args.record, args.mt_bench, args.per_group, args.n, args.threads)

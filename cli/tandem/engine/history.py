@@ -6,7 +6,8 @@ file's name and size (token ids only mean something to that tokenizer), holding 
 token ids, oldest first. It is bounded (HISTORY_MAX_TOKENS tokens and HISTORY_MAX_ENTRIES
 answers: the oldest go first), rewritten whole through a temporary file and os.replace (a
 crash mid-write leaves the previous file, never half of one), and only ever read from the
-TANDEM_HOME it was written in. `history: off` (config), TANDEM_HISTORY=off or --no-history
+TANDEM_HOME it was written in. Two processes answering at the same moment: the later write
+wins, so one answer may be missing from the history, never the file itself. `history: off` (config), TANDEM_HISTORY=off or --no-history
 neither reads nor writes it.
 """
 from __future__ import annotations
