@@ -25,7 +25,6 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
-from tandem.config.schema import DRAFT_SOURCES
 from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
 from tandem.engine.stats import GenStats
 
@@ -237,13 +236,9 @@ def panel_lines(state: LiveState, width: int | None = None) -> list[Text]:
 
 
 def sources_text(by_source: dict[str, list[int]], narrow: bool = False) -> str:
-    """Where the drafts came from: accepted/drafted per source (model, prompt, file, history);
-    empty while only one kind of drafter proposed anything (nothing to tell apart)."""
-    seen = [s for s in DRAFT_SOURCES if by_source.get(s, [0, 0])[0] > 0]
-    if not seen or seen == ["model"]:
-        return ""
-    parts = [f"{s} {by_source[s][1]}/{by_source[s][0]}" for s in seen]
-    return ("from " if narrow else "drafts accepted/drafted from: ") + " · ".join(parts)
+    """Where the drafts came from (GenStats.sources_text), labelled for the panel."""
+    text = GenStats(by_source=by_source).sources_text()
+    return text and ("from " if narrow else "drafts accepted/drafted from: ") + text
 
 
 def summary_line(state: LiveState, width: int | None = None) -> str:

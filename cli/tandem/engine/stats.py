@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from tandem.config.schema import DRAFT_SOURCES
 from tandem.engine.events import PrefillEvent, StepEvent, TokenEvent
 
 
@@ -88,6 +89,14 @@ class GenStats:
         for i in range(accepted):
             self.accepted_at[i] += 1
 
+    def sources_text(self) -> str:
+        """`prompt 4/4 · history 3/8`: accepted/drafted per draft source; empty while only one
+        kind of drafter proposed anything (nothing to tell apart)."""
+        seen = [s for s in DRAFT_SOURCES if self.by_source.get(s, [0, 0])[0] > 0]
+        if not seen or seen == ["model"]:
+            return ""
+        return " · ".join(f"{s} {self.by_source[s][1]}/{self.by_source[s][0]}" for s in seen)
+
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
@@ -137,6 +146,8 @@ class GenStats:
         if t > 0:
             line += (f" | time: draft {100 * self.t_draft / t:.0f}% verify "
                      f"{100 * self.t_verify / t:.0f}% sample {100 * self.t_sample / t:.0f}%")
+        if self.sources_text():
+            line += f" | drafts from {self.sources_text()}"
         for note in self.notes:
             line += f" | {note}"
         return line
