@@ -115,7 +115,7 @@ class SuffixIndex:
         best: list[int] = []
         best_len = 0
         for n in reversed(KEY_SIZES):
-            if len(suffix) < n or n < min(min_match, KEY_SIZES[-1]) and best:
+            if len(suffix) < n:
                 continue
             gram = np.asarray(suffix[len(suffix) - n:], dtype=np.int64).reshape(n, 1)
             p = self._head[n].get(int(_hash(gram)[0]), -1)
