@@ -8,7 +8,7 @@ import pytest
 from tandem.bench import multiturn
 from tandem.bench.multiturn import Conversation, run_conversations
 from tandem.bench.report import aggregate
-from tandem.bench.runner import BenchConfig
+from tandem.bench.runner import BenchConfig, classify_divergences
 from tandem.engine.llama import ContextParams
 from tandem.engine.session import PairSession, SessionOptions
 from tandem.engine.speculative import GenParams
@@ -49,17 +49,26 @@ def test_conversations_run_per_turn_and_fresh_sessions_see_the_history(tiny_mode
             return real(tokens, gen, strategy, draft, record)
 
         s.generate = spy
+        turns: dict[str, list[int]] = {}
         results = [ev.result for ev in run_conversations(
-            s, convs, configs, GenParams(max_tokens=12, ignore_eos=True))]
+            s, convs, configs, GenParams(max_tokens=12, ignore_eos=True), None, turns)]
+        assert set(turns) == {r.prompt_id for r in results}
+        # a divergence from plain output is measured in the turn's own context
+        auto = next(r for r in results if r.config == "auto" and r.prompt_id == "a#2")
+        auto.tokens = auto.tokens[:3] + [(auto.tokens[3] + 1) % 50] + auto.tokens[4:]
+        assert classify_divergences(s, [], configs, results, turns.get) == 1
+        assert auto.divergence["at"] == 3
     assert len(results) == multiturn.count_runs(convs, configs) == 10
     cats = sorted({r.category for r in results})
     assert cats == ["code-edit fresh", "code-edit t1", "code-edit t2+", "mt-bench t1",
                     "mt-bench t2"]
     # only the fresh session has a history: the four answers given before it
     assert all(n == 0 for _, n in seen[:8]) and all(n > 0 for _, n in seen[8:])
-    # greedy: every configuration gives plain decoding's tokens
+    # greedy: every configuration gives plain decoding's tokens (but the one altered above)
     by = {}
     for r in results:
+        if r is auto:
+            continue
         by.setdefault(r.prompt_id, set()).add(tuple(r.tokens))
     assert all(len(v) == 1 for v in by.values())
     report = aggregate(results, configs)

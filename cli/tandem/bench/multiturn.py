@@ -70,9 +70,11 @@ def count_runs(convs: Sequence[Conversation], configs: Sequence[BenchConfig]) ->
 
 
 def run_conversations(session, convs: Sequence[Conversation], configs: Sequence[BenchConfig],
-                      gen: GenParams, should_stop: Callable[[], bool] | None = None
-                      ) -> Iterator[BenchProgress]:
-    """Yield a BenchProgress after each run (see the module docstring for the order)."""
+                      gen: GenParams, should_stop: Callable[[], bool] | None = None,
+                      prompts: dict[str, list[int]] | None = None) -> Iterator[BenchProgress]:
+    """Yield a BenchProgress after each run (see the module docstring for the order).
+    `prompts`, when given, receives each turn's prompt tokens by prompt id (to classify
+    divergences from plain decoding afterwards)."""
     total = count_runs(convs, configs)
     plain = next((c.name for c in configs if c.is_plain), configs[0].name)
     answers: list[tuple[int, ...]] = []  # every answer so far: the fresh sessions' history
@@ -81,6 +83,8 @@ def run_conversations(session, convs: Sequence[Conversation], configs: Sequence[
 
     def measure(tokens, pid, category, text, history):
         nonlocal done_runs, order
+        if prompts is not None:
+            prompts[pid] = list(tokens)
         shift = order % len(configs)
         order += 1
         out = {}

@@ -115,12 +115,15 @@ def run_bench(session, prompts: Sequence[Prompt], configs: Sequence[BenchConfig]
 
 
 def classify_divergences(session, prompts: Sequence[Prompt], configs: Sequence[BenchConfig],
-                         results: Sequence[RunResult]) -> int:
+                         results: Sequence[RunResult],
+                         tokens_of: Callable[[str], list[int]] | None = None) -> int:
     """For each greedy run whose tokens differ from plain decoding's on the same prompt and
     rep: the target's logits at the first differing position, computed as plain decoding
     computes them (one token at a time, in that run's context configuration), and the gap
     between plain's token and the other. A small gap is a near tie that batched kernels may
-    round the other way (fast mode); a large one is a bug. Returns how many were measured."""
+    round the other way (fast mode); a large one is a bug. Returns how many were measured.
+    `tokens_of(prompt_id)`: the prompt's tokens where they are not a single user message (a
+    conversation's turn)."""
     import numpy as np
 
     by_config = {c.name: c for c in configs}
@@ -130,17 +133,22 @@ def classify_divergences(session, prompts: Sequence[Prompt], configs: Sequence[B
     n = 0
     for r in results:
         base = plain.get((r.prompt_id, r.rep))
-        if r.config == plain_name or base is None or r.prompt_id not in texts:
+        if r.config == plain_name or base is None or (
+                tokens_of is None and r.prompt_id not in texts):
             continue
         at = first_difference(base.tokens, r.tokens)
         if at is None or at >= min(len(base.tokens), len(r.tokens)):
             continue  # identical, or one is a prefix of the other (an EOS decision)
-        p = texts[r.prompt_id]
-        msgs = ([{"role": "system", "content": p.system}] if p.system else []) + [
-            {"role": "user", "content": p.text}]
+        if tokens_of is not None:
+            prompt = tokens_of(r.prompt_id)
+        else:
+            p = texts[r.prompt_id]
+            prompt = session.prompt_tokens(
+                ([{"role": "system", "content": p.system}] if p.system else [])
+                + [{"role": "user", "content": p.text}])
         config = by_config[r.config]
         session.configure(config.target_ctx or session.options.target_ctx)
-        logits = np.array(session.target_ctx.sync(session.prompt_tokens(msgs) + base.tokens[:at]))
+        logits = np.array(session.target_ctx.sync(prompt + base.tokens[:at]))
         a, b = base.tokens[at], r.tokens[at]
         r.divergence = {"at": at, "plain": a, "other": b, "gap": float(logits[a] - logits[b])}
         n += 1

@@ -137,10 +137,13 @@ class BenchSession:
                 self.meta["costs"] = measure_costs(session, self.configs)
             yield BenchProgress(0, self.total, None)
             if self.conversations:
+                turns: dict[str, list[int]] = {}
                 for ev in run_conversations(session, self.conversations, self.configs,
-                                            self.gen, should_stop):
+                                            self.gen, should_stop, turns):
                     self.results.append(ev.result)
                     yield ev
+                if self.results and not should_stop():
+                    classify_divergences(session, [], self.configs, self.results, turns.get)
                 return
             for ev in run_bench(session, self.prompts, self.configs, self.gen, self.request.reps,
                                 self.request.warmup, should_stop):
