@@ -61,10 +61,6 @@ class ModelShape:
     def weights_bytes(self) -> int:
         return self.input_bytes + self.output_bytes + sum(self.layer_bytes)
 
-    def kv_cell_bytes(self, layer: int, type_k: str, type_v: str) -> int:
-        kv = self.n_head_kv[layer]
-        return row_bytes(type_k, self.head_dim_k * kv) + row_bytes(type_v, self.head_dim_v * kv)
-
     # --- constructors -------------------------------------------------------------
     @classmethod
     def from_gguf(cls, header: GGUFHeader, name: str | None = None) -> ModelShape:
