@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
@@ -260,6 +261,28 @@ class Context:
         self.tokens: list[int] = []  # what the KV cache holds, position i -> tokens[i]
         self.max_logit_rows = 0  # the largest number of logits rows ever requested
         self.n_decoded = 0  # tokens evaluated since creation (prompt + generated)
+        self.t_llama = 0.0  # seconds inside llama.cpp's loop calls, while time_llama() is on
+        self.time_llama(False)
+
+    def time_llama(self, on: bool = True) -> None:
+        """Opt-in: add the time spent inside llama.cpp's decode, logits and KV-removal calls to
+        t_llama, so that wall time minus it is the host's own cost (scripts/bench_host.py).
+        Off, the loop calls llama.cpp's functions directly and reads no clock."""
+        calls = (_lc.llama_decode, _lc.llama_get_logits, _lc.llama_memory_seq_rm)
+        if on:
+            calls = tuple(self._timed(fn) for fn in calls)
+        self._llama_decode, self._get_logits, self._seq_rm = calls
+
+    def _timed(self, fn):
+        clock = time.perf_counter
+
+        def call(*args):
+            t0 = clock()
+            try:
+                return fn(*args)
+            finally:
+                self.t_llama += clock() - t0
+        return call
 
     def close(self) -> None:
         if getattr(self, "_ptr", None):
@@ -277,7 +300,7 @@ class Context:
     def truncate(self, n: int) -> None:
         """Forget KV cache positions n.. (rollback of rejected drafts)."""
         if n < len(self.tokens):
-            if not _lc.llama_memory_seq_rm(self._mem, 0, n, -1):
+            if not self._seq_rm(self._mem, 0, n, -1):
                 raise ModelError("llama.cpp could not roll back the KV cache",
                                  "this model's memory type does not support partial removal")
             del self.tokens[n:]
@@ -301,7 +324,7 @@ class Context:
             chunk = tokens[start:start + self.n_batch]
             last_chunk = start + len(chunk) == n
             self._fill(chunk, len(self.tokens), all_logits, last_chunk)
-            rc = _lc.llama_decode(self._ptr, self._batch)
+            rc = self._llama_decode(self._ptr, self._batch)
             if rc != 0:
                 if rc == 1:
                     raise ContextOverflowError("no room left in the KV cache",
@@ -313,7 +336,7 @@ class Context:
             start += len(chunk)
         rows = n if all_logits else 1
         self.max_logit_rows = max(self.max_logit_rows, rows)
-        ptr = _lc.llama_get_logits(self._ptr)
+        ptr = self._get_logits(self._ptr)
         return np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
 
     def _fill(self, chunk: Sequence[int], pos0: int, all_logits: bool, last_chunk: bool) -> None:

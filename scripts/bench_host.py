@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""tandem's host overhead per token, and its tokens/s against llama.cpp's native tools.
+
+On the tiny synthetic pair a llama_decode costs well under a millisecond, so whatever the
+Python loop does per token shows. For plain (`none`), draft-model and n-gram decoding this
+measures (a) the host overhead: decode-phase wall time minus the time spent inside llama.cpp's
+calls (Context.time_llama), per generated token, and (b) tokens/s against native tools with
+the same settings (threads, greedy, n_predict, n_max / p_min, context, flash attention, no
+weight repacking), interleaved run by run, median over --reps:
+
+- plain: `llama-completion -t N` (llama-simple has no thread option: it runs 4 threads,
+  which on a 2-core machine measures contention, not the loop); its decode time is the eval
+  plus sampling time it reports, which leaves out its own loop and printing (a strict bar).
+  `llama-bench` tg is shown too: bare decodes, no sampling, from an empty context.
+- draft model: `llama-speculative-simple --spec-type draft-simple`, its "decoded N tokens in
+  S seconds" (the decode loop's wall time, draft's prompt outside, as tandem's).
+
+  .venv/bin/python scripts/bench_host.py                     # tiny models, made on the fly
+  .venv/bin/python scripts/bench_host.py --reps 7 -n 512 --json host.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+PROMPT = "Hello world, this is a test of the tiny model. The quick brown fox jumps over"
+
+
+def native_bin() -> Path:
+    out = subprocess.run([str(ROOT / "scripts/build_native.sh")], check=True,
+                         capture_output=True, text=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def _run(cmd: list[str]) -> str:
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if res.returncode != 0:
+        raise RuntimeError(f"{Path(cmd[0]).name} failed ({res.returncode}):\n{res.stderr[-2000:]}")
+    return res.stderr
+
+
+def _common(ns) -> list[str]:
+    return ["-t", str(ns.threads), "-c", str(ns.ctx), "--temp", "0", "-s", "1",
+            "--no-repack", "-fa", "on"]
+
+
+def native_plain(bin_dir: Path, ns) -> float:
+    """llama-completion's tokens/s over its eval + sampling time (decode phase)."""
+    err = _run([str(bin_dir / "llama-completion"), "-m", str(ns.target), "-p", ns.prompt,
+                "-n", str(ns.n), "-no-cnv", "--ignore-eos", *_common(ns)])
+    ev = re.search(r"\beval time =\s+([\d.]+) ms /\s+(\d+) runs", err)
+    sm = re.search(r"sampling time =\s+([\d.]+) ms", err)
+    if not ev or not sm:
+        raise RuntimeError(f"llama-completion printed no timings:\n{err[-2000:]}")
+    return int(ev.group(2)) / ((float(ev.group(1)) + float(sm.group(1))) / 1000)
+
+
+def native_draft(bin_dir: Path, ns) -> tuple[float, float]:
+    """llama-speculative-simple's tokens/s and acceptance rate."""
+    err = _run([str(bin_dir / "llama-speculative-simple"), "-m", str(ns.target),
+                "-md", str(ns.draft), "-p", ns.prompt, "-n", str(ns.n),
+                "--spec-type", "draft-simple", "--spec-draft-n-max", str(ns.n_max),
+                "--spec-draft-p-min", str(ns.p_min), "-td", str(ns.threads), *_common(ns)])
+    m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", err)
+    acc = re.search(r"accept\s+=\s+([\d.]+)%", err)
+    if not m:
+        raise RuntimeError(f"llama-speculative-simple printed no speed:\n{err[-2000:]}")
+    return int(m.group(1)) / float(m.group(2)), float(acc.group(1)) / 100 if acc else float("nan")
+
+
+def native_bench(bin_dir: Path, ns) -> float:
+    """llama-bench tg: bare single-token decodes, no sampling (the kernels' floor)."""
+    res = subprocess.run([str(bin_dir / "llama-bench"), "-m", str(ns.target), "-p", "0",
+                          "-n", str(ns.n), "-t", str(ns.threads), "-r", "1", "--repack", "0",
+                          "-fa", "1", "-o", "json"], capture_output=True, text=True,
+                         timeout=600, check=True)
+    return float(json.loads(res.stdout)[-1]["avg_ts"])
+
+
+class Tandem:
+    """The engine with the pair loaded once; every run starts from empty KV caches, as a
+    native process does."""
+
+    def __init__(self, ns):
+        from tandem.engine.llama import Context, ContextParams, Model
+
+        params = ContextParams(n_ctx=ns.ctx, n_threads=ns.threads, flash_attn="on")
+        self.target = Model(ns.target, repack=False)
+        self.draft = Model(ns.draft, repack=False)
+        self.tctx, self.dctx = Context(self.target, params), Context(self.draft, params)
+        for ctx in (self.tctx, self.dctx):
+            ctx.time_llama()
+        self.prompt = self.target.tokenize(ns.prompt, add_special=True, parse_special=True)
+        self.ns = ns
+
+    def run(self, strategy: str) -> dict:
+        from tandem.engine.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
+        from tandem.engine.events import DoneEvent, PrefillEvent
+        from tandem.engine.speculative import GenParams, generate
+
+        ns = self.ns
+        drafter = {"none": NoDrafter, "ngram": NgramDrafter,
+                   "draft": lambda: DraftModelDrafter(self.dctx, 0, ns.p_min)}[strategy]()
+        params = GenParams(max_tokens=ns.n, n_max=0 if strategy == "none" else ns.n_max,
+                           ignore_eos=True)
+        self.tctx.truncate(0)
+        self.dctx.truncate(0)
+        clock = time.perf_counter
+        t0 = llama0 = None
+        for ev in generate(self.tctx, self.prompt, drafter, params):
+            # the decode phase starts when the prompt is read (second PrefillEvent)
+            if isinstance(ev, PrefillEvent) and ev.done == ev.total and t0 is None:
+                llama0, t0 = self._llama(), clock()
+            elif isinstance(ev, DoneEvent):
+                wall, llama = clock() - t0, self._llama() - llama0
+                stats = ev.stats
+        n = stats.n_generated
+        return {"tokens": n, "tok_s": n / wall, "host_us": 1e6 * (wall - llama) / n,
+                "llama_us": 1e6 * llama / n, "accept": stats.acceptance_rate}
+
+    def _llama(self) -> float:
+        return self.tctx.t_llama + self.dctx.t_llama
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", type=Path, help="target GGUF (default: the tiny synthetic one)")
+    ap.add_argument("--draft", type=Path, help="draft GGUF (default: the tiny synthetic one)")
+    ap.add_argument("-n", type=int, default=512, help="tokens to generate")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--n-max", type=int, default=4)
+    ap.add_argument("--p-min", type=float, default=0.0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--prompt", default=PROMPT)
+    ap.add_argument("--json", type=Path, help="also write the per-run figures here")
+    ns = ap.parse_args()
+
+    tmp = None
+    if ns.target is None or ns.draft is None:
+        from make_tiny_models import make_tiny_models
+
+        tmp = tempfile.TemporaryDirectory(prefix="bench-host-")
+        models = make_tiny_models(Path(tmp.name))
+        ns.target, ns.draft = ns.target or models["target"], ns.draft or models["draft"]
+    bin_dir = native_bin()
+    tandem = Tandem(ns)
+    for strategy in ("none", "draft", "ngram"):  # warm-up: page weights and code in
+        tandem.run(strategy)
+    runs: dict[str, list] = {k: [] for k in ("none", "draft", "ngram", "completion",
+                                             "spec-simple", "bench")}
+    for rep in range(ns.reps):
+        jobs = [("none", lambda: tandem.run("none")),
+                ("completion", lambda: native_plain(bin_dir, ns)),
+                ("draft", lambda: tandem.run("draft")),
+                ("spec-simple", lambda: native_draft(bin_dir, ns)),
+                ("ngram", lambda: tandem.run("ngram")),
+                ("bench", lambda: native_bench(bin_dir, ns))]
+        for name, job in (jobs if rep % 2 == 0 else jobs[::-1]):  # who goes first alternates
+            runs[name].append(job())
+        print(f"rep {rep + 1}/{ns.reps} done", file=sys.stderr)
+
+    def med(name, key=None):
+        vals = [r[key] if key else (r[0] if isinstance(r, tuple) else r) for r in runs[name]]
+        return statistics.median(vals)
+
+    print(f"# tandem host overhead and tokens/s vs native ({ns.target.name} + {ns.draft.name}, "
+          f"greedy, {ns.n} tokens, {ns.threads} thread(s), n_max {ns.n_max}, p_min {ns.p_min}, "
+          f"ctx {ns.ctx}, median of {ns.reps})\n")
+    print("| strategy | tandem tok/s | host us/token | llama.cpp us/token | accept | "
+          "native | native tok/s | ratio |")
+    print("|---|---|---|---|---|---|---|---|")
+    natives = {"none": ("llama-completion", med("completion")),
+               "draft": ("llama-speculative-simple", med("spec-simple"))}
+    for s in ("none", "draft", "ngram"):
+        tps = med(s, "tok_s")
+        tool, nat = natives.get(s, ("", None))
+        tail = f"{tool} | {nat:.0f} | {tps / nat:.3f}" if nat else " | | "
+        print(f"| {s} | {tps:.0f} | {med(s, 'host_us'):.1f} | {med(s, 'llama_us'):.1f} | "
+              f"{100 * med(s, 'accept'):.1f}% | {tail} |")
+    nat_acc = statistics.median(a for _, a in runs["spec-simple"])
+    bench = med("bench")
+    print(f"\nnative draft acceptance {100 * nat_acc:.1f}%; llama-bench tg{ns.n} "
+          f"{bench:.0f} tok/s (plain tandem {med('none', 'tok_s') / bench:.3f}x of it)")
+    if ns.json:
+        ns.json.write_text(json.dumps({"settings": {k: str(v) for k, v in vars(ns).items()},
+                                       "runs": runs}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
