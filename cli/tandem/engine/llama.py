@@ -108,10 +108,8 @@ class Model:
         self.eos = _lc.llama_vocab_eos(self.vocab)
         self.add_bos = bool(_lc.llama_vocab_get_add_bos(self.vocab))
         self._pieces: dict[int, bytes] = {}
-        self._eog = np.zeros(self.n_vocab, dtype=bool)
-        for tok in range(self.n_vocab):
-            if _lc.llama_vocab_is_eog(self.vocab, tok):
-                self._eog[tok] = True
+        self._eog = frozenset(tok for tok in range(self.n_vocab)
+                              if _lc.llama_vocab_is_eog(self.vocab, tok))
 
     def close(self) -> None:
         if getattr(self, "_ptr", None):
@@ -122,7 +120,7 @@ class Model:
         self.close()
 
     def is_eog(self, token: int) -> bool:
-        return bool(self._eog[token])
+        return token in self._eog
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         data = text.encode("utf-8")
@@ -258,6 +256,13 @@ class Context:
         for i in range(self.n_batch):
             self._batch.n_seq_id[i] = 1
             self._batch.seq_id[i][0] = 0
+        # the batch's arrays, read once: each read of a ctypes Structure field builds a new
+        # pointer object, which in the decode loop costs more than the assignments themselves
+        self._tok, self._pos, self._want = self._batch.token, self._batch.pos, self._batch.logits
+        self._max_rows = min(self.n_batch, params.n_outputs_max)
+        # logits views by (buffer address, rows): building one costs microseconds per decode,
+        # and llama.cpp keeps its output buffer until it needs a larger one
+        self._views: dict[tuple[int, int], np.ndarray] = {}
         self.tokens: list[int] = []  # what the KV cache holds, position i -> tokens[i]
         self.max_logit_rows = 0  # the largest number of logits rows ever requested
         self.n_decoded = 0  # tokens evaluated since creation (prompt + generated)
@@ -317,13 +322,12 @@ class Context:
             raise ContextOverflowError(
                 f"{len(self.tokens) + n} tokens do not fit the context of {self.n_ctx}",
                 "shorten the prompt or raise --ctx-size")
-        if all_logits and n > min(self.n_batch, self.params.n_outputs_max):
+        if all_logits and n > self._max_rows:
             raise ValueError("all_logits decode is limited to n_batch and n_outputs_max rows")
-        start = 0
-        while start < n:
-            chunk = tokens[start:start + self.n_batch]
-            last_chunk = start + len(chunk) == n
-            self._fill(chunk, len(self.tokens), all_logits, last_chunk)
+        n_batch = self.n_batch
+        for start in range(0, n, n_batch):
+            chunk = tokens[start:start + n_batch] if n > n_batch else tokens
+            self._fill(chunk, len(self.tokens), all_logits, start + len(chunk) == n)
             rc = self._llama_decode(self._ptr, self._batch)
             if rc != 0:
                 if rc == 1:
@@ -332,22 +336,29 @@ class Context:
                 raise ModelError(f"llama_decode failed with code {rc}",
                                  "run with --verbose to see llama.cpp's log")
             self.tokens.extend(chunk)
-            self.n_decoded += len(chunk)
-            start += len(chunk)
+        self.n_decoded += n
         rows = n if all_logits else 1
-        self.max_logit_rows = max(self.max_logit_rows, rows)
+        if rows > self.max_logit_rows:
+            self.max_logit_rows = rows
         ptr = self._get_logits(self._ptr)
-        return np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
+        key = (ctypes.addressof(ptr.contents), rows)
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) >= 4 * MAX_OUTPUTS:  # buffers that were replaced
+                self._views.clear()
+            view = self._views[key] = np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
+        return view
 
     def _fill(self, chunk: Sequence[int], pos0: int, all_logits: bool, last_chunk: bool) -> None:
-        b = self._batch
-        b.n_tokens = len(chunk)
-        for i, tok in enumerate(chunk):
-            b.token[i] = tok
-            b.pos[i] = pos0 + i
-            b.logits[i] = all_logits
+        tok, pos, want = self._tok, self._pos, self._want
+        self._batch.n_tokens = len(chunk)
+        flag = 1 if all_logits else 0
+        for i, t in enumerate(chunk):
+            tok[i] = t
+            pos[i] = pos0 + i
+            want[i] = flag
         if last_chunk:
-            b.logits[len(chunk) - 1] = True
+            want[len(chunk) - 1] = 1
 
     def prefill(self, tokens: Sequence[int],
                 progress: Callable[[int, int], None] | None = None) -> int:
@@ -383,6 +394,10 @@ class Context:
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
+    # the usual case, one holding the other's start (a cache and the tokens that extend it),
+    # is one comparison in C instead of a Python loop over the whole context every step
+    if n and a[n - 1] == b[n - 1] and list(a[:n]) == list(b[:n]):
+        return n
     i = 0
     while i < n and a[i] == b[i]:
         i += 1
