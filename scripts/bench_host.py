@@ -9,8 +9,9 @@ the same settings (threads, greedy, n_predict, n_max / p_min, context, flash att
 weight repacking), interleaved run by run, median over --reps:
 
 - plain: `llama-completion -t N` (llama-simple has no thread option: it runs 4 threads,
-  which on a 2-core machine measures contention, not the loop); its decode time is the eval
-  plus sampling time it reports, which leaves out its own loop and printing (a strict bar).
+  which on a 2-core machine measures contention, not the loop). Its decode time is its loop's
+  wall time from the log's timestamps, less the prompt's evaluation; the eval plus sampling
+  time it reports is shown too, a stricter bar that leaves out its loop and printing.
   `llama-bench` tg is shown too: bare decodes, no sampling, from an empty context.
 - draft model: `llama-speculative-simple --spec-type draft-simple`, its "decoded N tokens in
   S seconds" (the decode loop's wall time, draft's prompt outside, as tandem's).
@@ -54,18 +55,31 @@ def _common(ns) -> list[str]:
             "--no-repack", "-fa", "on"]
 
 
-def native_plain(bin_dir: Path, ns) -> float:
-    """llama-completion's tokens/s over its eval + sampling time (decode phase)."""
+def _stamp(err: str, marker: str) -> float:
+    """Seconds of the log timestamp (minutes.seconds.ms.us) on the first line with marker."""
+    m = re.search(r"^(\d+)\.(\d+)\.(\d+)\.(\d+) \w " + re.escape(marker), err, re.M)
+    if not m:
+        raise RuntimeError(f"no log line with {marker!r}:\n{err[-2000:]}")
+    mins, secs, ms, us = (int(g) for g in m.groups())
+    return 60 * mins + secs + ms / 1e3 + us / 1e6
+
+
+def native_plain(bin_dir: Path, ns) -> dict:
+    """llama-completion's tokens/s: over its decode loop's wall time (from the log's timestamps,
+    the prompt's evaluation taken out), and over its eval + sampling time alone."""
     err = _run([str(bin_dir / "llama-completion"), "-m", str(ns.target), "-p", ns.prompt,
                 "-n", str(ns.n), "-no-cnv", "--ignore-eos", *_common(ns)])
     ev = re.search(r"\beval time =\s+([\d.]+) ms /\s+(\d+) runs", err)
     sm = re.search(r"sampling time =\s+([\d.]+) ms", err)
-    if not ev or not sm:
+    pe = re.search(r"prompt eval time =\s+([\d.]+) ms", err)
+    if not ev or not sm or not pe:
         raise RuntimeError(f"llama-completion printed no timings:\n{err[-2000:]}")
-    return int(ev.group(2)) / ((float(ev.group(1)) + float(sm.group(1))) / 1000)
+    n = int(ev.group(2))
+    loop = _stamp(err, "common_perf_print") - _stamp(err, "generate:") - float(pe.group(1)) / 1e3
+    return {"tok_s": n / loop, "tok_s_eval": n / ((float(ev.group(1)) + float(sm.group(1))) / 1e3)}
 
 
-def native_draft(bin_dir: Path, ns) -> tuple[float, float]:
+def native_draft(bin_dir: Path, ns) -> dict:
     """llama-speculative-simple's tokens/s and acceptance rate."""
     err = _run([str(bin_dir / "llama-speculative-simple"), "-m", str(ns.target),
                 "-md", str(ns.draft), "-p", ns.prompt, "-n", str(ns.n),
@@ -75,16 +89,17 @@ def native_draft(bin_dir: Path, ns) -> tuple[float, float]:
     acc = re.search(r"accept\s+=\s+([\d.]+)%", err)
     if not m:
         raise RuntimeError(f"llama-speculative-simple printed no speed:\n{err[-2000:]}")
-    return int(m.group(1)) / float(m.group(2)), float(acc.group(1)) / 100 if acc else float("nan")
+    return {"tok_s": int(m.group(1)) / float(m.group(2)),
+            "accept": float(acc.group(1)) / 100 if acc else float("nan")}
 
 
-def native_bench(bin_dir: Path, ns) -> float:
+def native_bench(bin_dir: Path, ns) -> dict:
     """llama-bench tg: bare single-token decodes, no sampling (the kernels' floor)."""
     res = subprocess.run([str(bin_dir / "llama-bench"), "-m", str(ns.target), "-p", "0",
                           "-n", str(ns.n), "-t", str(ns.threads), "-r", "1", "--repack", "0",
                           "-fa", "1", "-o", "json"], capture_output=True, text=True,
                          timeout=600, check=True)
-    return float(json.loads(res.stdout)[-1]["avg_ts"])
+    return {"tok_s": float(json.loads(res.stdout)[-1]["avg_ts"])}
 
 
 class Tandem:
@@ -170,28 +185,32 @@ def main() -> int:
             runs[name].append(job())
         print(f"rep {rep + 1}/{ns.reps} done", file=sys.stderr)
 
-    def med(name, key=None):
-        vals = [r[key] if key else (r[0] if isinstance(r, tuple) else r) for r in runs[name]]
-        return statistics.median(vals)
+    def med(name, key="tok_s"):
+        return statistics.median(r[key] for r in runs[name])
+
+    def ratio(name, native, key="tok_s"):  # paired run by run, then the median
+        return statistics.median(a["tok_s"] / b[key] for a, b in zip(runs[name], runs[native]))
 
     print(f"# tandem host overhead and tokens/s vs native ({ns.target.name} + {ns.draft.name}, "
           f"greedy, {ns.n} tokens, {ns.threads} thread(s), n_max {ns.n_max}, p_min {ns.p_min}, "
           f"ctx {ns.ctx}, median of {ns.reps})\n")
     print("| strategy | tandem tok/s | host us/token | llama.cpp us/token | accept | "
-          "native | native tok/s | ratio |")
+          "native | native tok/s | tandem/native |")
     print("|---|---|---|---|---|---|---|---|")
-    natives = {"none": ("llama-completion", med("completion")),
-               "draft": ("llama-speculative-simple", med("spec-simple"))}
+    natives = {"none": [("llama-completion (loop wall)", "completion", "tok_s"),
+                        ("llama-completion (eval + sampling only)", "completion", "tok_s_eval"),
+                        ("llama-bench tg (bare decodes)", "bench", "tok_s")],
+               "draft": [("llama-speculative-simple", "spec-simple", "tok_s")],
+               "ngram": [("", None, None)]}
     for s in ("none", "draft", "ngram"):
-        tps = med(s, "tok_s")
-        tool, nat = natives.get(s, ("", None))
-        tail = f"{tool} | {nat:.0f} | {tps / nat:.3f}" if nat else " | | "
-        print(f"| {s} | {tps:.0f} | {med(s, 'host_us'):.1f} | {med(s, 'llama_us'):.1f} | "
-              f"{100 * med(s, 'accept'):.1f}% | {tail} |")
-    nat_acc = statistics.median(a for _, a in runs["spec-simple"])
-    bench = med("bench")
-    print(f"\nnative draft acceptance {100 * nat_acc:.1f}%; llama-bench tg{ns.n} "
-          f"{bench:.0f} tok/s (plain tandem {med('none', 'tok_s') / bench:.3f}x of it)")
+        head = (f"| {s} | {med(s):.0f} | {med(s, 'host_us'):.1f} | {med(s, 'llama_us'):.1f} | "
+                f"{100 * med(s, 'accept'):.1f}% |")
+        for tool, name, key in natives[s]:
+            tail = f" {tool} | {med(name, key):.0f} | {ratio(s, name, key):.3f} |" if name \
+                else " | | |"
+            print(head + tail)
+            head = "| | | | | |"
+    print(f"\nnative draft acceptance {100 * med('spec-simple', 'accept'):.1f}%")
     if ns.json:
         ns.json.write_text(json.dumps({"settings": {k: str(v) for k, v in vars(ns).items()},
                                        "runs": runs}, indent=1))
