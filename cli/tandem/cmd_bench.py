@@ -65,6 +65,7 @@ def spec_bench(
     out: Annotated[Optional[Path], typer.Option("--out", readable=False, help="Write report.json, runs.csv, report.md and speedup.svg here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the machine-readable result on stdout.")] = False,
     predict: Annotated[Optional[list[str]], typer.Option("--predict", help="Also predict the speedup on this hardware profile from the measured acceptance (repeatable; labelled as a prediction).")] = None,
+    predict_costs: Annotated[Optional[Path], typer.Option("--predict-costs", exists=True, dir_okay=False, help="Also predict the speedup with the costs scripts/gpu_check.sh measured on a machine (its JSON; shapes matched to this pair by model size).")] = None,
     tune: Annotated[bool, typer.Option("--tune", help="Save the fastest configuration for run, chat and --strategy auto.")] = False,
     ctx_size: OptCtxOpt = None,
     threads: OptThreadsOpt = None,
@@ -104,6 +105,10 @@ def spec_bench(
         from tandem.profiles import get_profile
 
         get_profile(name, force=True)
+    if predict_costs is not None:
+        from tandem.bench.predict import load_gpu_check
+
+        load_gpu_check(predict_costs)
     if tune:
         _check_tuned_dir(tandem_home())
     if quick:
@@ -200,6 +205,13 @@ def spec_bench(
             report, get_profile(name, force=True)[0].cost_for(), target_path.name,
             labels[0] if labels else "")
                                for name in predict}
+    if predict_costs is not None:  # costs measured on another machine by scripts/gpu_check.py
+        from tandem.bench.predict import load_gpu_check, predict as predict_speedups
+
+        draft_name = labels[0] if labels else ""
+        costs = load_gpu_check(predict_costs, target_path.name, draft_name)
+        meta.setdefault("predictions", {})[f"{predict_costs.name}: {costs['source']}"] = \
+            predict_speedups(report, costs, target_path.name, draft_name)
     tuned = tuning.choose(report) if tune and results else None
     if tuned is not None:
         o = tuned["overall"]

@@ -29,12 +29,25 @@ LLAMA_CPP_VERSION = getattr(_lc, "__version__", "unknown")
 
 _backend_ready = False
 _verbose = False
+_captured: list[str] | None = None
 
 
 @_lc.llama_log_callback
 def _log_sink(level, text, user_data):  # noqa: ARG001 - ctypes signature
     if _verbose:
         os.write(2, text)
+    if _captured is not None:
+        _captured.append(text.decode("utf-8", "replace"))
+
+
+def capture_log(on: bool = True) -> list[str]:
+    """Opt-in: keep llama.cpp's log (where it put each layer, buffer sizes) from now on.
+    Returns the list that collects it; off, what was collected."""
+    global _captured
+    init_backend(_verbose)
+    got = _captured if _captured is not None else []
+    _captured = [] if on else None
+    return _captured if on else got
 
 
 def init_backend(verbose: bool = False) -> None:
