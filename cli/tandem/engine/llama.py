@@ -80,6 +80,11 @@ MAX_OUTPUTS = 65
 # on the GPU keeps the profile's draft length, and the run's notes say exactness is unverified.
 EXACT_BATCH = 7
 
+# llama_get_logits returning the buffer's address as an int: the binding's pointer result
+# costs an object and a ctypes.addressof() per decode to turn into the key of a cached view
+_logits_address = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
+    ctypes.cast(_lc.llama_get_logits, ctypes.c_void_p).value)
+
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 
@@ -286,7 +291,7 @@ class Context:
         """Opt-in: add the time spent inside llama.cpp's decode, logits and KV-removal calls to
         t_llama, so that wall time minus it is the host's own cost (scripts/bench_host.py).
         Off, the loop calls llama.cpp's functions directly and reads no clock."""
-        calls = (_lc.llama_decode, _lc.llama_get_logits, _lc.llama_memory_seq_rm)
+        calls = (_lc.llama_decode, _logits_address, _lc.llama_memory_seq_rm)
         if on:
             calls = tuple(self._timed(fn) for fn in calls)
         self._llama_decode, self._get_logits, self._seq_rm = calls
@@ -337,28 +342,30 @@ class Context:
                 "shorten the prompt or raise --ctx-size")
         if all_logits and n > self._max_rows:
             raise ValueError("all_logits decode is limited to n_batch and n_outputs_max rows")
-        n_batch = self.n_batch
-        for start in range(0, n, n_batch):
-            chunk = tokens[start:start + n_batch] if n > n_batch else tokens
-            self._fill(chunk, len(self.tokens), all_logits, start + len(chunk) == n)
+        if n <= self.n_batch:  # one llama_decode call: the loop's case
+            self._fill(tokens, len(self.tokens), all_logits, True)
             rc = self._llama_decode(self._ptr, self._batch)
             if rc != 0:
-                if rc == 1:
-                    raise ContextOverflowError("no room left in the KV cache",
-                                               "raise --ctx-size or shorten the prompt")
-                raise ModelError(f"llama_decode failed with code {rc}",
-                                 "run with --verbose to see llama.cpp's log")
-            self.tokens.extend(chunk)
+                _decode_failed(rc)
+            self.tokens.extend(tokens)
+        else:
+            for start in range(0, n, self.n_batch):
+                chunk = tokens[start:start + self.n_batch]
+                self._fill(chunk, len(self.tokens), all_logits, start + len(chunk) == n)
+                rc = self._llama_decode(self._ptr, self._batch)
+                if rc != 0:
+                    _decode_failed(rc)
+                self.tokens.extend(chunk)
         self.n_decoded += n
         rows = n if all_logits else 1
         if rows > self.max_logit_rows:
             self.max_logit_rows = rows
-        ptr = self._get_logits(self._ptr)
-        key = (ctypes.addressof(ptr.contents), rows)
+        key = (self._get_logits(self._ptr), rows)  # the address also synchronises a GPU
         view = self._views.get(key)
         if view is None:
             if len(self._views) >= 4 * MAX_OUTPUTS:  # buffers that were replaced
                 self._views.clear()
+            ptr = ctypes.cast(key[0], ctypes.POINTER(ctypes.c_float))
             view = self._views[key] = np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
         return view
 
@@ -403,6 +410,14 @@ class Context:
         data = _lc.llama_perf_context(self._ptr)
         return {"t_p_eval_ms": data.t_p_eval_ms, "t_eval_ms": data.t_eval_ms,
                 "n_p_eval": data.n_p_eval, "n_eval": data.n_eval}
+
+
+def _decode_failed(rc: int) -> None:
+    if rc == 1:
+        raise ContextOverflowError("no room left in the KV cache",
+                                   "raise --ctx-size or shorten the prompt")
+    raise ModelError(f"llama_decode failed with code {rc}",
+                     "run with --verbose to see llama.cpp's log")
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

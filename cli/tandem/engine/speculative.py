@@ -80,6 +80,8 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
 
     reason = "length"
     step = 0
+    # looked up once: these run once a token
+    is_eog, piece, feed, stop_at_eog = model.is_eog, model.piece, text.feed, not params.ignore_eos
     while reason == "length" and stats.n_generated < params.max_tokens:
         if len(tokens) >= target.n_ctx:
             reason = "context"
@@ -108,14 +110,13 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
         stats.t_sample += t3 - t2
         emitted = 0
         for i, tok in enumerate(new):
-            if model.is_eog(tok) and not params.ignore_eos:
+            if is_eog(tok) and stop_at_eog:
                 reason = "eos"
                 break
             tokens.append(tok)
             stats.n_generated += 1
             emitted += 1
-            piece = text.feed(model.piece(tok))
-            yield TokenEvent(tok, piece, i < n_acc, step)
+            yield TokenEvent(tok, feed(piece(tok)), i < n_acc, step)
             if text.stopped:
                 reason = "stop"
                 break
