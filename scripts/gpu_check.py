@@ -356,24 +356,24 @@ def main(argv: list[str] | None = None) -> int:
         return ns.deadline_s > 0 and time.monotonic() - t_start > ns.deadline_s
 
     paths = {name: Path(p) for name, p in given.items()}
-    todo = [s for s in shapes if s not in paths]
-    if todo:
-        quantize = ns.bin_dir / "llama-quantize" if ns.bin_dir else None
-        made = make(ns.models_dir, todo, quantize, ns.ftype, log=log)
-        result["models"].update(made)
-        paths.update({name: Path(info["path"]) for name, info in made.items()})
     result["models"].update({n: {"path": str(p), "given": True} for n, p in given.items()})
+    quantize = ns.bin_dir / "llama-quantize" if ns.bin_dir else None
     save()
+    # shape by shape, smallest first as listed: a run cut short keeps whole shapes
     for name in shapes:
         if late():
             result["shapes"][name] = {"skipped": "deadline"}
             continue
-        log(f"measuring {name}")
         try:
+            if name not in paths:
+                result["models"].update(make(ns.models_dir, [name], quantize, ns.ftype, log=log))
+                paths[name] = Path(result["models"][name]["path"])
+            log(f"measuring {name}")
             result["shapes"][name] = measure_shape(paths[name], ns)
         except Exception as exc:  # one shape's failure must not lose the others' figures
             result["shapes"][name] = {"error": f"{type(exc).__name__}: {exc}"}
         save()
+    shapes = [s for s in shapes if s in paths]
     if not ns.no_pair and len(shapes) >= 2:
         by_size = sorted(shapes, key=lambda s: paths[s].stat().st_size)
         t_shape, d_shape = ns.pair.split(",") if ns.pair else (by_size[-1], by_size[0])

@@ -14,7 +14,8 @@
 # installed with LLAMA_BUILD=OFF and given the same libraries, so the CUDA kernels compile once
 # (the longest step) instead of twice. A second call after a timeout resumes where it stopped.
 # --cpu takes the libraries and tools of scripts/build_native.sh (cached; same flags as our
-# wheel) instead of compiling. Results on stdout and in --out; build output in .gpu-check/.
+# wheel) instead of compiling. Results on stdout and in --out (default $OUT/gpu_check.json);
+# the build's log in $OUT/gpu_check_build.log where $OUT is set, else .gpu-check/build.log.
 set -euo pipefail
 LLAMA_VERSION="0.3.36"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -35,12 +36,15 @@ while [ $# -gt 0 ]; do
     --bundle) BUNDLE="$2"; shift 2 ;;
     --deadline-s) DEADLINE="$2"; shift 2 ;;
     --) shift; PASS=("$@"); break ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "Error: unknown option $1" >&2; echo "Hint: scripts/gpu_check.sh --help" >&2; exit 2 ;;
   esac
 done
 STATE="$ROOT/.gpu-check"
 mkdir -p "$STATE"
+# the build's log lands in $OUT where there is one: a remote run cut short still returns it
+LOG="${OUT:+$OUT/gpu_check_build.log}"
+LOG="${LOG:-$STATE/build.log}"
 say() { echo "gpu_check.sh: $*" >&2; }
 fail() { echo "Error: $1" >&2; [ -n "${2:-}" ] && echo "Hint: $2" >&2; exit 1; }
 PY="${PYTHON:-python3}"
@@ -80,15 +84,15 @@ else
   reused=true
   for t in $TARGETS; do [ "$t" = llama ] || [ -x "$BUILD/bin/$t" ] || reused=false; done
   if [ "$reused" = false ]; then
-    say "building llama.cpp ($ARGS) into $BUILD; log: $STATE/build.log"
+    say "building llama.cpp ($ARGS) into $BUILD; log: $LOG"
     gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
     t_build=$SECONDS
     # shellcheck disable=SC2086
     { cmake -S "$SRC/vendor/llama.cpp" -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
         -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF $ARGS \
       && cmake --build "$BUILD" --config Release -j "$(nproc)" --target $TARGETS; } \
-      >>"$STATE/build.log" 2>&1 || { tail -40 "$STATE/build.log" >&2; fail "the llama.cpp build failed" \
-        "see $STATE/build.log; a rerun resumes the build"; }
+      >>"$LOG" 2>&1 || { tail -40 "$LOG" >&2; fail "the llama.cpp build failed" \
+        "see $LOG; a rerun resumes the build"; }
     build_s=$((SECONDS - t_build))
   fi
   BIN_DIR="$BUILD/bin"
@@ -131,7 +135,7 @@ fi
 "$VPY" -c 'import gguf' 2>/dev/null || export PYTHONPATH="$SRC/vendor/llama.cpp/gguf-py${PYTHONPATH:+:$PYTHONPATH}"
 offload="$("$VPY" -c 'from tandem.engine.llama import supports_gpu_offload as s; print(s())')"
 if [ "$BACKEND" = cuda ] && [ "$offload" != True ]; then
-  fail "llama.cpp was built but offers no GPU offload" "see $STATE/build.log for GGML_CUDA"
+  fail "llama.cpp was built but offers no GPU offload" "see $LOG for GGML_CUDA"
 fi
 
 # ---- measure

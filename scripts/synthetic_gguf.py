@@ -32,20 +32,19 @@ class Shape:
     n_head_kv: int
     n_ff: int
     n_vocab: int
-    tied: bool  # the output layer is the token embedding (no output.weight)
 
 
 # Qwen2.5 (and Qwen2.5-Coder) configurations; "tiny-*" keep every row a multiple of 256 so
 # that the K-quants apply as they do to the real shapes, and run in seconds on a CPU
 SHAPES = {
-    "0.5b": Shape(896, 24, 14, 2, 4864, 151936, True),
-    "1.5b": Shape(1536, 28, 12, 2, 8960, 151936, True),
-    "3b": Shape(2048, 36, 16, 2, 11008, 151936, True),
-    "7b": Shape(3584, 28, 28, 4, 18944, 152064, False),
-    "14b": Shape(5120, 48, 40, 8, 13824, 152064, False),
-    "32b": Shape(5120, 64, 40, 8, 27648, 152064, False),
-    "tiny-draft": Shape(256, 2, 4, 2, 768, 4096, True),
-    "tiny-target": Shape(256, 4, 4, 2, 768, 4096, True),
+    "0.5b": Shape(896, 24, 14, 2, 4864, 151936),
+    "1.5b": Shape(1536, 28, 12, 2, 8960, 151936),
+    "3b": Shape(2048, 36, 16, 2, 11008, 151936),
+    "7b": Shape(3584, 28, 28, 4, 18944, 152064),
+    "14b": Shape(5120, 48, 40, 8, 13824, 152064),
+    "32b": Shape(5120, 64, 40, 8, 27648, 152064),
+    "tiny-draft": Shape(256, 2, 4, 2, 768, 4096),
+    "tiny-target": Shape(256, 4, 4, 2, 768, 4096),
 }
 ALIASES = {"tiny": ["tiny-draft", "tiny-target"]}
 # llama-quantize's names for the file types
@@ -101,9 +100,10 @@ def tensors(s: Shape) -> list[tuple[str, tuple[int, ...], str]]:
                 (p + "ffn_gate.weight", (s.n_ff, s.n_embd), "matrix"),
                 (p + "ffn_up.weight", (s.n_ff, s.n_embd), "matrix"),
                 (p + "ffn_down.weight", (s.n_embd, s.n_ff), "matrix")]
-    out.append(("output_norm.weight", (s.n_embd,), "norm"))
-    if not s.tied:
-        out.append(("output.weight", (s.n_vocab, s.n_embd), "matrix"))
+    # Qwen's own GGUF files carry output.weight even for the sizes whose embeddings are tied
+    # (0.5B: token_embd Q5_0 + output Q8_0 in the Q4_K_M file), so these do too
+    out += [("output_norm.weight", (s.n_embd,), "norm"),
+            ("output.weight", (s.n_vocab, s.n_embd), "matrix")]
     return out
 
 
@@ -160,7 +160,7 @@ def make(outdir: Path, shapes: list[str], quantize_bin: Path | None, ftype: str 
     shape its path and how long making it took."""
     outdir.mkdir(parents=True, exist_ok=True)
     made: dict[str, dict] = {}
-    for i, name in enumerate(shapes):
+    for name in shapes:
         final = outdir / f"synthetic-{name}-{ftype.lower()}.gguf"
         info = {"path": str(final), "ftype": ftype, **SHAPES[name].__dict__}
         if final.is_file():
@@ -169,7 +169,7 @@ def make(outdir: Path, shapes: list[str], quantize_bin: Path | None, ftype: str 
         t0 = time.perf_counter()
         f16 = outdir / f"synthetic-{name}-f16.gguf.part"
         log(f"writing {name} (F16)")
-        write_f16(f16, f"synthetic-qwen2.5-{name}", SHAPES[name], seed=1000 + i)
+        write_f16(f16, f"synthetic-qwen2.5-{name}", SHAPES[name], seed=1000 + list(SHAPES).index(name))
         if ftype == "F16":
             f16.rename(final)
         else:

@@ -421,12 +421,21 @@ def _decode_failed(rc: int) -> None:
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two sequences share.
+
+    Slices are compared in C: the whole shorter length first (a cache and the tokens that
+    extend it), else a binary search for the first difference (a draft cache after a
+    rejection), never a Python loop over the whole context, which would run every step."""
+    a = a if type(a) is list else list(a)
+    b = b if type(b) is list else list(b)
     n = min(len(a), len(b))
-    # the usual case, one holding the other's start (a cache and the tokens that extend it),
-    # is one comparison in C instead of a Python loop over the whole context every step
-    if n and a[n - 1] == b[n - 1] and list(a[:n]) == list(b[:n]):
+    if a[:n] == b[:n]:
         return n
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    lo, hi = 0, n  # a[:lo] == b[:lo], and the first difference is below hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
