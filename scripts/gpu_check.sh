@@ -80,7 +80,7 @@ else
   fi
   KEY="$(printf '%s|%s' "$LLAMA_VERSION" "$ARGS" | sha256sum | cut -c1-16)"
   BUILD="$STATE/build-$KEY"
-  TARGETS="llama llama-speculative-simple llama-simple llama-bench llama-completion llama-quantize"
+  TARGETS="llama llama-speculative-simple llama-bench llama-completion llama-quantize"
   reused=true
   for t in $TARGETS; do [ "$t" = llama ] || [ -x "$BUILD/bin/$t" ] || reused=false; done
   if [ "$reused" = false ]; then
@@ -102,7 +102,10 @@ say "llama.cpp tools and libraries: $BIN_DIR"
 
 # ---- venv: the system's numpy/typer/rich/pyyaml/huggingface_hub, llama-cpp-python, tandem
 VENV="$STATE/venv-$BACKEND"
-[ -x "$VENV/bin/python" ] || "$PY" -m venv --system-site-packages "$VENV"
+# without ensurepip (a distribution's python3 without its venv package) the venv runs the
+# system's pip, which the system site-packages make importable
+[ -x "$VENV/bin/python" ] || "$PY" -m venv --system-site-packages "$VENV" 2>/dev/null \
+  || { rm -rf "$VENV"; "$PY" -m venv --system-site-packages --without-pip "$VENV"; }
 VPY="$VENV/bin/python"
 pip_get() {  # the bundle's wheels first; PyPI only where there is a network (the CPU path)
   "$VPY" -m pip install --quiet --no-index --find-links "$BUNDLE/wheels" "$@" >&2 2>/dev/null \

@@ -76,7 +76,7 @@ if [ "$CHECK" = 1 ]; then
     $(python3 "$ROOT/scripts/cmake_flags.py" --backend cpu) >"$tmp/cfg.log" 2>&1 \
     || { tail -30 "$tmp/cfg.log" >&2; exit 1; }
   targets="$(cmake --build "$tmp/cfg" --target help)"
-  for t in llama llama-speculative-simple llama-simple llama-bench llama-completion llama-quantize; do
+  for t in llama llama-speculative-simple llama-bench llama-completion llama-quantize; do
     grep -qE "(^|[ /:])$t(:|$| )" <<<"$targets" || { echo "trim_sdist: no target $t" >&2; exit 1; }
   done
   echo "trim_sdist: the trimmed tree configures, with every target gpu_check.sh builds" >&2
