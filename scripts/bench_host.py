@@ -82,7 +82,8 @@ def native_plain(bin_dir: Path, ns) -> dict:
         raise RuntimeError(f"llama-completion printed no timings:\n{err[-2000:]}")
     n = int(ev.group(2))
     loop = _stamp(err, "common_perf_print") - _stamp(err, "generate:") - float(pe.group(1)) / 1e3
-    return {"tok_s": n / loop, "tok_s_eval": n / ((float(ev.group(1)) + float(sm.group(1))) / 1e3)}
+    return {"tok_s": n / loop, "tok_s_eval": n / ((float(ev.group(1)) + float(sm.group(1))) / 1e3),
+            "eval_us": 1e3 * float(ev.group(1)) / n, "sampling_us": 1e3 * float(sm.group(1)) / n}
 
 
 def native_draft(bin_dir: Path, ns) -> dict:
@@ -163,12 +164,17 @@ class Tandem:
         for ev in generate(self.tctx, self.prompt, drafter, params):
             # the decode phase starts when the prompt is read (second PrefillEvent)
             if isinstance(ev, PrefillEvent) and ev.done == ev.total and t0 is None:
-                llama0, t0 = self._llama(), clock()
+                llama0, perf0, t0 = self._llama(), self.tctx.perf(), clock()
             elif isinstance(ev, DoneEvent):
-                wall, llama = clock() - t0, self._llama() - llama0
+                wall, llama, perf1 = clock() - t0, self._llama() - llama0, self.tctx.perf()
                 stats = ev.stats
         n = stats.n_generated
+        # llama.cpp's own account of its single-token decodes (what llama-completion's "eval
+        # time" reports): less than the calls' wall time, the rest being work it does not count
+        evals = perf1["n_eval"] - perf0["n_eval"]
+        eval_us = 1e3 * (perf1["t_eval_ms"] - perf0["t_eval_ms"]) / evals if evals else None
         return {"tokens": n, "tok_s": n / wall, "host_us": 1e6 * (wall - llama) / n,
+                "eval_us": eval_us,
                 "llama_us": 1e6 * llama / n, "accept": stats.acceptance_rate}
 
     def _llama(self) -> float:
@@ -245,7 +251,11 @@ def main() -> int:
                 else " | | |"
             print(head + tail)
             head = "| | | | | |"
-    print(f"\nnative draft acceptance {100 * med('spec-simple', 'accept'):.1f}%")
+    print(f"\nnative draft acceptance {100 * med('spec-simple', 'accept'):.1f}%; plain: llama.cpp "
+          f"counts {med('none', 'eval_us'):.1f} us/token of eval time inside tandem's "
+          f"{med('none', 'llama_us'):.1f} us of llama.cpp calls; llama-completion: eval "
+          f"{med('completion', 'eval_us'):.1f} us, sampling {med('completion', 'sampling_us'):.1f} "
+          "us/token")
     rc = row_costs(ns.row_vocab)
     print(f"host cost of one logits row at {ns.row_vocab} tokens: greedy_token "
           f"{rc['greedy_token']:.1f} us, draft_top {rc['draft_top']:.1f} us")
