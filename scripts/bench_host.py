@@ -43,17 +43,27 @@ def native_bin() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
-def _run(cmd: list[str]) -> str:
-    # the generated text goes to stdout, and random weights write bytes that are not UTF-8
-    res = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=600)
-    if res.returncode != 0:
-        raise RuntimeError(f"{Path(cmd[0]).name} failed ({res.returncode}):\n{res.stderr[-2000:]}")
-    return res.stderr
+def _run(cmd: list[str], expect: str) -> str:
+    """The tool's log (stderr), run again while it lacks `expect`: this llama.cpp's logger
+    sometimes stops printing early (after "loading draft model" or "generate:") in a run that
+    otherwise completes with status 0; here 1 to 6 runs in 30, more with -ngl."""
+    for attempt in range(1, 4):
+        # the generated text goes to stdout, and random weights write bytes that are not UTF-8
+        res = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=600)
+        if res.returncode != 0:
+            raise RuntimeError(f"{Path(cmd[0]).name} failed ({res.returncode}):\n"
+                               f"{res.stderr[-2000:]}")
+        if expect in res.stderr:
+            return res.stderr
+        print(f"{Path(cmd[0]).name}: log cut short (attempt {attempt}), running it again",
+              file=sys.stderr)
+    raise RuntimeError(f"{Path(cmd[0]).name} printed no {expect!r}:\n{res.stderr[-2000:]}")
 
 
 def _common(ns) -> list[str]:
+    gpu = ["-ngl", str(ns.ngl)] if ns.ngl else []  # on a CPU build -ngl only adds warnings
     return ["-t", str(ns.threads), "-c", str(ns.ctx), "--temp", "0", "-s", "1",
-            "--no-repack", "-fa", "on", "-ngl", str(ns.ngl)]
+            "--no-repack", "-fa", "on", *gpu]
 
 
 def _stamp(err: str, marker: str) -> float:
@@ -68,17 +78,12 @@ def _stamp(err: str, marker: str) -> float:
 def native_plain(bin_dir: Path, ns) -> dict:
     """llama-completion's tokens/s: over its decode loop's wall time (from the log's timestamps,
     the prompt's evaluation taken out), and over its eval + sampling time alone."""
-    for attempt in (1, 2):
-        err = _run([str(bin_dir / "llama-completion"), "-m", str(ns.target), "-p", ns.prompt,
-                    "-n", str(ns.n), "-no-cnv", "--ignore-eos", *_common(ns)])
-        ev = re.search(r"\beval time =\s+([\d.]+) ms /\s+(\d+) runs", err)
-        sm = re.search(r"sampling time =\s+([\d.]+) ms", err)
-        pe = re.search(r"prompt eval time =\s+([\d.]+) ms", err)
-        if ev and sm and pe:
-            break
-        # seen once in ~20 runs on a loaded machine: exit status 0, log cut after "generate:"
-        print(f"llama-completion printed no timings (attempt {attempt})", file=sys.stderr)
-    else:
+    err = _run([str(bin_dir / "llama-completion"), "-m", str(ns.target), "-p", ns.prompt,
+                "-n", str(ns.n), "-no-cnv", "--ignore-eos", *_common(ns)], "common_perf_print")
+    ev = re.search(r"\beval time =\s+([\d.]+) ms /\s+(\d+) runs", err)
+    sm = re.search(r"sampling time =\s+([\d.]+) ms", err)
+    pe = re.search(r"prompt eval time =\s+([\d.]+) ms", err)
+    if not ev or not sm or not pe:
         raise RuntimeError(f"llama-completion printed no timings:\n{err[-2000:]}")
     n = int(ev.group(2))
     loop = _stamp(err, "common_perf_print") - _stamp(err, "generate:") - float(pe.group(1)) / 1e3
@@ -88,11 +93,12 @@ def native_plain(bin_dir: Path, ns) -> dict:
 
 def native_draft(bin_dir: Path, ns) -> dict:
     """llama-speculative-simple's tokens/s and acceptance rate."""
+    gpu = ["-ngld", str(ns.ngl)] if ns.ngl else []
     err = _run([str(bin_dir / "llama-speculative-simple"), "-m", str(ns.target),
                 "-md", str(ns.draft), "-p", ns.prompt, "-n", str(ns.n),
                 "--spec-type", "draft-simple", "--spec-draft-n-max", str(ns.n_max),
-                "--spec-draft-p-min", str(ns.p_min), "-td", str(ns.threads),
-                "-ngld", str(ns.ngl), *_common(ns)])
+                "--spec-draft-p-min", str(ns.p_min), "-td", str(ns.threads), *gpu,
+                *_common(ns)], "common_perf_print")
     m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", err)
     acc = re.search(r"accept\s+=\s+([\d.]+)%", err)
     if not m:
