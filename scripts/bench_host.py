@@ -18,6 +18,7 @@ weight repacking), interleaved run by run, median over --reps:
 
   .venv/bin/python scripts/bench_host.py                     # tiny models, made on the fly
   .venv/bin/python scripts/bench_host.py --reps 7 -n 512 --json host.json
+  .venv/bin/python scripts/bench_host.py --pool round-*.json   # rounds taken at other times
 """
 from __future__ import annotations
 
@@ -191,6 +192,57 @@ class Tandem:
             obj.close()
 
 
+def report(runs: dict[str, list], rows: list[dict], title: str) -> None:
+    """The tables on stdout: medians over the runs, tandem/native ratios paired run by run."""
+    def med(name, key="tok_s"):
+        return statistics.median(r[key] for r in runs[name])
+
+    def ratio(name, native, key="tok_s"):
+        return statistics.median(a["tok_s"] / b[key] for a, b in zip(runs[name], runs[native]))
+
+    print(f"# {title}\n")
+    print("| strategy | tandem tok/s | host us/token | llama.cpp us/token | accept | "
+          "native | native tok/s | tandem/native |")
+    print("|---|---|---|---|---|---|---|---|")
+    natives = {"none": [("llama-completion (loop wall)", "completion", "tok_s"),
+                        ("llama-completion (eval + sampling only)", "completion", "tok_s_eval"),
+                        ("llama-bench tg (bare decodes)", "bench", "tok_s")],
+               "draft": [("llama-speculative-simple", "spec-simple", "tok_s")],
+               "ngram": [("", None, None)]}
+    for s in ("none", "draft", "ngram"):
+        head = (f"| {s} | {med(s):.0f} | {med(s, 'host_us'):.1f} | {med(s, 'llama_us'):.1f} | "
+                f"{100 * med(s, 'accept'):.1f}% |")
+        for tool, name, key in natives[s]:
+            tail = f" {tool} | {med(name, key):.0f} | {ratio(s, name, key):.3f} |" if name \
+                else " | | |"
+            print(head + tail)
+            head = "| | | | | |"
+    print(f"\nnative draft acceptance {100 * med('spec-simple', 'accept'):.1f}%; plain: llama.cpp "
+          f"counts {med('none', 'eval_us'):.1f} us/token of eval time inside tandem's "
+          f"{med('none', 'llama_us'):.1f} us of llama.cpp calls; llama-completion: eval "
+          f"{med('completion', 'eval_us'):.1f} us, sampling {med('completion', 'sampling_us'):.1f} "
+          "us/token")
+    for key in ("greedy_token", "draft_top"):
+        vals = [r[key] for r in rows if r]
+        if vals:
+            print(f"host cost of one logits row at {rows[0]['vocab']} tokens, {key}: "
+                  f"{statistics.median(vals):.1f} us")
+
+
+def pool(files: list[Path]) -> int:
+    """One report over the runs of several --json files (rounds taken at different times)."""
+    runs: dict[str, list] = {}
+    rows = []
+    for f in files:
+        data = json.loads(f.read_text())
+        for name, vals in data["runs"].items():
+            runs.setdefault(name, []).extend(vals)
+        rows.append(data.get("row_costs_us"))
+    report(runs, rows, f"pooled: {len(files)} files, {len(runs['none'])} runs each "
+                       f"({data['settings']['n']} tokens, n_max {data['settings']['n_max']})")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", type=Path, help="target GGUF (default: the tiny synthetic one)")
@@ -206,7 +258,11 @@ def main() -> int:
     ap.add_argument("--row-vocab", type=int, default=151936,
                     help="vocabulary of the per-row cost line (Qwen2.5's by default)")
     ap.add_argument("--json", type=Path, help="also write the per-run figures here")
+    ap.add_argument("--pool", type=Path, nargs="+", metavar="JSON",
+                    help="measure nothing: one report over these --json files' runs")
     ns = ap.parse_args()
+    if ns.pool:
+        return pool(ns.pool)
 
     tmp = None
     if ns.target is None or ns.draft is None:
@@ -232,39 +288,10 @@ def main() -> int:
             runs[name].append(job())
         print(f"rep {rep + 1}/{ns.reps} done", file=sys.stderr)
 
-    def med(name, key="tok_s"):
-        return statistics.median(r[key] for r in runs[name])
-
-    def ratio(name, native, key="tok_s"):  # paired run by run, then the median
-        return statistics.median(a["tok_s"] / b[key] for a, b in zip(runs[name], runs[native]))
-
-    print(f"# tandem host overhead and tokens/s vs native ({ns.target.name} + {ns.draft.name}, "
-          f"greedy, {ns.n} tokens, {ns.threads} thread(s), n_max {ns.n_max}, p_min {ns.p_min}, "
-          f"ctx {ns.ctx}, median of {ns.reps})\n")
-    print("| strategy | tandem tok/s | host us/token | llama.cpp us/token | accept | "
-          "native | native tok/s | tandem/native |")
-    print("|---|---|---|---|---|---|---|---|")
-    natives = {"none": [("llama-completion (loop wall)", "completion", "tok_s"),
-                        ("llama-completion (eval + sampling only)", "completion", "tok_s_eval"),
-                        ("llama-bench tg (bare decodes)", "bench", "tok_s")],
-               "draft": [("llama-speculative-simple", "spec-simple", "tok_s")],
-               "ngram": [("", None, None)]}
-    for s in ("none", "draft", "ngram"):
-        head = (f"| {s} | {med(s):.0f} | {med(s, 'host_us'):.1f} | {med(s, 'llama_us'):.1f} | "
-                f"{100 * med(s, 'accept'):.1f}% |")
-        for tool, name, key in natives[s]:
-            tail = f" {tool} | {med(name, key):.0f} | {ratio(s, name, key):.3f} |" if name \
-                else " | | |"
-            print(head + tail)
-            head = "| | | | | |"
-    print(f"\nnative draft acceptance {100 * med('spec-simple', 'accept'):.1f}%; plain: llama.cpp "
-          f"counts {med('none', 'eval_us'):.1f} us/token of eval time inside tandem's "
-          f"{med('none', 'llama_us'):.1f} us of llama.cpp calls; llama-completion: eval "
-          f"{med('completion', 'eval_us'):.1f} us, sampling {med('completion', 'sampling_us'):.1f} "
-          "us/token")
-    rc = row_costs(ns.row_vocab)
-    print(f"host cost of one logits row at {ns.row_vocab} tokens: greedy_token "
-          f"{rc['greedy_token']:.1f} us, draft_top {rc['draft_top']:.1f} us")
+    rc = {"vocab": ns.row_vocab, **row_costs(ns.row_vocab)}
+    report(runs, [rc], f"tandem host overhead and tokens/s vs native ({ns.target.name} + "
+           f"{ns.draft.name}, greedy, {ns.n} tokens, {ns.threads} thread(s), n_max {ns.n_max}, "
+           f"p_min {ns.p_min}, ctx {ns.ctx}, median of {ns.reps})")
     if ns.json:
         ns.json.write_text(json.dumps({"settings": {k: str(v) for k, v in vars(ns).items()},
                                        "runs": runs, "row_costs_us": rc}, indent=1))
