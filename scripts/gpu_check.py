@@ -224,6 +224,7 @@ def measure_pair(target: Path, draft: Path, ns) -> dict:
                           prompt=bench_host.PROMPT)
     runner = bench_host.Tandem(bns)
     runs: dict[str, list] = {k: [] for k in ("none", "draft", "completion", "spec-simple")}
+    errors: list[str] = []
     try:
         runner.run("none")  # warm-up
         for rep in range(ns.pair_reps):
@@ -232,7 +233,10 @@ def measure_pair(target: Path, draft: Path, ns) -> dict:
                 jobs += [("completion", lambda: bench_host.native_plain(ns.bin_dir, bns)),
                          ("spec-simple", lambda: bench_host.native_draft(ns.bin_dir, bns))]
             for name, job in (jobs if rep % 2 == 0 else jobs[::-1]):
-                runs[name].append(job())
+                try:
+                    runs[name].append(job())
+                except RuntimeError as exc:  # a native tool's failure: keep tandem's figures
+                    errors.append(f"{name}: {str(exc)[:300]}")
     finally:
         runner.close()
 
@@ -249,6 +253,7 @@ def measure_pair(target: Path, draft: Path, ns) -> dict:
                      "ratio": round(tps / nat, 3) if nat else None}
     if runs["spec-simple"]:
         out["draft"]["native_accept"] = med("spec-simple", "accept")
+    out["native_errors"] = errors
     return out
 
 

@@ -49,6 +49,10 @@ say() { echo "gpu_check.sh: $*" >&2; }
 fail() { echo "Error: $1" >&2; [ -n "${2:-}" ] && echo "Hint: $2" >&2; exit 1; }
 PY="${PYTHON:-python3}"
 
+if [ "$BACKEND" = cuda ] && [ -z "${CUDA_ARCH:-}" ] && ! command -v nvidia-smi >/dev/null; then
+  fail "nvidia-smi not found: no CUDA GPU here" \
+    "on a machine without a GPU run scripts/gpu_check.sh --cpu --shapes tiny"
+fi
 SDIST="$BUNDLE/llama_cpp_python-$LLAMA_VERSION-trimmed.tar.gz"
 if [ ! -f "$SDIST" ]; then
   [ "$BACKEND" = cpu ] || fail "no $SDIST" \
@@ -65,7 +69,14 @@ if [ -n "${CMAKE_ARGS:-}" ]; then
   ARGS="$CMAKE_ARGS"
 else
   ARGS="$("$PY" scripts/cmake_flags.py --backend "$BACKEND")"
-  if [ "$BACKEND" = cuda ]; then ARGS="$ARGS -DCMAKE_CUDA_ARCHITECTURES=native"; fi
+fi
+if [ "$BACKEND" = cuda ]; then
+  if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+    export PATH="/usr/local/cuda/bin:$PATH"
+  fi
+  # CUDA_ARCH: for a build on a machine without the GPU (native needs one to look at)
+  ARGS="$ARGS -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-native}"
+  ARGS="$ARGS $(scripts/cuda_overlay.sh "$STATE/cuda-overlay" "$PY")"
 fi
 build_s=0
 if [ "$BACKEND" = cpu ]; then
@@ -73,11 +84,6 @@ if [ "$BACKEND" = cpu ]; then
   LIB_DIR="$(dirname "$BIN_DIR")/build/bin"
   reused=true
 else
-  command -v nvidia-smi >/dev/null || fail "nvidia-smi not found: no CUDA GPU here" \
-    "on a machine without a GPU run scripts/gpu_check.sh --cpu --shapes tiny"
-  if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
-    export PATH="/usr/local/cuda/bin:$PATH"
-  fi
   KEY="$(printf '%s|%s' "$LLAMA_VERSION" "$ARGS" | sha256sum | cut -c1-16)"
   BUILD="$STATE/build-$KEY"
   TARGETS="llama llama-speculative-simple llama-bench llama-completion llama-quantize"
@@ -107,6 +113,13 @@ VENV="$STATE/venv-$BACKEND"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv --system-site-packages "$VENV" 2>/dev/null \
   || { rm -rf "$VENV"; "$PY" -m venv --system-site-packages --without-pip "$VENV"; }
 VPY="$VENV/bin/python"
+# a python3 that is itself a venv (on the GPU machine: the one holding PyTorch and numpy)
+# would hide its packages from --system-site-packages, which sees only the base install
+parent="$("$PY" -c 'import sys, site; print(" ".join(site.getsitepackages()) if sys.prefix != sys.base_prefix else "")')"
+if [ -n "$parent" ]; then
+  own="$("$VPY" -c 'import site; print(site.getsitepackages()[0])')"
+  printf '%s\n' $parent > "$own/gpu_check_parent.pth"
+fi
 pip_get() {  # the bundle's wheels first; PyPI only where there is a network (the CPU path)
   "$VPY" -m pip install --quiet --no-index --find-links "$BUNDLE/wheels" "$@" >&2 2>/dev/null \
     || { [ "$BACKEND" = cpu ] && "$VPY" -m pip install --quiet "$@" >&2; }
