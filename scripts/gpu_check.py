@@ -364,7 +364,26 @@ def main(argv: list[str] | None = None) -> int:
     result["models"].update({n: {"path": str(p), "given": True} for n, p in given.items()})
     quantize = ns.bin_dir / "llama-quantize" if ns.bin_dir else None
     save()
-    # shape by shape, smallest first as listed: a run cut short keeps whole shapes
+    want_pair = not ns.no_pair and len(shapes) >= 2
+    pair_shapes = ns.pair.split(",") if ns.pair else None
+
+    def check_pair() -> None:
+        t_shape, d_shape = pair_shapes
+        draft, target = paths[d_shape], paths[t_shape]
+        for key, fn in (("offload", lambda: check_offload(target, draft)),
+                        ("pair", lambda: measure_pair(target, draft, ns))):
+            if late():
+                result[key] = {"skipped": "deadline"}
+                continue
+            log(f"{key}: {target.name} + {draft.name}")
+            try:
+                result[key] = {"target_shape": t_shape, "draft_shape": d_shape, **fn()}
+            except Exception as exc:
+                result[key] = {"error": f"{type(exc).__name__}: {exc}"}
+            save()
+
+    # shape by shape, in the order given: a run cut short keeps whole shapes; a --pair of
+    # early shapes is checked as soon as both are measured, before larger shapes are made
     for name in shapes:
         if late():
             result["shapes"][name] = {"skipped": "deadline"}
@@ -378,22 +397,16 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # one shape's failure must not lose the others' figures
             result["shapes"][name] = {"error": f"{type(exc).__name__}: {exc}"}
         save()
-    shapes = [s for s in shapes if s in paths]
-    if not ns.no_pair and len(shapes) >= 2:
-        by_size = sorted(shapes, key=lambda s: paths[s].stat().st_size)
-        t_shape, d_shape = ns.pair.split(",") if ns.pair else (by_size[-1], by_size[0])
-        draft, target = paths[d_shape], paths[t_shape]
-        for key, fn in (("offload", lambda: check_offload(target, draft)),
-                        ("pair", lambda: measure_pair(target, draft, ns))):
-            if late():
-                result[key] = {"skipped": "deadline"}
-                continue
-            log(f"{key}: {target.name} + {draft.name}")
-            try:
-                result[key] = {"target_shape": t_shape, "draft_shape": d_shape, **fn()}
-            except Exception as exc:
-                result[key] = {"error": f"{type(exc).__name__}: {exc}"}
-            save()
+        if want_pair and pair_shapes and result["pair"] is None \
+                and all(s in paths for s in pair_shapes):
+            check_pair()
+    if want_pair and result["pair"] is None:
+        made = [s for s in shapes if s in paths]
+        if len(made) >= 2:
+            by_size = sorted(made, key=lambda s: paths[s].stat().st_size)
+            pair_shapes = pair_shapes or [by_size[-1], by_size[0]]
+            if all(s in paths for s in pair_shapes):
+                check_pair()
     result["seconds"] = round(time.monotonic() - t_start, 1)
     save()
     print(summary(result))
