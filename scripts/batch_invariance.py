@@ -20,6 +20,27 @@ from pathlib import Path
 import numpy as np
 
 
+TEXT = " ".join(f"item {i} costs {i * 7 % 13} dollars and weighs {i % 5} kg;" for i in range(200))
+
+
+def compare(ctx, tokens, ats, ks) -> list[dict]:
+    """At each context length, the largest |difference| between the logits of a batch of k
+    tokens (logits on every row) and those of the same tokens decoded one by one."""
+    rows = []
+    for at in ats:
+        seq = tokens[:at + max(ks)]
+        ctx.prefill(seq[:at])
+        single = [np.array(ctx.decode([t])[0]) for t in seq[at:]]
+        for k in ks:
+            ctx.truncate(at)
+            batch = np.array(ctx.decode(seq[at:at + k], all_logits=True))
+            diff = max(float(np.max(np.abs(batch[j] - single[j]))) for j in range(k))
+            top = max(float(abs(batch[j][single[j].argmax()] - single[j].max()))
+                      for j in range(k))
+            rows.append({"context": at, "k": k, "max_abs_diff": diff, "top_logit_diff": top})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--model", type=Path, help="target GGUF (default: the default pair's)")
@@ -40,30 +61,15 @@ def main() -> None:
         path = Store().ensure(get_pair().target)
     ks = [int(k) for k in ns.ks.split(",")]
     ats = [int(a) for a in ns.at.split(",")]
-    text = " ".join(f"item {i} costs {i * 7 % 13} dollars and weighs {i % 5} kg;"
-                    for i in range(200))
     rows = []
     for mode, repack in (("fast", True), ("exact", False)):
         model = Model(path, repack=repack)
-        tokens = model.tokenize(text, add_special=True, parse_special=False)
+        tokens = model.tokenize(TEXT, add_special=True, parse_special=False)
         base_params = ContextParams(n_ctx=max(ats) + max(ks) + 8, n_threads=ns.threads)
         params = exact_context(base_params) if mode == "exact" else \
             ContextParams(**{**base_params.__dict__, "flash_attn": "auto"})
         ctx = Context(model, params)
-        for at in ats:
-            seq = tokens[:at + max(ks)]
-            ctx.prefill(seq[:at])
-            single = []
-            for t in seq[at:]:
-                single.append(np.array(ctx.decode([t])[0]))
-            for k in ks:
-                ctx.truncate(at)
-                batch = np.array(ctx.decode(seq[at:at + k], all_logits=True))
-                diff = max(float(np.max(np.abs(batch[j] - single[j]))) for j in range(k))
-                top = max(float(abs(batch[j][single[j].argmax()] - single[j].max()))
-                          for j in range(k))
-                rows.append({"mode": mode, "context": at, "k": k, "max_abs_diff": diff,
-                             "top_logit_diff": top})
+        rows += [{"mode": mode, **r} for r in compare(ctx, tokens, ats, ks)]
         ctx.close()
         model.close()
     if ns.json:

@@ -52,3 +52,44 @@ def test_step_histogram_from_drafted_at():
 
     # 10 steps: 4 plain, 3 with 1 draft, 1 with 2, 2 with 3 -> drafted_at = [6, 3, 2]
     assert _steps_by_drafted(10, [6, 3, 2]) == [4, 3, 1, 2]
+
+
+def _gpu_check(**shapes):
+    return {"schema": 1, "backend": "cuda", "started": "2026-12-01T00:00:00",
+            "environment": {"gpus": ["NVIDIA H200, 143771 MiB, 580.0"]},
+            "pair": {"target_shape": "7b", "draft_shape": "0.5b"},
+            "shapes": {name: {"decode_ms": ms, "host_draft_top_us": 50.0,
+                              "verify": {"ratio": {"1": 1.0, "2": 1.05, "5": 1.2, "9": 1.6}}}
+                       for name, ms in shapes.items()}}
+
+
+def test_gpu_check_json_becomes_the_cost_model_of_the_matching_shapes():
+    from tandem.bench.predict import gpu_check_costs
+
+    data = _gpu_check(**{"0.5b": 1.5, "1.5b": 2.5, "7b": 7.0})
+    # model files matched by size: the 1.5B target's own curve and decode time
+    costs = gpu_check_costs(data, "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+                            "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+    assert costs["verify_ratio"] == {2: 1.05, 5: 1.2, 9: 1.6}
+    # a draft token: its decode plus the host's draft_top, against the target's decode
+    assert costs["draft_ratio"] == pytest.approx((1.5 + 0.05) / 2.5)
+    assert "1.5b target, 0.5b draft" in costs["source"]
+    # names without a measured size fall back to the pair gpu_check measured
+    assert gpu_check_costs(data, "other.gguf", "")["draft_ratio"] == pytest.approx(1.55 / 7.0)
+    report = Report(configs=[{"name": "draft", "strategy": "draft"}], categories=[],
+                    cells=[_cell("draft", 3.0, 4.0)])
+    out = predict(report, costs, "qwen2.5-coder-1.5b.gguf", "qwen2.5-coder-0.5b.gguf")
+    assert out["speedup"]["draft"] == pytest.approx(3.0 / (4 * 1.55 / 2.5 + 1.2), abs=1e-3)
+
+
+def test_gpu_check_costs_refuses_what_it_cannot_price():
+    from tandem.bench.predict import gpu_check_costs, load_gpu_check
+
+    with pytest.raises(UsageError, match="not a scripts/gpu_check.py result"):
+        gpu_check_costs({"shapes": []})
+    data = _gpu_check(**{"0.5b": 1.5})
+    data["shapes"]["7b"] = {"error": "RuntimeError: out of memory"}
+    with pytest.raises(UsageError, match="no measured shape"):
+        gpu_check_costs(data, "qwen2.5-7b.gguf", "qwen2.5-0.5b.gguf")
+    with pytest.raises(UsageError, match="cannot read"):
+        load_gpu_check("/nonexistent/gc.json")

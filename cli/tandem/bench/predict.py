@@ -5,11 +5,14 @@ verify-batch cost ratios (batch of k vs one token) and draft cost ratio (draft t
 token): speedup = tokens per step / mean step cost, where each measured step is priced at its
 own length (k x draft ratio + verify ratio(k + 1)). Pricing the mean draft length instead
 would be wrong wherever plain and long-draft steps mix, since the verify curve is not linear.
-Always reported as a prediction, never as a measurement.
+Always reported as a prediction, never as a measurement. The cost figures come from a
+hardware profile, or from what scripts/gpu_check.py measured on a machine (gpu_check_costs).
 """
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 from typing import Mapping
 
 from tandem.bench.report import OVERALL, Report
@@ -70,3 +73,46 @@ def predict(report: Report, cost: Mapping, target: str = "", draft: str = "") ->
     basis = (f"verify ratios {ratios or 'none'}, draft ratio {draft_ratio:.3f}; "
              "hybrid/auto drafts priced as draft-model tokens (an upper bound on their cost)")
     return {"speedup": out, "basis": basis, "source": cost.get("source", "")}
+
+
+def _shape_for(shapes: Mapping, name: str, fallback: str | None) -> str:
+    """A shape of the gpu_check JSON: `name` itself, else the size in a model file's name."""
+    for key in (name, model_size(name) if name else None, fallback):
+        if key and key in shapes and "verify" in shapes[key]:
+            return key
+    measured = ", ".join(k for k, v in shapes.items() if "verify" in v) or "none"
+    raise UsageError(f"the costs file has no measured shape for {name or 'the pair'!r}",
+                     f"measured shapes: {measured}")
+
+
+def gpu_check_costs(data: Mapping, target: str = "", draft: str = "") -> dict:
+    """The cost figures predict() reads, from scripts/gpu_check.py's JSON: the verify curve of
+    the target's shape (k-token batch against one token) and the draft's token cost (its
+    decode plus the host's draft_top, against the target's decode). `target` / `draft`: shape
+    names or model file names (matched by size); default: the pair gpu_check measured."""
+    shapes = data.get("shapes")
+    if not isinstance(shapes, Mapping) or data.get("schema") != 1:
+        raise UsageError("this is not a scripts/gpu_check.py result (schema 1)",
+                         "pass the JSON file that gpu_check.sh wrote (--out)")
+    pair = data.get("pair") or {}
+    t = _shape_for(shapes, target, pair.get("target_shape"))
+    d = _shape_for(shapes, draft, pair.get("draft_shape"))
+    ts, ds = shapes[t], shapes[d]
+    ratios = {int(k): float(v) for k, v in ts["verify"]["ratio"].items() if int(k) > 1}
+    draft_ms = ds["decode_ms"] + ds.get("host_draft_top_us", 0.0) / 1000
+    env = data.get("environment") or {}
+    where = ", ".join(env.get("gpus") or []) or data.get("backend", "")
+    return {"verify_ratio": ratios, "draft_ratio": draft_ms / ts["decode_ms"],
+            "decode_ms": {t: ts["decode_ms"], d: ds["decode_ms"]},
+            "source": f"gpu_check on {where}: synthetic {t} target, {d} draft "
+                      f"({data.get('started', '')})"}
+
+
+def load_gpu_check(path, target: str = "", draft: str = "") -> dict:
+    """gpu_check_costs() of a JSON file, with a usage error for what cannot be read."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read the costs file {path}: {exc}",
+                         "pass the JSON file that scripts/gpu_check.sh wrote") from None
+    return gpu_check_costs(data, target, draft)

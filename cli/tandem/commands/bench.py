@@ -77,6 +77,7 @@ def spec_bench(
     out: Annotated[Optional[Path], typer.Option("--out", readable=False, help="Write report.json, runs.csv, report.md and speedup.svg here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the machine-readable result on stdout.")] = False,
     predict: Annotated[Optional[list[str]], typer.Option("--predict", help="Also predict the speedup on this hardware profile from the measured acceptance (repeatable; labelled as a prediction).")] = None,
+    predict_costs: Annotated[Optional[Path], typer.Option("--predict-costs", exists=True, dir_okay=False, help="Also predict the speedup with the costs scripts/gpu_check.sh measured on a machine (its JSON; shapes matched to this pair by model size).")] = None,
     tune: Annotated[bool, typer.Option("--tune", help="Save the fastest configuration for run, chat and --strategy auto.")] = False,
     n_ctx: OptCtxOpt = None,
     n_threads: OptThreadsOpt = None,
@@ -103,7 +104,7 @@ def spec_bench(
     request = BenchRequest(
         strategies=tuple(s.strip() for s in strategies.split(",") if s.strip()),
         max_tokens=max_tokens, reps=reps, warmup=warmup, cost_curve=calibrate_costs,
-        predict=tuple(predict or ()), tune=tune, out=out)
+        predict=tuple(predict or ()), predict_costs=predict_costs, tune=tune, out=out)
     request.check(tandem_home())
     if quick:
         per_category = per_category or 2

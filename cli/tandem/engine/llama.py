@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
@@ -28,12 +29,25 @@ LLAMA_CPP_VERSION = getattr(_lc, "__version__", "unknown")
 
 _backend_ready = False
 _verbose = False
+_captured: list[str] | None = None
 
 
 @_lc.llama_log_callback
 def _log_sink(level, text, user_data):  # noqa: ARG001 - ctypes signature
     if _verbose:
         os.write(2, text)
+    if _captured is not None:
+        _captured.append(text.decode("utf-8", "replace"))
+
+
+def capture_log(on: bool = True) -> list[str]:
+    """Opt-in: keep llama.cpp's log (where it put each layer, buffer sizes) from now on.
+    Returns the list that collects it; off, what was collected."""
+    global _captured
+    init_backend(_verbose)
+    got = _captured if _captured is not None else []
+    _captured = [] if on else None
+    return _captured if on else got
 
 
 def init_backend(verbose: bool = False) -> None:
@@ -65,6 +79,11 @@ MAX_OUTPUTS = 65
 # on the CPU stay within it (drafts <= 6). GPU kernels were not measured here: a target fully
 # on the GPU keeps the profile's draft length, and the run's notes say exactness is unverified.
 EXACT_BATCH = 7
+
+# llama_get_logits returning the buffer's address as an int: the binding's pointer result
+# costs an object and a ctypes.addressof() per decode to turn into the key of a cached view
+_logits_address = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
+    ctypes.cast(_lc.llama_get_logits, ctypes.c_void_p).value)
 
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
@@ -107,10 +126,8 @@ class Model:
         self.eos = _lc.llama_vocab_eos(self.vocab)
         self.add_bos = bool(_lc.llama_vocab_get_add_bos(self.vocab))
         self._pieces: dict[int, bytes] = {}
-        self._eog = np.zeros(self.n_vocab, dtype=bool)
-        for tok in range(self.n_vocab):
-            if _lc.llama_vocab_is_eog(self.vocab, tok):
-                self._eog[tok] = True
+        self._eog = frozenset(tok for tok in range(self.n_vocab)
+                              if _lc.llama_vocab_is_eog(self.vocab, tok))
 
     def close(self) -> None:
         if getattr(self, "_ptr", None):
@@ -121,7 +138,7 @@ class Model:
         self.close()
 
     def is_eog(self, token: int) -> bool:
-        return bool(self._eog[token])
+        return token in self._eog
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         data = text.encode("utf-8")
@@ -257,9 +274,38 @@ class Context:
         for i in range(self.n_batch):
             self._batch.n_seq_id[i] = 1
             self._batch.seq_id[i][0] = 0
+        # the batch's arrays, read once: each read of a ctypes Structure field builds a new
+        # pointer object, which in the decode loop costs more than the assignments themselves
+        self._tok, self._pos, self._want = self._batch.token, self._batch.pos, self._batch.logits
+        self._max_rows = min(self.n_batch, params.n_outputs_max)
+        # logits views by (buffer address, rows): building one costs microseconds per decode,
+        # and llama.cpp keeps its output buffer until it needs a larger one
+        self._views: dict[tuple[int, int], np.ndarray] = {}
         self.tokens: list[int] = []  # what the KV cache holds, position i -> tokens[i]
         self.max_logit_rows = 0  # the largest number of logits rows ever requested
         self.n_decoded = 0  # tokens evaluated since creation (prompt + generated)
+        self.t_llama = 0.0  # seconds inside llama.cpp's loop calls, while time_llama() is on
+        self.time_llama(False)
+
+    def time_llama(self, on: bool = True) -> None:
+        """Opt-in: add the time spent inside llama.cpp's decode, logits and KV-removal calls to
+        t_llama, so that wall time minus it is the host's own cost (scripts/bench_host.py).
+        Off, the loop calls llama.cpp's functions directly and reads no clock."""
+        calls = (_lc.llama_decode, _logits_address, _lc.llama_memory_seq_rm)
+        if on:
+            calls = tuple(self._timed(fn) for fn in calls)
+        self._llama_decode, self._get_logits, self._seq_rm = calls
+
+    def _timed(self, fn):
+        clock = time.perf_counter
+
+        def call(*args):
+            t0 = clock()
+            try:
+                return fn(*args)
+            finally:
+                self.t_llama += clock() - t0
+        return call
 
     def close(self) -> None:
         if getattr(self, "_ptr", None):
@@ -277,7 +323,7 @@ class Context:
     def truncate(self, n: int) -> None:
         """Forget KV cache positions n.. (rollback of rejected drafts)."""
         if n < len(self.tokens):
-            if not _lc.llama_memory_seq_rm(self._mem, 0, n, -1):
+            if not self._seq_rm(self._mem, 0, n, -1):
                 raise ModelError("llama.cpp could not roll back the KV cache",
                                  "this model's memory type does not support partial removal")
             del self.tokens[n:]
@@ -294,37 +340,45 @@ class Context:
             raise ContextOverflowError(
                 f"{len(self.tokens) + n} tokens do not fit the context of {self.n_ctx}",
                 "shorten the prompt or raise --ctx-size")
-        if all_logits and n > min(self.n_batch, self.params.n_outputs_max):
+        if all_logits and n > self._max_rows:
             raise ValueError("all_logits decode is limited to n_batch and n_outputs_max rows")
-        start = 0
-        while start < n:
-            chunk = tokens[start:start + self.n_batch]
-            last_chunk = start + len(chunk) == n
-            self._fill(chunk, len(self.tokens), all_logits, last_chunk)
-            rc = _lc.llama_decode(self._ptr, self._batch)
+        if n <= self.n_batch:  # one llama_decode call: the loop's case
+            self._fill(tokens, len(self.tokens), all_logits, True)
+            rc = self._llama_decode(self._ptr, self._batch)
             if rc != 0:
-                if rc == 1:
-                    raise ContextOverflowError("no room left in the KV cache",
-                                               "raise --ctx-size or shorten the prompt")
-                raise ModelError(f"llama_decode failed with code {rc}",
-                                 "run with --verbose to see llama.cpp's log")
-            self.tokens.extend(chunk)
-            self.n_decoded += len(chunk)
-            start += len(chunk)
+                _decode_failed(rc)
+            self.tokens.extend(tokens)
+        else:
+            for start in range(0, n, self.n_batch):
+                chunk = tokens[start:start + self.n_batch]
+                self._fill(chunk, len(self.tokens), all_logits, start + len(chunk) == n)
+                rc = self._llama_decode(self._ptr, self._batch)
+                if rc != 0:
+                    _decode_failed(rc)
+                self.tokens.extend(chunk)
+        self.n_decoded += n
         rows = n if all_logits else 1
-        self.max_logit_rows = max(self.max_logit_rows, rows)
-        ptr = _lc.llama_get_logits(self._ptr)
-        return np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
+        if rows > self.max_logit_rows:
+            self.max_logit_rows = rows
+        key = (self._get_logits(self._ptr), rows)  # the address also synchronises a GPU
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) >= 4 * MAX_OUTPUTS:  # buffers that were replaced
+                self._views.clear()
+            ptr = ctypes.cast(key[0], ctypes.POINTER(ctypes.c_float))
+            view = self._views[key] = np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
+        return view
 
     def _fill(self, chunk: Sequence[int], pos0: int, all_logits: bool, last_chunk: bool) -> None:
-        b = self._batch
-        b.n_tokens = len(chunk)
-        for i, tok in enumerate(chunk):
-            b.token[i] = tok
-            b.pos[i] = pos0 + i
-            b.logits[i] = all_logits
+        tok, pos, want = self._tok, self._pos, self._want
+        self._batch.n_tokens = len(chunk)
+        flag = 1 if all_logits else 0
+        for i, t in enumerate(chunk):
+            tok[i] = t
+            pos[i] = pos0 + i
+            want[i] = flag
         if last_chunk:
-            b.logits[len(chunk) - 1] = True
+            want[len(chunk) - 1] = 1
 
     def prefill(self, tokens: Sequence[int],
                 progress: Callable[[int, int], None] | None = None) -> int:
@@ -358,9 +412,30 @@ class Context:
                 "n_p_eval": data.n_p_eval, "n_eval": data.n_eval}
 
 
+def _decode_failed(rc: int) -> None:
+    if rc == 1:
+        raise ContextOverflowError("no room left in the KV cache",
+                                   "raise --ctx-size or shorten the prompt")
+    raise ModelError(f"llama_decode failed with code {rc}",
+                     "run with --verbose to see llama.cpp's log")
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two sequences share.
+
+    Slices are compared in C: the whole shorter length first (a cache and the tokens that
+    extend it), else a binary search for the first difference (a draft cache after a
+    rejection), never a Python loop over the whole context, which would run every step."""
+    a = a if type(a) is list else list(a)
+    b = b if type(b) is list else list(b)
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], and the first difference is below hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -24,6 +24,7 @@ from tandem.engine.textstream import TextStream
 from tandem.errors import ContextOverflowError, UsageError
 
 VERIFY_RULES = ("rejection", "match")
+_NO_DRAFT = Draft()  # a plain step's draft, shared: generate() never modifies a draft
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,8 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
 
     reason = "length"
     step = 0
+    # looked up once: these run once a token
+    is_eog, piece, feed, stop_at_eog = model.is_eog, model.piece, text.feed, not params.ignore_eos
     while reason == "length" and stats.n_generated < params.max_tokens:
         if len(tokens) >= target.n_ctx:
             reason = "context"
@@ -83,7 +86,7 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
                    params.max_tokens - stats.n_generated - 1)
         k_cap = min(drafter.n_max, room)
         t0 = time.perf_counter()
-        draft = drafter.propose(tokens, room, sp, rng, sample_drafts) if k_cap > 0 else Draft()
+        draft = drafter.propose(tokens, room, sp, rng, sample_drafts) if k_cap > 0 else _NO_DRAFT
         if len(draft.tokens) > k_cap:
             draft = Draft(draft.tokens[:k_cap], draft.dists[:k_cap] if draft.dists else None)
         t1 = time.perf_counter()
@@ -98,11 +101,11 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
         step_event = StepEvent(step, len(draft.tokens), n_acc, k_cap, t1 - t0, t2 - t1, t3 - t2)
         drafter.observe(step_event)
         for i, tok in enumerate(new):
-            if model.is_eog(tok) and not params.ignore_eos:
+            if is_eog(tok) and stop_at_eog:
                 reason = "eos"
                 break
             tokens.append(tok)
-            token_event = TokenEvent(tok, text.feed(model.piece(tok)), i < n_acc, step)
+            token_event = TokenEvent(tok, feed(piece(tok)), i < n_acc, step)
             stats.observe(token_event)
             yield token_event
             if text.stopped:
@@ -154,6 +157,16 @@ def _verify(rows: np.ndarray, draft: Draft, tokens: list[int], sp: SamplingParam
             rng: np.random.Generator, n_vocab: int) -> tuple[list[int], int]:
     """Decide the tokens of this step: accepted drafts, then the target's own token."""
     new: list[int] = []
+    if sp.greedy and sp.repeat_penalty == 1.0:
+        # plain greedy: the argmax of each row's view, no history to penalise, and no row
+        # after the first mismatch is scanned (a 152k row costs ~20 us)
+        for i, d in enumerate(draft.tokens):
+            tok = int(rows[i].argmax())
+            new.append(tok)
+            if tok != d:
+                return new, i
+        new.append(int(rows[len(draft.tokens)].argmax()))
+        return new, len(draft.tokens)
     for i, d in enumerate(draft.tokens):
         hist = recent(tokens, new, sp)
         if sp.greedy:

@@ -77,8 +77,9 @@ class GenStats:
 
     def record_step(self, drafted: int, accepted: int) -> None:
         self.n_steps += 1
-        if drafted:
-            self.n_steps_drafted += 1
+        if not drafted:  # a plain step: nothing else to count
+            return
+        self.n_steps_drafted += 1
         self.drafted += drafted
         self.accepted += accepted
         while len(self.drafted_at) < drafted:

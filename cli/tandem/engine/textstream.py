@@ -15,12 +15,23 @@ class TextStream:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stop = [s for s in stop if s]
         self._pending = ""
-        self.text = ""  # everything released so far
+        self._parts: list[str] = []  # released text, joined when read (not once a token)
         self.stopped = False
+
+    @property
+    def text(self) -> str:
+        """Everything released so far."""
+        if len(self._parts) > 1:
+            self._parts = ["".join(self._parts)]
+        return self._parts[0] if self._parts else ""
 
     def feed(self, data: bytes) -> str:
         if self.stopped:
             return ""
+        if not self._stop:  # nothing to hold back: the decoder's output is released as is
+            out = self._decoder.decode(data)
+            self._parts.append(out)
+            return out
         self._pending += self._decoder.decode(data)
         return self._release(final=False)
 
@@ -44,7 +55,7 @@ class TextStream:
             hold = self._holdback()
             out = self._pending[:len(self._pending) - hold]
             self._pending = self._pending[len(self._pending) - hold:]
-        self.text += out
+        self._parts.append(out)
         return out
 
     def _holdback(self) -> int:

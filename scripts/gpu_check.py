@@ -1,0 +1,418 @@
+#!/usr/bin/env python3
+"""What tandem needs to know about a machine's kernels, measured on synthetic models, in one JSON.
+
+scripts/gpu_check.sh builds llama.cpp (CUDA, or the cached CPU build) and runs this; it also
+runs alone wherever tandem's engine imports:
+
+  python scripts/gpu_check.py --shapes tiny --bin-dir BIN --out /tmp/gc.json        # CPU
+  python scripts/gpu_check.py --shapes 0.5b,1.5b,7b --bin-dir BIN --ngl 99 --out gc.json
+
+Per shape (scripts/synthetic_gguf.py: Qwen2.5's dimensions, random weights, Q4_K_M): plain
+decode ms/token, the verify-batch cost curve (k = 1..17 tokens, logits on every row), the
+host's argmax and draft_top cost on one row, llama-bench's tg figure, and whether verify
+batches are bit-identical to single-token decoding up to which k, in tandem's exact-mode
+context and with llama.cpp's defaults. For the pair (largest shape as target, smallest as
+draft): where each model's layers went against `tandem hw`'s plan, and tandem's loop against
+llama-completion and llama-speculative-simple with the same settings. Acceptance between
+random models means nothing; costs are what this measures.
+
+Results go to --out after every section (a run cut short keeps what it measured), a summary
+to stdout, progress to stderr. `tandem spec-bench --predict-costs FILE` prices acceptance
+measured elsewhere with these costs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+SCHEMA = 1
+PROMPT_TOKENS = 128  # context before the decode and verify timings (a short chat prompt)
+# tandem's exact-mode target context (settings.exact_context): flash attention, q8_0 KV cache
+EXACT = {"flash_attn": "on", "type_k": "q8_0", "type_v": "q8_0", "exact": True}
+
+
+def log(msg: str) -> None:
+    print(f"gpu_check: {msg}", file=sys.stderr, flush=True)
+
+
+def parse_ks(text: str) -> list[int]:
+    """'1-17' or '1,2,4,8'."""
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out += range(int(lo), int(hi or lo) + 1)
+    return sorted(set(out))
+
+
+def environment() -> dict:
+    from tandem.engine import llama
+
+    env = {"python": platform.python_version(), "machine": platform.machine(),
+           "cpu_count": os.cpu_count(), "llama_cpp_python": llama.LLAMA_CPP_VERSION,
+           "gpu_offload": llama.supports_gpu_offload(), "system_info": llama.system_info(),
+           "gpus": []}
+    if shutil.which("nvidia-smi"):
+        res = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True)
+        env["gpus"] = [line.strip() for line in res.stdout.splitlines() if line.strip()]
+    return env
+
+
+def placement(lines: list[str]) -> dict:
+    """Where llama.cpp put a model, from its load log: layers per device, buffer sizes."""
+    text = "".join(lines)
+    devices: dict[str, int] = {}
+    for dev in re.findall(r"layer\s+\d+ assigned to device (\S+?),", text):
+        devices[dev] = devices.get(dev, 0) + 1
+    buffers = {name: float(mib) for name, mib in
+               re.findall(r"load_tensors:\s+(\S+) model buffer size =\s+([\d.]+) MiB", text)}
+    m = re.search(r"offloaded (\d+)/(\d+) layers to GPU", text)
+    return {"layers_by_device": devices, "buffers_mib": buffers,
+            "offloaded": [int(m.group(1)), int(m.group(2))] if m else None}
+
+
+def _median_ms(times: list[float]) -> float:
+    return round(1e3 * statistics.median(times), 4)
+
+
+def measure_shape(path: Path, ns) -> dict:
+    """Decode cost, verify curve, host row costs and batch invariance of one model."""
+    from batch_invariance import TEXT, compare
+    from tandem.engine import llama
+    from tandem.engine.sampling import SamplingParams, draft_top
+
+    lines = llama.capture_log()
+    model = llama.Model(path, n_gpu_layers=ns.ngl)
+    llama.capture_log(False)
+    out: dict = {"n_vocab": model.n_vocab, "n_layer": model.n_layer,
+                 "bytes": path.stat().st_size, "placement": placement(lines)}
+    tokens = model.tokenize(TEXT, add_special=True, parse_special=False)
+    kmax = max(ns.ks)
+    need = max(PROMPT_TOKENS + max(ns.n_decode, kmax), max(ns.contexts) + kmax) + 8
+    if len(tokens) < need:
+        raise RuntimeError(f"the probe text has {len(tokens)} tokens, {need} needed")
+    params = llama.ContextParams(n_ctx=need, n_threads=ns.threads)
+    ctx = llama.Context(model, params)
+    out["context"] = asdict(ctx.params)
+    clock = time.perf_counter
+    try:
+        ctx.prefill(tokens[:PROMPT_TOKENS])
+        ctx.decode(tokens[PROMPT_TOKENS:PROMPT_TOKENS + 1])  # warm-up: first-use costs
+        ctx.truncate(PROMPT_TOKENS)
+        decode, argmax, top = [], [], []
+        sp = SamplingParams()
+        for t in tokens[PROMPT_TOKENS:PROMPT_TOKENS + ns.n_decode]:
+            t0 = clock()
+            row = ctx.decode([t], all_logits=True)[0]  # returns once the logits are on the host
+            t1 = clock()
+            int(row.argmax())
+            t2 = clock()
+            draft_top(row, [], sp)
+            t3 = clock()
+            decode.append(t1 - t0)
+            argmax.append(t2 - t1)
+            top.append(t3 - t2)
+        out["decode_ms"] = _median_ms(decode)
+        out["host_argmax_us"] = round(1e3 * _median_ms(argmax), 2)
+        out["host_draft_top_us"] = round(1e3 * _median_ms(top), 2)
+        curve = {}
+        for k in ns.ks:
+            times = []
+            for _ in range(ns.reps):
+                ctx.truncate(PROMPT_TOKENS)
+                t0 = clock()
+                ctx.decode(tokens[PROMPT_TOKENS:PROMPT_TOKENS + k], all_logits=True)
+                times.append(clock() - t0)
+            curve[str(k)] = _median_ms(times)
+        base = curve.get("1") or out["decode_ms"]
+        out["verify"] = {"ms": curve, "ratio": {k: round(v / base, 4) for k, v in curve.items()},
+                         "prompt_tokens": PROMPT_TOKENS, "reps": ns.reps}
+    finally:
+        ctx.close()
+    out["exactness"] = {}
+    for mode, extra in (("exact", EXACT), ("fast", {"flash_attn": "auto"})):
+        ctx = llama.Context(model, replace(params, **extra))
+        try:
+            rows = compare(ctx, tokens, ns.contexts, ns.ks)
+            notes = list(ctx.notes)
+            used = {k: getattr(ctx.params, k) for k in ("flash_attn", "type_k", "type_v")}
+        finally:
+            ctx.close()
+        diff = {str(k): max(r["max_abs_diff"] for r in rows if r["k"] == k) for k in ns.ks}
+        same = {k: d == 0.0 for k, d in diff.items()}
+        up_to = 0
+        for k in ns.ks:  # the largest k below which every batch size was identical
+            if not same[str(k)]:
+                break
+            up_to = k
+        out["exactness"][mode] = {"identical": same, "max_abs_diff": diff, "exact_up_to": up_to,
+                                  "contexts": ns.contexts, "context": used, "notes": notes}
+    model.close()
+    if ns.bin_dir is not None:
+        out["native_tg_ms"] = native_tg_ms(path, ns)
+    return out
+
+
+def native_tg_ms(path: Path, ns) -> float:
+    res = subprocess.run([str(ns.bin_dir / "llama-bench"), "-m", str(path), "-p", "0",
+                          "-n", str(ns.n_decode), "-r", "2", "-ngl", str(ns.ngl), "-fa", "1",
+                          "--repack", "0", *(["-t", str(ns.threads)] if ns.threads else []),
+                          "-o", "json"], capture_output=True, text=True, timeout=600)
+    if res.returncode != 0:
+        raise RuntimeError(f"llama-bench failed:\n{res.stderr[-1500:]}")
+    return round(1e3 / float(json.loads(res.stdout)[-1]["avg_ts"]), 4)
+
+
+def planned(target: Path, draft: Path) -> dict:
+    """`tandem hw`'s plan for the pair on this machine (its profile decides the offload)."""
+    res = subprocess.run([sys.executable, "-m", "tandem", "hw", "-m", str(target),
+                          "-md", str(draft), "--json"], capture_output=True, text=True,
+                         timeout=300)
+    if res.returncode != 0:
+        raise RuntimeError(f"tandem hw failed:\n{res.stderr[-1500:]}")
+    data = json.loads(res.stdout)
+    return {"profile": (data.get("profile") or {}).get("name"), "plan": data["plan"]}
+
+
+def check_offload(target: Path, draft: Path) -> dict:
+    """Load each model as planned and compare where llama.cpp put its layers with the plan."""
+    from tandem.engine import llama
+
+    plan = planned(target, draft)
+    out = {"profile": plan["profile"], "status": plan["plan"].get("status"), "models": {}}
+    ok = True
+    for role, path in (("target", target), ("draft", draft)):
+        want = plan["plan"][role]
+        lines = llama.capture_log()
+        model = llama.Model(path, n_gpu_layers=int(want["gpu_layers"]))
+        llama.capture_log(False)
+        got = placement(lines)
+        total = model.n_layer + 1  # llama.cpp counts the output layer as one more
+        model.close()
+        expect_gpu = min(max(int(want["gpu_layers"]), 0), total)
+        on_gpu = sum(n for dev, n in got["layers_by_device"].items() if dev != "CPU")
+        match = on_gpu == expect_gpu and sum(got["layers_by_device"].values()) in (0, total)
+        ok = ok and match
+        out["models"][role] = {"planned_gpu_layers": want["gpu_layers"],
+                               "planned_buffers": want.get("buffers"),
+                               "layers_on_gpu": on_gpu, "layers": total, "placement": got,
+                               "as_planned": match}
+    out["as_planned"] = ok
+    return out
+
+
+def measure_pair(target: Path, draft: Path, ns) -> dict:
+    """tandem's loop against the native tools, interleaved, as scripts/bench_host.py does."""
+    import bench_host
+
+    bns = SimpleNamespace(target=target, draft=draft, n=ns.n_gen, n_max=ns.n_max, p_min=0.0,
+                          threads=ns.threads or os.cpu_count(), ctx=2048, ngl=ns.ngl,
+                          prompt=bench_host.PROMPT)
+    runner = bench_host.Tandem(bns)
+    runs: dict[str, list] = {k: [] for k in ("none", "draft", "completion", "spec-simple")}
+    errors: list[str] = []
+    try:
+        runner.run("none")  # warm-up
+        for rep in range(ns.pair_reps):
+            jobs = [("none", lambda: runner.run("none")), ("draft", lambda: runner.run("draft"))]
+            if ns.bin_dir is not None:
+                jobs += [("completion", lambda: bench_host.native_plain(ns.bin_dir, bns)),
+                         ("spec-simple", lambda: bench_host.native_draft(ns.bin_dir, bns))]
+            for name, job in (jobs if rep % 2 == 0 else jobs[::-1]):
+                try:
+                    runs[name].append(job())
+                except RuntimeError as exc:  # a native tool's failure: keep tandem's figures
+                    errors.append(f"{name}: {str(exc)[:300]}")
+    finally:
+        runner.close()
+
+    def med(name, key="tok_s"):
+        return round(statistics.median(r[key] for r in runs[name]), 3) if runs[name] else None
+
+    out = {"target": target.name, "draft": draft.name, "n_gen": ns.n_gen, "n_max": ns.n_max,
+           "p_min": 0.0, "threads": bns.threads, "ngl": ns.ngl, "reps": ns.pair_reps}
+    for name, native in (("none", "completion"), ("draft", "spec-simple")):
+        tps, nat = med(name), med(native)
+        out[name] = {"tandem_tok_s": tps, "host_us_per_token": med(name, "host_us"),
+                     "llama_us_per_token": med(name, "llama_us"),
+                     "tandem_accept": med(name, "accept"), "native_tok_s": nat,
+                     "ratio": round(tps / nat, 3) if nat else None}
+    if runs["spec-simple"]:
+        out["draft"]["native_accept"] = med("spec-simple", "accept")
+    out["native_errors"] = errors
+    return out
+
+
+def summary(result: dict) -> str:
+    lines = [f"gpu_check ({result['backend']}): {', '.join(result['environment']['gpus']) or 'CPU'}"]
+    for name, s in result["shapes"].items():
+        if "error" in s:
+            lines.append(f"  {name}: error: {s['error']}")
+            continue
+        if "verify" not in s:
+            lines.append(f"  {name}: {s.get('skipped', 'not measured')}")
+            continue
+        r = s["verify"]["ratio"]
+        curve = " ".join(f"k={k}:{r[k]:.2f}" for k in ("2", "4", "8", "16") if k in r)
+        ex = s["exactness"]
+        lines.append(f"  {name}: decode {s['decode_ms']:.3f} ms/token"
+                     + (f" (llama-bench {s['native_tg_ms']:.3f})" if s.get("native_tg_ms") else "")
+                     + f"; verify/plain {curve}; bit-identical up to k={ex['exact']['exact_up_to']}"
+                     f" (exact mode), k={ex['fast']['exact_up_to']} (fast); host argmax "
+                     f"{s['host_argmax_us']:.1f} us, draft_top {s['host_draft_top_us']:.1f} us")
+    off = result.get("offload")
+    if off and "models" in off:
+        lines.append(f"  offload ({off['profile']}): " + ", ".join(
+            f"{role} {m['layers_on_gpu']}/{m['layers']} layers on GPU (planned "
+            f"{m['planned_gpu_layers']})" for role, m in off["models"].items())
+            + (" - as planned" if off["as_planned"] else " - NOT as planned"))
+    elif off:
+        lines.append(f"  offload: {off.get('error') or off.get('skipped')}")
+    pair = result.get("pair")
+    if pair and "none" in pair:
+        for name in ("none", "draft"):
+            p = pair[name]
+            ratio = f", {p['ratio']:.3f}x native" if p["ratio"] else ""
+            lines.append(f"  pair {name}: tandem {p['tandem_tok_s']:.1f} tok/s{ratio}, host "
+                         f"{p['host_us_per_token']:.1f} us/token")
+    elif pair:
+        lines.append(f"  pair: {pair.get('error') or pair.get('skipped')}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from synthetic_gguf import make, parse_shapes
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="0.5b,1.5b,7b",
+                    help="synthetic shapes to make and measure (tiny: two small ones)")
+    ap.add_argument("--model", action="append", default=[], metavar="NAME=PATH",
+                    help="measure this GGUF as shape NAME instead of making one (repeatable)")
+    ap.add_argument("--models-dir", type=Path, default=ROOT / ".gpu-check" / "models")
+    ap.add_argument("--ftype", default="Q4_K_M")
+    ap.add_argument("--bin-dir", type=Path, help="llama.cpp's tools (llama-quantize, llama-bench, "
+                    "llama-completion, llama-speculative-simple); without it: no native figures")
+    ap.add_argument("--backend", default="auto", choices=["auto", "cuda", "cpu"])
+    ap.add_argument("--ngl", type=int, help="layers on the GPU (default: all where offload works)")
+    ap.add_argument("--threads", type=int, help="CPU threads (default: 1 for tiny shapes, "
+                    "else llama.cpp's choice)")
+    ap.add_argument("--ks", default="1-17", help="verify batch sizes, e.g. 1-17 or 1,2,4,8")
+    ap.add_argument("--contexts", default="100,700", help="context lengths for batch invariance")
+    ap.add_argument("--reps", type=int, default=5, help="timings per verify batch size")
+    ap.add_argument("--n-decode", type=int, default=64, help="single-token decodes timed")
+    ap.add_argument("--n-gen", type=int, default=128, help="tokens per pair run")
+    ap.add_argument("--n-max", type=int, default=4, help="draft length in the pair runs")
+    ap.add_argument("--pair-reps", type=int, default=3)
+    ap.add_argument("--pair", metavar="TARGET,DRAFT",
+                    help="shapes of the pair (default: the largest file and the smallest)")
+    ap.add_argument("--no-pair", action="store_true", help="skip the offload and loop checks")
+    ap.add_argument("--deadline-s", type=float, default=0.0,
+                    help="skip what is left after this many seconds (0: no limit)")
+    ap.add_argument("--build-info", type=Path, help="JSON from the build step, kept in the result")
+    ap.add_argument("--out", type=Path,
+                    default=Path(os.environ["OUT"]) / "gpu_check.json" if os.environ.get("OUT")
+                    else Path("gpu_check.json"))
+    ns = ap.parse_args(argv)
+    t_start = time.monotonic()
+    ns.ks = parse_ks(ns.ks)
+    ns.contexts = [int(c) for c in ns.contexts.split(",")]
+
+    from tandem.engine import llama
+
+    llama.init_backend()
+    offload = llama.supports_gpu_offload()
+    backend = ns.backend if ns.backend != "auto" else ("cuda" if offload else "cpu")
+    if ns.ngl is None:
+        ns.ngl = 99 if offload else 0
+    given = dict(item.split("=", 1) for item in ns.model)
+    shapes = list(given) if given and ns.shapes == ap.get_default("shapes") else \
+        parse_shapes(ns.shapes)
+    if ns.threads is None:
+        ns.threads = 1 if all(s.startswith("tiny") for s in shapes) else 0
+    result: dict = {"schema": SCHEMA, "backend": backend, "started": time.strftime(
+        "%Y-%m-%dT%H:%M:%S%z"), "environment": environment(),
+        "build": json.loads(ns.build_info.read_text()) if ns.build_info else None,
+        "argv": argv if argv is not None else sys.argv[1:],
+        "settings": {"ngl": ns.ngl, "threads": ns.threads, "ks": ns.ks,
+                     "contexts": ns.contexts, "reps": ns.reps, "n_decode": ns.n_decode},
+        "models": {}, "shapes": {}, "offload": None, "pair": None}
+    ns.out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        tmp = ns.out.with_name(ns.out.name + ".part")
+        tmp.write_text(json.dumps(result, indent=1))
+        tmp.replace(ns.out)
+
+    def late() -> bool:
+        return ns.deadline_s > 0 and time.monotonic() - t_start > ns.deadline_s
+
+    paths = {name: Path(p) for name, p in given.items()}
+    result["models"].update({n: {"path": str(p), "given": True} for n, p in given.items()})
+    quantize = ns.bin_dir / "llama-quantize" if ns.bin_dir else None
+    save()
+    want_pair = not ns.no_pair and len(shapes) >= 2
+    pair_shapes = ns.pair.split(",") if ns.pair else None
+
+    def check_pair() -> None:
+        t_shape, d_shape = pair_shapes
+        draft, target = paths[d_shape], paths[t_shape]
+        for key, fn in (("offload", lambda: check_offload(target, draft)),
+                        ("pair", lambda: measure_pair(target, draft, ns))):
+            if late():
+                result[key] = {"skipped": "deadline"}
+                continue
+            log(f"{key}: {target.name} + {draft.name}")
+            try:
+                result[key] = {"target_shape": t_shape, "draft_shape": d_shape, **fn()}
+            except Exception as exc:
+                result[key] = {"error": f"{type(exc).__name__}: {exc}"}
+            save()
+
+    # shape by shape, in the order given: a run cut short keeps whole shapes; a --pair of
+    # early shapes is checked as soon as both are measured, before larger shapes are made
+    for name in shapes:
+        if late():
+            result["shapes"][name] = {"skipped": "deadline"}
+            continue
+        try:
+            if name not in paths:
+                result["models"].update(make(ns.models_dir, [name], quantize, ns.ftype, log=log))
+                paths[name] = Path(result["models"][name]["path"])
+            log(f"measuring {name}")
+            result["shapes"][name] = measure_shape(paths[name], ns)
+        except Exception as exc:  # one shape's failure must not lose the others' figures
+            result["shapes"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+        save()
+        if want_pair and pair_shapes and result["pair"] is None \
+                and all(s in paths for s in pair_shapes):
+            check_pair()
+    if want_pair and result["pair"] is None:
+        made = [s for s in shapes if s in paths]
+        if len(made) >= 2:
+            by_size = sorted(made, key=lambda s: paths[s].stat().st_size)
+            pair_shapes = pair_shapes or [by_size[-1], by_size[0]]
+            if all(s in paths for s in pair_shapes):
+                check_pair()
+    result["seconds"] = round(time.monotonic() - t_start, 1)
+    save()
+    print(summary(result))
+    print(f"wrote {ns.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
