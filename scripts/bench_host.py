@@ -161,17 +161,19 @@ class Tandem:
         from tandem.engine.speculative import GenParams, generate
 
         ns = self.ns
-        drafter = {"none": NoDrafter, "ngram": NgramDrafter,
-                   "draft": lambda: DraftModelDrafter(self.dctx, 0, ns.p_min)}[strategy]()
-        params = GenParams(max_tokens=ns.n, n_max=0 if strategy == "none" else ns.n_max,
-                           ignore_eos=True)
+        # each drafter owns its draft length; generate() only bounds a step by the room left
+        drafter = {"none": NoDrafter, "ngram": lambda: NgramDrafter(n_max=ns.n_max),
+                   "draft": lambda: DraftModelDrafter(self.dctx, ns.n_max, 0, ns.p_min)
+                   }[strategy]()
+        params = GenParams(max_tokens=ns.n, ignore_eos=True)
         self.tctx.truncate(0)
         self.dctx.truncate(0)
         clock = time.perf_counter
         t0 = llama0 = None
         for ev in generate(self.tctx, self.prompt, drafter, params):
-            # the decode phase starts when the prompt is read (second PrefillEvent)
-            if isinstance(ev, PrefillEvent) and ev.done == ev.total and t0 is None:
+            # the decode phase starts when the prompt is read: the last PrefillEvent (after
+            # the target's chunks, once the drafter has read the prompt too)
+            if isinstance(ev, PrefillEvent) and ev.done == ev.total:
                 llama0, perf0, t0 = self._llama(), self.tctx.perf(), clock()
             elif isinstance(ev, DoneEvent):
                 wall, llama, perf1 = clock() - t0, self._llama() - llama0, self.tctx.perf()
