@@ -3,6 +3,9 @@
 Logits are returned as zero-copy numpy views of llama.cpp's output buffer; a view is valid
 until the next decode on the same context. Each context requests logits only for the rows
 that need them, so llama.cpp's host buffer never exceeds (rows of the largest batch) x n_vocab.
+
+Over 400 lines because it is the one module allowed to touch llama_cpp: every ctypes call
+(models, contexts, batches, logits views, the opt-in timer) stays here, behind a small API.
 """
 from __future__ import annotations
 
