@@ -24,6 +24,7 @@ from tandem.engine.drafters import (
 )
 from tandem.engine.llama import MAX_OUTPUTS, Context, ContextParams, Model
 from tandem.engine.speculative import GenParams, generate
+from tandem.engine.stats import GenStats
 from tandem.errors import UsageError
 
 DRAFT_MAX_LIMIT = MAX_OUTPUTS - 1  # a verify batch: the drafts and the last token
@@ -331,18 +332,16 @@ class PairSession:
         drafter = self.drafter(strategy, draft)
         by_source = getattr(drafter, "step_sources", None) is not None
         inner = generate(self.target_ctx, prompt, drafter, gen)
-        totals: dict[str, list[int]] = {}
+        sources = GenStats()  # generate()'s own statistics never see the sources: counted here
         try:
             for ev in inner:
                 if isinstance(ev, StepEvent) and by_source:
                     ev = replace(ev, sources=drafter.step_sources)
                     drafter.step_sources = ()
                     for source, d, a in ev.sources:
-                        counts = totals.setdefault(source, [0, 0])
-                        counts[0] += d
-                        counts[1] += a
+                        sources.add_source(source, d, a)
                 elif isinstance(ev, DoneEvent):
-                    ev.stats.by_source = totals  # generate()'s own statistics never saw them
+                    ev.stats.by_source = sources.by_source
                     if record:
                         self.library.record(ev.tokens)
                 yield ev
