@@ -11,9 +11,12 @@ time. Decode speed comes from each tool's own timings, prompt processing exclude
 llama-server's timings.predicted_per_second is n - 1 tokens over the time after the first
 token (which comes from the prompt batch); tandem's stats.tokens_per_second is n tokens over
 the time after its prefill (which stops one prompt token short, so that time includes the
-first token). On an answer that ends with end-of-text, llama-server counts that token in n and
-tandem does not, so tandem pays one unpaid step there (--out keeps each tool's decode time and
-token count for a recount).
+first token). Both are thus tokens per decode step, but for one thing: on an answer that ends
+with end-of-text, llama-server counts that token in n and tandem does not (it is not text), so
+tandem's figure would carry one unpaid step. The ratios count it as llama.cpp does, (n + 1)
+over tandem's decode time when tandem stopped at end-of-text; --out keeps tandem's own figure
+too (extra.tok_s_own). tandem runs with TANDEM_HISTORY=off unless --history: a user's earlier
+answers (and a rerun's answers to these very prompts) would otherwise be drafted from.
 
 Prints, per category, a Markdown table: for each configuration the median and geometric mean
 of the per-prompt ratio of decode tok/s to llama-server `plain` (its defaults), the draft
@@ -403,23 +406,27 @@ def parse_tandem_output(row: Row, stdout: str) -> Row:
     obj = json.loads(lines[-1])
     stats = obj.get("stats") or {}
     row.text = obj.get("text") or ""
-    row.tok_s = float(stats.get("tokens_per_second") or 0.0)
+    own = float(stats.get("tokens_per_second") or 0.0)
     row.n_generated = int(stats.get("n_generated") or 0)
     row.drafted = int(stats.get("drafted") or 0)
     row.accepted = int(stats.get("accepted") or 0)
+    t_decode = float(stats.get("t_decode") or 0.0)
     row.extra = {"finish_reason": obj.get("finish_reason"), "strategy": stats.get("strategy"),
                  "notes": stats.get("notes"), "prompt_n": stats.get("n_prompt"),
-                 "t_decode": stats.get("t_decode"), "n_steps": stats.get("n_steps")}
+                 "t_decode": t_decode, "n_steps": stats.get("n_steps"), "tok_s_own": own}
+    # llama.cpp's count: the end-of-text token is a predicted token (module docstring)
+    eos = obj.get("finish_reason") == "eos" and t_decode > 0
+    row.tok_s = (row.n_generated + 1) / t_decode if eos else own
     if row.tok_s <= 0:
         row.error = "tandem reported no decode speed"
     return row
 
 
-def tandem_row(name: str, cmd: list[str], p: BenchPrompt) -> Row:
+def tandem_row(name: str, cmd: list[str], p: BenchPrompt, env: dict | None = None) -> Row:
     row = Row(p.id, p.category, name, "tandem")
     try:
         res = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                             timeout=1800)
+                             timeout=1800, env=env)
     except (OSError, subprocess.TimeoutExpired) as exc:
         row.error = f"tandem did not run: {exc}"
         return row
@@ -494,6 +501,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tandem-bin", help="tandem command (default: .venv/bin/tandem)")
     ap.add_argument("--no-warmup", action="store_true",
                     help="skip the untimed warm-up request per configuration")
+    ap.add_argument("--history", action="store_true",
+                    help="let tandem draft from the user's earlier answers (default: "
+                         "TANDEM_HISTORY=off, as for a new user)")
     ap.add_argument("--log-dir", type=Path, help="server logs (default: a temporary directory)")
     ap.add_argument("--out", type=Path, help="write every per-prompt row here (JSON)")
     return ap
@@ -542,6 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     servers = [Server(name, server_bin, target, shlex.split(f"{base} {args.format(**fmt)}"),
                       log_dir) for name, args in server_specs]
     tandem_cmds = {name: shlex.split(args) for name, args in tandem_specs}
+    env = None if ns.history else {**os.environ, "TANDEM_HISTORY": "off"}
 
     meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "argv": sys.argv,
             "target": str(target), "draft": str(draft), "n_predict": ns.n_predict,
@@ -549,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
             "servers": {s.name: s.args for s in servers},
             "tandem": {n: [*tandem, "run", *model_args, *a, *([pair_name] if pair_name else [])]
                        for n, a in tandem_cmds.items()},
-            "loadavg_start": os.getloadavg()}
+            "loadavg_start": os.getloadavg(), "history": bool(ns.history)}
     print(f"# tandem vs llama-server ({target.name} + {draft.name}; greedy, {ns.n_predict} "
           f"tokens, {ns.threads} threads, context {ns.ctx}; {len(prompts)} prompts in "
           f"{len(categories)} categor{'y' if len(categories) == 1 else 'ies'})\n", flush=True)
@@ -580,7 +591,7 @@ def main(argv: list[str] | None = None) -> int:
                           file=sys.stderr)
             for name, extra in tandem_cmds.items():
                 r = tandem_row(name, tandem_command(tandem, warm, 8, ns.threads, ns.ctx, ns.seed,
-                                                    model_args, extra, pair_name), warm)
+                                                    model_args, extra, pair_name), warm, env)
                 if r.error:
                     raise ServerError(f"tandem '{name}' failed on the warm-up prompt: {r.error}")
         for i, p in enumerate(prompts, 1):
@@ -591,7 +602,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, extra in tandem_cmds.items():
                 cmd = tandem_command(tandem, p, ns.n_predict, ns.threads, ns.ctx, ns.seed,
                                      model_args, extra, pair_name)
-                done.append(tandem_row(name, cmd, p))
+                done.append(tandem_row(name, cmd, p, env))
             rows += done
             for r in done:
                 r.extra["loadavg"] = load

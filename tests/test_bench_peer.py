@@ -139,6 +139,17 @@ def test_parse_tandem_output():
     assert bp.parse_tandem_output(Row("p", "c", "t", "tandem"), "nothing").error
 
 
+def test_tandem_end_of_text_counts_as_llama_cpp_counts():
+    """An answer that ends with end-of-text took one more step than it has tokens; llama-server
+    counts that token, so the ratio does too (tandem's own figure is kept)."""
+    stats = {"tokens_per_second": 10.0, "n_generated": 40, "t_decode": 4.0}
+    out = json.dumps({"text": "x", "finish_reason": "eos", "stats": stats})
+    r = bp.parse_tandem_output(Row("p", "c", "tandem default", "tandem"), out)
+    assert r.tok_s == pytest.approx(41 / 4.0) and r.extra["tok_s_own"] == 10.0
+    out = json.dumps({"text": "x", "finish_reason": "length", "stats": stats})
+    assert bp.parse_tandem_output(Row("p", "c", "t", "tandem"), out).tok_s == 10.0
+
+
 def test_tandem_command_puts_prompt_after_double_dash():
     p = bp.BenchPrompt("x", "code", "-n is not an option here", system="be brief")
     cmd = bp.tandem_command(["tandem"], p, 128, 2, 4096, 42, ["-m", "t.gguf", "-md", "d.gguf"],
