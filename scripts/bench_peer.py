@@ -7,7 +7,8 @@ configurations, one server process each, loaded once. Then, prompt by prompt, it
 prompt to every server through /v1/chat/completions (the model's own chat template via
 --jinja; greedy, fixed seed, cache_prompt false) and runs `tandem run --json` on the same
 prompt, so every configuration sees the same machine state. Only one thing computes at a
-time. Decode speed comes from each tool's own timings, prompt processing excluded:
+time, and every other prompt runs the configurations in reverse order (drift within a prompt
+then favours none of them). Decode speed comes from each tool's own timings, prompt processing excluded:
 llama-server's timings.predicted_per_second is n - 1 tokens over the time after the first
 token (which comes from the prompt batch); tandem's stats.tokens_per_second is n tokens over
 the time after its prefill (which stops one prompt token short, so that time includes the
@@ -597,12 +598,16 @@ def main(argv: list[str] | None = None) -> int:
         for i, p in enumerate(prompts, 1):
             load = os.getloadavg()[0]
             line, done = [], []  # a prompt counts once every configuration has run it
-            for s in servers:
-                done.append(server_row(s, p, ns.n_predict, ns.seed))
-            for name, extra in tandem_cmds.items():
-                cmd = tandem_command(tandem, p, ns.n_predict, ns.threads, ns.ctx, ns.seed,
-                                     model_args, extra, pair_name)
-                done.append(tandem_row(name, cmd, p, env))
+            runs = [lambda s=s: server_row(s, p, ns.n_predict, ns.seed) for s in servers]
+            runs += [lambda name=name, extra=extra: tandem_row(
+                         name, tandem_command(tandem, p, ns.n_predict, ns.threads, ns.ctx,
+                                              ns.seed, model_args, extra, pair_name), p, env)
+                     for name, extra in tandem_cmds.items()]
+            # every other prompt in reverse order: a machine that speeds up or slows down
+            # within a prompt then favours no configuration
+            for run in (runs if i % 2 else runs[::-1]):
+                done.append(run())
+            done.sort(key=lambda r: names.index(r.config))
             rows += done
             for r in done:
                 r.extra["loadavg"] = load
