@@ -15,6 +15,8 @@ weight repacking), interleaved run by run, median over --reps:
   `llama-bench` tg is shown too: bare decodes, no sampling, from an empty context.
 - draft model: `llama-speculative-simple --spec-type draft-simple`, its "decoded N tokens in
   S seconds" (the decode loop's wall time, draft's prompt outside, as tandem's).
+- `auto` (draft model plus the suffix index of prompt and output, with its controllers) has
+  no native counterpart: its row shows what its per-step bookkeeping costs.
 
   .venv/bin/python scripts/bench_host.py                     # tiny models, made on the fly
   .venv/bin/python scripts/bench_host.py --reps 7 -n 512 --json host.json
@@ -163,8 +165,8 @@ class Tandem:
         ns = self.ns
         # each drafter owns its draft length; generate() only bounds a step by the room left
         drafter = {"none": NoDrafter, "ngram": lambda: NgramDrafter(n_max=ns.n_max),
-                   "draft": lambda: DraftModelDrafter(self.dctx, ns.n_max, 0, ns.p_min)
-                   }[strategy]()
+                   "draft": lambda: DraftModelDrafter(self.dctx, ns.n_max, 0, ns.p_min),
+                   "auto": self._auto}[strategy]()
         params = GenParams(max_tokens=ns.n, ignore_eos=True)
         self.tctx.truncate(0)
         self.dctx.truncate(0)
@@ -186,6 +188,18 @@ class Tandem:
         return {"tokens": n, "tok_s": n / wall, "host_us": 1e6 * (wall - llama) / n,
                 "eval_us": eval_us,
                 "llama_us": 1e6 * llama / n, "accept": stats.acceptance_rate}
+
+    def _auto(self):
+        """`auto` with the draft model and the suffix index of prompt and output, its
+        controllers and guard, on GPU-like costs (a verify batch as cheap as a step, a draft
+        token a twentieth of one) so that it drafts and its per-step work shows."""
+        from tandem.engine.auto import AutoDrafter
+        from tandem.engine.costs import CostModel
+        from tandem.engine.drafters import DraftModelDrafter
+
+        costs = CostModel({n: 1e-3 * (1 + 0.01 * n) for n in (1, 2, 4, 8, 17)}, 5e-5)
+        model = DraftModelDrafter(self.dctx, self.ns.n_max, 0, self.ns.p_min)
+        return AutoDrafter(model, costs, n_max=self.ns.n_max)
 
     def _llama(self) -> float:
         return self.tctx.t_llama + self.dctx.t_llama
@@ -211,8 +225,8 @@ def report(runs: dict[str, list], rows: list[dict], title: str) -> None:
                         ("llama-completion (eval + sampling only)", "completion", "tok_s_eval"),
                         ("llama-bench tg (bare decodes)", "bench", "tok_s")],
                "draft": [("llama-speculative-simple", "spec-simple", "tok_s")],
-               "ngram": [("", None, None)]}
-    for s in ("none", "draft", "ngram"):
+               "ngram": [("", None, None)], "auto": [("", None, None)]}
+    for s in [s for s in ("none", "draft", "ngram", "auto") if runs.get(s)]:  # older --json: no auto
         head = (f"| {s} | {med(s):.0f} | {med(s, 'host_us'):.1f} | {med(s, 'llama_us'):.1f} | "
                 f"{100 * med(s, 'accept'):.1f}% |")
         for tool, name, key in natives[s]:
@@ -276,9 +290,9 @@ def main() -> int:
         ns.target, ns.draft = ns.target or models["target"], ns.draft or models["draft"]
     bin_dir = native_bin()
     tandem = Tandem(ns)
-    for strategy in ("none", "draft", "ngram"):  # warm-up: page weights and code in
+    for strategy in ("none", "draft", "ngram", "auto"):  # warm-up: page weights and code in
         tandem.run(strategy)
-    runs: dict[str, list] = {k: [] for k in ("none", "draft", "ngram", "completion",
+    runs: dict[str, list] = {k: [] for k in ("none", "draft", "ngram", "auto", "completion",
                                              "spec-simple", "bench")}
     for rep in range(ns.reps):
         jobs = [("none", lambda: tandem.run("none")),
@@ -286,6 +300,7 @@ def main() -> int:
                 ("draft", lambda: tandem.run("draft")),
                 ("spec-simple", lambda: native_draft(bin_dir, ns)),
                 ("ngram", lambda: tandem.run("ngram")),
+                ("auto", lambda: tandem.run("auto")),
                 ("bench", lambda: native_bench(bin_dir, ns))]
         for name, job in (jobs if rep % 2 == 0 else jobs[::-1]):  # who goes first alternates
             runs[name].append(job())

@@ -64,6 +64,25 @@ def test_sync_follows_one_sequence_and_restarts_when_rewritten():
 # ------------------------------------------------------------------ the store
 
 
+def test_step_by_step_indexing_builds_the_same_chains_as_bulk():
+    """A decode step indexes its new tokens in Python, a loaded history in numpy: both must
+    give the same hash chains, or a lookup would miss (or find) different occurrences."""
+    import numpy as np
+    from tandem.engine import suffix
+
+    rng = np.random.default_rng(3)
+    seq = [int(t) for t in rng.integers(0, 7, 400)]  # a small alphabet: many repeats
+    bulk, steps = SuffixIndex(), SuffixIndex()
+    bulk.sync(seq)  # one call: numpy's bulk path
+    for end in range(1, len(seq) + 1):  # one token at a time: the Python path
+        steps.sync(seq[:end])
+    assert bulk._head == steps._head
+    assert {n: list(a) for n, a in bulk._prev.items()} == {n: list(a) for n, a in steps._prev.items()}
+    grams = rng.integers(0, 152_000, (4, 50))
+    assert [suffix._hash_one(list(col)) for col in grams.T] == suffix._hash(grams).tolist()
+    assert steps.draft(seq[-40:], 6) == bulk.draft(seq[-40:], 6)
+
+
 def test_history_is_bounded_by_tokens_and_entries(tmp_path):
     target = tmp_path / "t.gguf"
     target.write_bytes(b"x" * 10)

@@ -25,6 +25,8 @@ SEP = -1  # between documents: no match or continuation crosses it
 KEY_SIZES = (2, 4)  # hash-chain key lengths; longer matches are measured, not keyed
 MAX_MATCH = 32  # backward comparison stops here: longer matches are no better predictors
 MAX_CANDIDATES = 24  # chain entries examined per lookup (most recent first)
+BULK = 64  # from this many new positions on, numpy indexes them in bulk
+_MASK = (1 << 64) - 1
 
 
 class SuffixIndex:
@@ -80,6 +82,9 @@ class SuffixIndex:
         start = self._indexed + 1
         if end < start:
             return
+        if end - start < BULK:
+            self._index_few(start, end)
+            return
         lo = max(start - KEY_SIZES[-1], 0)
         chunk = np.asarray(self.tokens[lo:end], dtype=np.int64)
         for n in KEY_SIZES:
@@ -108,6 +113,25 @@ class SuffixIndex:
             prev.frombytes(links.astype(np.int32).tobytes())
         self._indexed = max(self._indexed, end)
 
+    def _index_few(self, start: int, end: int) -> None:
+        """_index for a few positions (a decode step's new tokens): the same chains, one
+        key at a time in Python, where numpy's per-call cost would dominate (~0.3 ms)."""
+        toks = self.tokens
+        for n in KEY_SIZES:
+            prev, heads = self._prev[n], self._head[n]
+            first = max(start, n)
+            if len(prev) < first:
+                prev.extend([-1] * (first - len(prev)))
+            for q in range(first, end + 1):
+                gram = toks[q - n:q]
+                if SEP in gram:
+                    prev.append(-1)
+                    continue
+                key = _hash_one(gram)
+                prev.append(heads.get(key, -1))
+                heads[key] = q
+        self._indexed = max(self._indexed, end)
+
     def match(self, suffix: Sequence[int], min_match: int = 1) -> tuple[list[int], int]:
         """Positions right after the latest occurrences of the longest suffix of `suffix`
         found here (at least min_match tokens), most recent first, and that length."""
@@ -117,8 +141,7 @@ class SuffixIndex:
         for n in reversed(KEY_SIZES):
             if len(suffix) < n:
                 continue
-            gram = np.asarray(suffix[len(suffix) - n:], dtype=np.int64).reshape(n, 1)
-            p = self._head[n].get(int(_hash(gram)[0]), -1)
+            p = self._head[n].get(_hash_one(suffix[len(suffix) - n:]), -1)
             prev = self._prev[n]
             seen = 0
             while p >= 0 and seen < MAX_CANDIDATES:
@@ -185,6 +208,14 @@ def _hash(grams: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         for row in grams:
             h = h * np.uint64(1_000_003) + (row + 2).astype(np.uint64)
+    return h
+
+
+def _hash_one(gram: Sequence[int]) -> int:
+    """_hash of one n-gram, in Python integers (the same 64-bit wrap-around)."""
+    h = 0
+    for t in gram:
+        h = (h * 1_000_003 + int(t) + 2) & _MASK
     return h
 
 
