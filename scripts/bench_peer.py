@@ -241,7 +241,9 @@ def parse_named(spec: str, builtins: dict[str, str] | None = None) -> tuple[str,
 # ----------------------------------------------------------------------------- prompts
 
 def load_prompts(path: Path | None, per_category: int | None, categories: list[str] | None,
-                 group: bool, coding: int) -> list[BenchPrompt]:
+                 group: bool, coding: int, skip: int = 0) -> list[BenchPrompt]:
+    """Spec-Bench's first turns, `per_category` per category after the first `skip` of each
+    (a second run on other prompts), then `coding` built-in coding prompts."""
     out: list[BenchPrompt] = []
     if path is not None:
         from tandem.bench import workloads
@@ -249,10 +251,32 @@ def load_prompts(path: Path | None, per_category: int | None, categories: list[s
         items = workloads.read_file(path)  # Spec-Bench: the first turn of each question
         if group:
             items = workloads.group_mt_bench(items)
-        items = workloads.select(items, per_category, categories)
-        out += list(items)
+        items = workloads.select(items, None if per_category is None else per_category + skip,
+                                 categories)
+        seen: dict[str, int] = {}
+        for p in items:
+            seen[p.category] = seen.get(p.category, 0) + 1
+            if seen[p.category] > skip:
+                out.append(p)
     out += [BenchPrompt(f"code-{i + 1}", "code", t) for i, t in enumerate(CODING_PROMPTS[:coding])]
     return out
+
+
+def pool(files: list[Path]) -> str:
+    """One report over several --out files (runs at different times): each prompt's ratio is
+    still taken within its own run."""
+    rows: list[Row] = []
+    names: list[str] = []
+    for i, f in enumerate(files):
+        for d in json.loads(Path(f).read_text(encoding="utf-8"))["rows"]:
+            r = Row(**d)
+            r.prompt_id = f"{i + 1}:{r.prompt_id}"  # a prompt run twice pairs within its run
+            rows.append(r)
+            if r.config not in names:
+                names.append(r.config)
+    categories = list(dict.fromkeys(r.category for r in rows))
+    return (f"# pooled: {len(files)} runs ({', '.join(str(f) for f in files)})\n\n"
+            + report(rows, names, categories))
 
 
 def messages_for(p: BenchPrompt) -> list[dict]:
@@ -502,6 +526,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tandem-bin", help="tandem command (default: .venv/bin/tandem)")
     ap.add_argument("--no-warmup", action="store_true",
                     help="skip the untimed warm-up request per configuration")
+    ap.add_argument("--skip", type=int, default=0,
+                    help="skip the first N prompts of each Spec-Bench category (a second run "
+                         "on other prompts)")
+    ap.add_argument("--pool", type=Path, nargs="+", metavar="JSON",
+                    help="run nothing: one report over these --out files")
     ap.add_argument("--history", action="store_true",
                     help="let tandem draft from the user's earlier answers (default: "
                          "TANDEM_HISTORY=off, as for a new user)")
@@ -531,8 +560,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(set(names)) != len(names):
         raise SystemExit(f"Error: configuration names must differ: {names}")
 
+    if ns.pool:
+        print(pool(ns.pool))
+        return 0
     prompts = load_prompts(None if ns.no_spec_bench else ns.prompts, ns.per_category,
-                           ns.category, not ns.no_group_mt_bench, ns.coding)
+                           ns.category, not ns.no_group_mt_bench, ns.coding, ns.skip)
     if not prompts:
         raise SystemExit("Error: no prompts (use --prompts and/or --coding)")
     categories = list(dict.fromkeys(p.category for p in prompts))

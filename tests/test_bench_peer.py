@@ -232,3 +232,22 @@ def test_smoke_tiny_models(tiny_models, tmp_path, monkeypatch):
     assert by["draft"]["drafted"] > 0  # --spec-type draft-simple speculates
     # same template, same greedy decoding: tandem's plain output equals llama-server's
     assert bp.same_text(by["tandem none"]["text"], by["plain"]["text"])
+
+
+def test_skip_takes_other_prompts_and_pool_pairs_within_each_run(tmp_path):
+    lines = [json.dumps({"question_id": i, "category": "qa", "turns": [f"q{i}"]}) for i in range(6)]
+    src = tmp_path / "q.jsonl"
+    src.write_text("\n".join(lines))
+    first = bp.load_prompts(src, 2, None, True, 0)
+    second = bp.load_prompts(src, 2, None, True, 0, skip=2)
+    assert [p.id for p in first] == ["0", "1"] and [p.id for p in second] == ["2", "3"]
+    # the same prompt in two runs: each ratio is taken against its own run's baseline
+    files = []
+    for i, (base, mine) in enumerate([(10.0, 11.0), (5.0, 6.0)]):
+        rows = [Row("0", "qa", "plain", "server", tok_s=base),
+                Row("0", "qa", "tandem default", "tandem", tok_s=mine)]
+        f = tmp_path / f"run{i}.json"
+        f.write_text(json.dumps({"meta": {}, "rows": [bp.asdict(r) for r in rows]}))
+        files.append(f)
+    out = bp.pool(files)
+    assert "qa (2 prompts)" in out and "| tandem default | 1.15 |" in out
