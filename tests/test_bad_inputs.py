@@ -446,7 +446,10 @@ def test_ctrl_c_prints_interrupted_and_exits_130(sandbox, tiny_models):
     proc = subprocess.Popen([sys.executable, "-m", "tandem", "run", *_args(TINY, tiny_models),
                              "--raw", "-n", "4000", "-c", "4096", "hello"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env, cwd=work)
+                            stderr=subprocess.PIPE, env=env, cwd=work,
+                            # a suite started in the background inherits SIGINT ignored, and
+                            # Python then never raises KeyboardInterrupt: restore the default
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     first = proc.stdout.read(1)
     assert first, proc.stderr.read().decode()
     proc.send_signal(signal.SIGINT)
