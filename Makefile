@@ -26,7 +26,7 @@ bench-native: install
 
 # tandem against llama-server (built by scripts/build_native.sh), interleaved prompt by prompt.
 bench-peer: install
-	$(PY) scripts/bench_peer.py --per-category 3 --coding --tandem default= \
+	$(PY) scripts/bench_peer.py --per-category 4 --coding 8 --server plain --tandem default= \
 	  --tandem none="--strategy none" --out bench-peer.json
 
 clean:
