@@ -158,15 +158,14 @@ class Tandem:
         self.ns = ns
 
     def run(self, strategy: str) -> dict:
-        from tandem.engine.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
+        from tandem.engine.drafters import NgramDrafter, NoDrafter
         from tandem.engine.events import DoneEvent, PrefillEvent
         from tandem.engine.speculative import GenParams, generate
 
         ns = self.ns
         # each drafter owns its draft length; generate() only bounds a step by the room left
         drafter = {"none": NoDrafter, "ngram": lambda: NgramDrafter(n_max=ns.n_max),
-                   "draft": lambda: DraftModelDrafter(self.dctx, ns.n_max, 0, ns.p_min),
-                   "auto": self._auto}[strategy]()
+                   "draft": self._model, "auto": self._auto}[strategy]()
         params = GenParams(max_tokens=ns.n, ignore_eos=True)
         self.tctx.truncate(0)
         self.dctx.truncate(0)
@@ -195,11 +194,14 @@ class Tandem:
         token a twentieth of one) so that it drafts and its per-step work shows."""
         from tandem.engine.auto import AutoDrafter
         from tandem.engine.costs import CostModel
-        from tandem.engine.drafters import DraftModelDrafter
 
         costs = CostModel({n: 1e-3 * (1 + 0.01 * n) for n in (1, 2, 4, 8, 17)}, 5e-5)
-        model = DraftModelDrafter(self.dctx, self.ns.n_max, 0, self.ns.p_min)
-        return AutoDrafter(model, costs, n_max=self.ns.n_max)
+        return AutoDrafter(self._model(), costs, n_max=self.ns.n_max)
+
+    def _model(self):
+        from tandem.engine.drafters import DraftModelDrafter
+
+        return DraftModelDrafter(self.dctx, self.ns.n_max, 0, self.ns.p_min)
 
     def _llama(self) -> float:
         return self.tctx.t_llama + self.dctx.t_llama

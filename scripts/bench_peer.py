@@ -607,6 +607,14 @@ def main(argv: list[str] | None = None) -> int:
     if load0 > 0.5 * (os.cpu_count() or 1):
         print(f"warning: load average {load0:.2f} on {os.cpu_count()} CPUs before the run: other "
               "work competes for the cores and the speeds will be noisy", file=sys.stderr)
+    by_server = {s.name: s for s in servers}
+
+    def run_config(name: str, p: BenchPrompt, n: int) -> Row:
+        if name in by_server:
+            return server_row(by_server[name], p, n, ns.seed)
+        return tandem_row(name, tandem_command(tandem, p, n, ns.threads, ns.ctx, ns.seed,
+                                               model_args, tandem_cmds[name], pair_name), p, env)
+
     rows: list[Row] = []
     interrupted = False
     try:
@@ -617,29 +625,20 @@ def main(argv: list[str] | None = None) -> int:
                   f"({time.monotonic() - t0:.1f}s)", file=sys.stderr, flush=True)
         if not ns.no_warmup:  # page the weights in, let tandem calibrate once, untimed
             warm = BenchPrompt("warmup", "warmup", "Say hello.")
-            for s in servers:
-                r = server_row(s, warm, 8, ns.seed)
-                if r.error:
-                    print(f"warning: llama-server '{s.name}' failed the warm-up: {r.error}",
+            for name in names:
+                r = run_config(name, warm, 8)
+                if r.error and r.kind == "server":
+                    print(f"warning: llama-server '{name}' failed the warm-up: {r.error}",
                           file=sys.stderr)
-            for name, extra in tandem_cmds.items():
-                r = tandem_row(name, tandem_command(tandem, warm, 8, ns.threads, ns.ctx, ns.seed,
-                                                    model_args, extra, pair_name), warm, env)
-                if r.error:
+                elif r.error:
                     raise ServerError(f"tandem '{name}' failed on the warm-up prompt: {r.error}")
         for i, p in enumerate(prompts, 1):
             load = os.getloadavg()[0]
-            line, done = [], []  # a prompt counts once every configuration has run it
-            runs = [lambda s=s: server_row(s, p, ns.n_predict, ns.seed) for s in servers]
-            runs += [lambda name=name, extra=extra: tandem_row(
-                         name, tandem_command(tandem, p, ns.n_predict, ns.threads, ns.ctx,
-                                              ns.seed, model_args, extra, pair_name), p, env)
-                     for name, extra in tandem_cmds.items()]
+            line = []
             # every other prompt in reverse order: a machine that speeds up or slows down
             # within a prompt then favours no configuration
-            for run in (runs if i % 2 else runs[::-1]):
-                done.append(run())
-            done.sort(key=lambda r: names.index(r.config))
+            done = [run_config(name, p, ns.n_predict) for name in (names if i % 2 else names[::-1])]
+            done.sort(key=lambda r: names.index(r.config))  # a prompt counts once all have run it
             rows += done
             for r in done:
                 r.extra["loadavg"] = load

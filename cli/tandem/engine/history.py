@@ -7,8 +7,8 @@ token ids, oldest first. It is bounded (HISTORY_MAX_TOKENS tokens and HISTORY_MA
 answers: the oldest go first), rewritten whole through a temporary file and os.replace (a
 crash mid-write leaves the previous file, never half of one), and only ever read from the
 TANDEM_HOME it was written in. Two processes answering at the same moment: the later write
-wins, so one answer may be missing from the history, never the file itself. `history: off` (config), TANDEM_HISTORY=off or --no-history
-neither reads nor writes it.
+wins, so one answer may be missing from the history, never the file itself. `history: off`
+(config), TANDEM_HISTORY=off or --no-history neither reads nor writes it.
 """
 from __future__ import annotations
 
