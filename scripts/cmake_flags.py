@@ -50,7 +50,8 @@ def detect_backend() -> str:
 
 
 def cmake_args(backend: str, flags: set[str], machine: str) -> list[str]:
-    args: list[str] = []
+    # the RPC backend on every build: `--rpc` and `tandem rpc-server` need libggml-rpc
+    args: list[str] = ["-DGGML_RPC=ON"]
     if machine in ("x86_64", "AMD64", "amd64") and flags:
         args.append("-DGGML_NATIVE=OFF")
         args += [f"-D{opt}=ON" for flag, opt in X86_FLAGS if flag in flags]
