@@ -71,7 +71,8 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
 
     async def health(request: Request):
         return JSONResponse({"status": "ok", "busy": worker.busy, "waiting": worker.waiting,
-                             "queue": worker.capacity})
+                             "queue": worker.capacity, "served": worker.served,
+                             "cancelled": worker.cancelled, "last_cancel": worker.last_cancel})
 
     async def models(request: Request):
         authorize(request)

@@ -29,8 +29,8 @@ class QueueFull(Exception):
 
 @dataclass
 class Job:
-    """One request's generation. `sink(kind, value)` receives, in order: ("text", str) per
-    released piece of text, then exactly one of ("done", Answer), ("error", TandemError),
+    """One request's generation. `sink(kind, value)` receives, in order: ("prefilled", n) once
+    the prompt is evaluated, ("text", str) per released piece of text, then exactly one of ("done", Answer), ("error", TandemError),
     ("failed", Exception) or ("cancelled", None). It is called from the engine thread."""
 
     make: Callable[[PairSession], tuple[Sequence[int], GenParams]]  # see prepare()
@@ -51,6 +51,7 @@ class EngineWorker:
         self.busy = False  # a job is being generated (for /health)
         self.served = 0
         self.cancelled = 0
+        self.last_cancel: dict | None = None  # how far the last cancelled answer went
 
     @property
     def waiting(self) -> int:
@@ -142,6 +143,8 @@ class EngineWorker:
             stream.close()
         if outcome[0] == "cancelled":
             self.cancelled += 1
+            self.last_cancel = {"generated": answer.stats.n_generated,
+                                "prompt_tokens": answer.stats.n_prompt}
         else:
             self.served += 1
         _deliver(job, *outcome)
