@@ -15,9 +15,10 @@ prompt_n / cache_n (how much of the prompt each server evaluated).
 
 Prints a Markdown table (median per group and turn kind: t1 = first turns, t2+ = later ones;
 ratios are per turn over llama-server `plain` on the same conversation and turn, then the
-median) and writes every row to --out (JSON). With --stream, requests stream and each row
-also gets the client-side decode time, so the HTTP cost per streamed token shows up as the
-client's mean gap between chunks minus the server's predicted_per_token_ms.
+median) and writes every row to --out (JSON). Below it, what each server's own timings leave
+out (HTTP, JSON, tokenizing, the template): end-to-end latency minus prompt_ms and
+predicted_ms, per request and per generated token; with --stream every answer streams (one
+server-sent event a token) and rows also get the client's first-to-last-chunk time.
 
   .venv/bin/python scripts/bench_serve.py --out serve.json              # the default pair
   .venv/bin/python scripts/bench_serve.py -m t.gguf -md d.gguf --per-group 1 -n 32 --no-llama
@@ -77,6 +78,7 @@ class Row:
     tok_s: float = 0.0
     prompt_n: int = 0
     cache_n: int | None = None
+    prompt_ms: float = 0.0
     predicted_n: int = 0
     predicted_ms: float = 0.0
     draft_n: int = 0
@@ -193,6 +195,7 @@ def run_turn(server, conv, turn: int, messages: list[dict], ns) -> Row:
     row.cache_n = t.get("cache_n")
     row.predicted_n = int(t.get("predicted_n") or 0)
     row.predicted_ms = float(t.get("predicted_ms") or 0.0)
+    row.prompt_ms = float(t.get("prompt_ms") or 0.0)
     row.draft_n = int(t.get("draft_n") or 0)
     row.draft_n_accepted = int(t.get("draft_n_accepted") or 0)
     row.client_decode_ms = decode_ms
@@ -230,17 +233,17 @@ def report(rows: list[Row], names: list[str]) -> str:
                     f"| {_median([r.prompt_n for r in rs]):.0f} "
                     f"| {f'{_median(lat):.2f}x' if lat else '-'} "
                     f"| {f'{_median(spd):.2f}x' if spd else '-'} | {acc} |")
-    streamed = [r for r in ok if r.client_decode_ms is not None and r.predicted_n > 1]
-    if streamed:
-        lines.append("")
-        for name in names:
-            # the client sees n - 1 gaps between n chunks; the server's predicted_ms is n steps
-            per_tok = [r.client_decode_ms / (r.predicted_n - 1) - r.predicted_ms / r.predicted_n
-                       for r in streamed if r.server == name]
-            if per_tok:
-                lines.append(f"- `{name}` streamed: per token, the client's gap between chunks "
-                             f"minus the server's predicted_per_token_ms: median "
-                             f"{_median(per_tok):.3f} ms")
+    lines.append("")
+    for name in names:
+        # what the server's own timings leave out: HTTP, JSON, queueing, tokenizing, template
+        over = [(r.latency_s * 1000 - r.prompt_ms - r.predicted_ms, r.predicted_n)
+                for r in ok if r.server == name and r.predicted_n > 0]
+        if over:
+            lines.append(f"- `{name}`: end-to-end latency minus the server's prompt_ms + "
+                         f"predicted_ms: median {_median([o for o, _ in over]):.1f} ms a request, "
+                         f"{_median([o / n for o, n in over]):.3f} ms per generated token"
+                         + (" (streamed)" if any(r.client_decode_ms is not None for r in ok)
+                            else ""))
     return "\n".join(lines)
 
 
@@ -283,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-llama", action="store_true", help="tandem serve only")
     ap.add_argument("--no-ngram", action="store_true", help="no llama-server n-gram config")
     ap.add_argument("--stream", action="store_true",
-                    help="stream every answer (measures the HTTP cost per streamed token)")
+                    help="stream every answer (then the overhead line is per streamed token)")
     ap.add_argument("--history", action="store_true",
                     help="let tandem draft from the user's earlier answers on disk")
     ap.add_argument("--log-dir", type=Path, help="server logs (default: a temporary directory)")
