@@ -266,7 +266,6 @@ def test_disconnect_mid_stream_frees_the_engine(server):
     while server.health()["cancelled"] == before and time.monotonic() < deadline:
         time.sleep(0.05)
     health = server.health()
-    print("last_cancel:", health["last_cancel"])
     assert health["cancelled"] == before + 1
     # the next request is served, and the cancelled answer went no further than it had to
     resp = _chat(client, "abc def", max_tokens=4)
@@ -303,7 +302,6 @@ def test_concurrent_clients_get_their_own_answers(server):
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(client_run, range(8)))
-    print("outcomes:", {k: sum(r[1] == k for r in results) for k in ("ok", "refused", "error")})
     assert len(results) == 160  # none lost
     errors = [r for r in results if r[1] == "error"]
     assert errors == []
@@ -539,3 +537,88 @@ def test_protocol_checks():
     assert exc.value.status == 400 and exc.value.param == "top_p"
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.2")
+
+
+def test_both_caches_keep_the_common_prefix(pair):
+    """Turn 2 of a conversation: the target and the draft model each evaluate only what
+    follows turn 1 (the draft's prefill is counted directly on its context)."""
+    from tandem.serve import protocol
+    from tandem.serve.worker import Defaults, EngineWorker, prepare
+
+    worker = EngineWorker(pair, strategy="draft", record=False)
+    worker.start()
+    evaluated = []
+    real = pair.draft_ctx.prefill
+
+    def counting(tokens, *args, **kwargs):
+        n = real(tokens, *args, **kwargs)
+        evaluated.append(n)
+        return n
+
+    pair.draft_ctx.prefill = counting
+    try:
+        first = [{"role": "user", "content": "the quick fox " * 20}]
+        req1 = protocol.parse_chat({"messages": first, "max_tokens": 12})
+        a1 = _run_job(worker, lambda p: prepare(p, req1, Defaults()))[-1][1]
+        second = first + [{"role": "assistant", "content": a1.text},
+                          {"role": "user", "content": "and then?"}]
+        req2 = protocol.parse_chat({"messages": second, "max_tokens": 4})
+        evaluated.clear()
+        a2 = _run_job(worker, lambda p: prepare(p, req2, Defaults()))[-1][1]
+        p1, p2 = a1.stats.n_prompt, a2.stats.n_prompt
+        assert a2.stats.n_prompt_eval <= p2 - p1 + 1
+        assert evaluated and evaluated[0] <= p2 - p1 + 1  # the draft's prompt phase
+    finally:
+        del pair.draft_ctx.prefill
+        worker.stop()
+
+
+def _asgi(app, method: str, path: str, body: bytes = b"") -> tuple[int, dict]:
+    """One request through the ASGI app in this process (no socket): status and JSON body."""
+    import asyncio
+
+    sent = []
+
+    async def receive():
+        if not sent:
+            sent.append(True)
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.sleep(3600)  # the client stays connected
+
+    out = {"status": 0, "body": b""}
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            out["status"] = message["status"]
+        elif message["type"] == "http.response.body":
+            out["body"] += message.get("body", b"")
+
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+             "http_version": "1.1", "method": method, "path": path, "raw_path": path.encode(),
+             "query_string": b"", "root_path": "", "scheme": "http",
+             "headers": [(b"content-type", b"application/json")],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+    try:
+        asyncio.run(app(scope, receive, send))
+    except RuntimeError as exc:  # Starlette re-raises a bug after answering (uvicorn logs it)
+        assert "boom" in str(exc)
+    return out["status"], json.loads(out["body"])
+
+
+def test_a_bug_is_a_500_json_error_and_the_app_goes_on():
+    from tandem.serve.app import ServeConfig, build_app
+    from tandem.serve.worker import Defaults
+
+    class Broken:
+        busy, waiting, capacity, served, cancelled, last_cancel = False, 0, 1, 0, 0, None
+
+        def submit(self, job):
+            raise RuntimeError("boom")
+
+    app = build_app(Broken(), ServeConfig(model_id="m", defaults=Defaults()))
+    body = json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode()
+    status, reply = _asgi(app, "POST", "/v1/chat/completions", body)
+    assert status == 500
+    assert reply["error"]["type"] == "server_error" and "RuntimeError" in reply["error"]["message"]
+    status, reply = _asgi(app, "GET", "/health")
+    assert status == 200 and reply["status"] == "ok"
