@@ -622,3 +622,34 @@ def test_a_bug_is_a_500_json_error_and_the_app_goes_on():
     assert reply["error"]["type"] == "server_error" and "RuntimeError" in reply["error"]["message"]
     status, reply = _asgi(app, "GET", "/health")
     assert status == 200 and reply["status"] == "ok"
+
+
+def test_bench_serve_smoke(tiny_models, tmp_path):
+    """scripts/bench_serve.py on the tiny pair, tandem serve only: every turn measured, and
+    turns 2+ evaluate only their new tokens."""
+    out = tmp_path / "serve.json"
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_serve.py"), "-m",
+         str(tiny_models["target"]), "-md", str(tiny_models["draft"]), "--no-llama",
+         "--no-mt-bench", "--per-group", "1", "-n", "8", "-t", "1", "--out", str(out),
+         "--log-dir", str(tmp_path / "logs")],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "TANDEM_HOME": str(tmp_path / "home")})
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert rows and all(r["error"] is None and r["tok_s"] > 0 for r in rows)
+    prev = {(r["conv"], r["turn"]): r for r in rows}
+    later = [(prev[(r["conv"], r["turn"] - 1)], r) for r in rows if r["turn"] >= 2]
+    # the whole previous prompt (and more: its answer) came from the cache
+    assert later and all(r["cache_n"] >= p["cache_n"] + p["prompt_n"] - 1 for p, r in later)
+    assert "| code-edit | t2+ | tandem |" in res.stdout
+
+
+def test_bench_serve_report_ratios():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_serve import BASELINE, Row, report
+
+    rows = [Row(BASELINE, "c", "g", 1, latency_s=2.0, tok_s=10.0, predicted_n=10),
+            Row("tandem", "c", "g", 1, latency_s=1.0, tok_s=15.0, predicted_n=10)]
+    text = report(rows, ["tandem", BASELINE])
+    assert "| g | t1 | tandem | 1 | 1.00 | 15.0 | 0 | 2.00x | 1.50x | - |" in text
