@@ -171,8 +171,8 @@ async def read_json(request: Request, limit: int) -> dict:
     """The body as a JSON object, read up to `limit` bytes (413 beyond, before parsing)."""
     ctype = request.headers.get("content-type")
     if ctype is not None and ctype.split(";")[0].strip().lower() != "application/json":
-        raise ApiError(415, f"the body must be application/json, got {ctype!r}",
-                       code="unsupported_media_type")
+        raise ApiError(415, f"the body must be application/json, got {ctype!r} (curl: add "
+                       "-H 'Content-Type: application/json')", code="unsupported_media_type")
     declared = request.headers.get("content-length")
     too_big = ApiError(413, f"the request body is over {limit >> 20} MiB",
                        code="request_too_large")
