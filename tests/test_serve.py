@@ -542,6 +542,7 @@ def test_protocol_checks():
 def test_both_caches_keep_the_common_prefix(pair):
     """Turn 2 of a conversation: the target and the draft model each evaluate only what
     follows turn 1 (the draft's prefill is counted directly on its context)."""
+    from tandem.engine.llama import common_prefix
     from tandem.serve import protocol
     from tandem.serve.worker import Defaults, EngineWorker, prepare
 
@@ -563,9 +564,16 @@ def test_both_caches_keep_the_common_prefix(pair):
         second = first + [{"role": "assistant", "content": a1.text},
                           {"role": "user", "content": "and then?"}]
         req2 = protocol.parse_chat({"messages": second, "max_tokens": 4})
+        kv1 = list(pair.target_ctx.tokens)  # what turn 1 left in the target's cache
+        tokens1, tokens2 = (pair.prompt_tokens(m) for m in (first, second))
         evaluated.clear()
         a2 = _run_job(worker, lambda p: prepare(p, req2, Defaults()))[-1][1]
         p1, p2 = a1.stats.n_prompt, a2.stats.n_prompt
+        assert tokens2[:len(tokens1)] == tokens1 and p2 == len(tokens2)
+        # exactly the tokens past the longest common prefix were evaluated (the last prompt
+        # token goes with the first verify batch), and that prefix covers all of turn 1's prompt
+        keep = common_prefix(kv1, tokens2[:-1])
+        assert keep >= p1 and a2.stats.n_prompt_eval == p2 - keep
         assert a2.stats.n_prompt_eval <= p2 - p1 + 1
         assert evaluated and evaluated[0] <= p2 - p1 + 1  # the draft's prompt phase
     finally:
@@ -653,3 +661,19 @@ def test_bench_serve_report_ratios():
             Row("tandem", "c", "g", 1, latency_s=1.0, tok_s=15.0, predicted_n=10)]
     text = report(rows, ["tandem", BASELINE])
     assert "| g | t1 | tandem | 1 | 1.00 | 15.0 | 0 | 2.00x | 1.50x | - |" in text
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--port", "70000"], "--port must be in 0..65535"),
+    (["--queue", "0"], "--queue must be >= 1"),
+    (["--api-key", " "], "--api-key is empty"),
+    (["--host", "no-such-host.invalid"], "cannot listen on 'no-such-host.invalid'"),
+])
+def test_bad_serve_flags(tiny_models, tmp_path, args, message):
+    out = subprocess.run(
+        [sys.executable, "-m", "tandem", "serve", *_models(tiny_models), "--port", "0", *args],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "TANDEM_HOME": str(tmp_path / "home")})
+    assert out.returncode == 2, out.stderr
+    assert f"Error: {message}" in out.stderr and "Hint:" in out.stderr
+    assert "Traceback" not in out.stderr
