@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PROMPT ?= Write a Python function that checks whether a number is prime, with a docstring.
 
-.PHONY: demo test test-fast install install-test bench-native bench-peer clean
+.PHONY: demo test test-fast install install-test bench-native bench-peer bench-serve clean
 
 install:
 	scripts/bootstrap.sh
@@ -28,6 +28,10 @@ bench-native: install
 bench-peer: install
 	$(PY) scripts/bench_peer.py --per-category 4 --coding 8 --server plain --tandem default= \
 	  --tandem none="--strategy none" --out bench-peer.json
+
+# tandem serve against llama-server (plain, ngram), conversations turn by turn (docs/benchmarks.md 10)
+bench-serve: install
+	$(PY) scripts/bench_serve.py --build-native --out bench-serve.json
 
 clean:
 	rm -rf .venv .pytest_cache

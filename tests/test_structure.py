@@ -91,6 +91,8 @@ def test_dependency_rules():
     assert _importers("llama_cpp") == {"tandem.engine.llama"}
     ui = _importers("typer") | _importers("rich")
     assert all(m.startswith("tandem.commands.") or m == "tandem.chat.tui" for m in ui), ui
+    # the HTTP stack only where `tandem serve` runs it (tandem run never loads it)
+    assert _importers("starlette") | _importers("uvicorn") == {"tandem.serve.app"}
 
 
 def _literals(path: Path):
@@ -164,7 +166,7 @@ LAYERS = (
     ("tandem.engine",),
     ("tandem.machine",),
     ("tandem.config",),
-    ("tandem.chat", "tandem.bench"),
+    ("tandem.chat", "tandem.bench", "tandem.serve"),
     ("tandem.commands", "tandem.__main__"),
 )
 

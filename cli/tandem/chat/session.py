@@ -9,14 +9,14 @@ uses it, on the draft model.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
 
 from tandem.chat import transcript
+from tandem.chat.answer import Answer
 from tandem.chat.transcript import Turn
-from tandem.engine.events import DoneEvent, PrefillEvent, TokenEvent
+from tandem.engine.events import DoneEvent
 from tandem.engine.sampling import SamplingParams
 from tandem.config.schema import STRATEGIES
 from tandem.engine.session import DRAFT_MAX_LIMIT, DraftParams, PairSession
@@ -176,38 +176,17 @@ class ChatSession:
                          f"context full: dropped the {_plural(dropped, 'oldest turn')} "
                          f"({kept} kept, prompt {len(tokens)} of {self.n_ctx} tokens)", dropped)
         turn = Turn(user=text, strategy=self.strategy)
-        # the answer's statistics so far, for an answer stopped before the engine's own
-        partial = GenStats(strategy=self.strategy, n_prompt=len(tokens))
-        pieces: list[str] = []
-        done: DoneEvent | None = None
-        inner = None
-        failed = False
-        t0 = time.perf_counter()
+        answer = Answer(self.pair, tokens, self._turn_gen(), self.strategy, self.draft)
+        stream = answer.events()
         try:
-            inner = self.pair.generate(tokens, self._turn_gen(), self.strategy, self.draft)
-            for ev in inner:
-                partial.observe(ev)
-                if isinstance(ev, TokenEvent):
-                    pieces.append(ev.text)
-                elif isinstance(ev, PrefillEvent) and ev.done >= ev.total:
-                    partial.t_prefill = time.perf_counter() - t0
-                elif isinstance(ev, DoneEvent):
-                    done = ev
-                yield ev
-        except Exception:
-            failed = True  # an error: the message is not part of the conversation
-            raise
+            yield from stream
         finally:
-            if inner is not None:
-                inner.close()
-            if done is not None:
-                turn.assistant, turn.reason, turn.stats = done.text, done.reason, done.stats
-            else:  # stopped early (Ctrl-C): keep the partial answer
-                partial.t_total = time.perf_counter() - t0
-                turn.assistant, turn.reason, turn.stats = "".join(pieces), "interrupted", partial
-            if not failed:
+            stream.close()
+            turn.assistant, turn.reason, turn.stats = answer.text, answer.reason, answer.stats
+            if not answer.failed:  # an error: the message is not part of the conversation
                 self.turns.append(turn)
                 self._learn_plain(turn)
+        done = answer.done
         if done is not None and done.reason == "context":
             yield Notice("context-full",
                          f"the context ({self.n_ctx} tokens) is full: the answer was cut; "

@@ -1,0 +1,121 @@
+"""`tandem serve`: the OpenAI-compatible HTTP API on the same engine as run and chat.
+
+Thin on purpose: the flags go through the same settings path as `run` (commands/options.py:
+load_plan), the server lives in tandem.serve, and Starlette/uvicorn are imported only once this
+command runs (`tandem run` does not pay for them).
+"""
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from tandem.commands.options import (
+    ContextFileOpt,
+    DraftMaxOpt,
+    DraftMinOpt,
+    DraftOpt,
+    DraftPMinOpt,
+    ExactOpt,
+    MinPOpt,
+    ModelOpt,
+    NoHistoryOpt,
+    OptCtxOpt,
+    OptThreadsOpt,
+    RepeatPenaltyOpt,
+    StrategyOpt,
+    TempOpt,
+    TopKOpt,
+    TopPOpt,
+    VerboseOpt,
+    check_max_tokens,
+    load_plan,
+    read_context_files,
+    sampling_params,
+    setting_flags,
+)
+from tandem.errors import UsageError
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(serve)
+
+
+def serve(
+    pair: Annotated[Optional[str], typer.Argument(help="Catalog pair name (default: the default pair).", show_default=False)] = None,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on. Beyond loopback, set --api-key.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port (0: any free port; the address is printed on stderr).")] = 8080,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="TANDEM_API_KEY", help="Require 'Authorization: Bearer KEY' (env TANDEM_API_KEY keeps it out of the process list).")] = None,
+    queue: Annotated[int, typer.Option("--queue", help="Requests that may wait while one is generated; beyond, 429 with Retry-After.")] = 8,
+    model: ModelOpt = None,
+    model_draft: DraftOpt = None,
+    strategy: StrategyOpt = None,
+    n_max: DraftMaxOpt = None,
+    n_min: DraftMinOpt = None,
+    p_min: DraftPMinOpt = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens per answer when a request does not say (max_tokens).")] = 2048,
+    temp: TempOpt = 0.0,
+    top_k: TopKOpt = 40,
+    top_p: TopPOpt = 1.0,
+    min_p: MinPOpt = 0.0,
+    repeat_penalty: RepeatPenaltyOpt = 1.0,
+    n_ctx: OptCtxOpt = None,
+    n_threads: OptThreadsOpt = None,
+    exact: ExactOpt = False,
+    context_file: ContextFileOpt = None,
+    no_history: NoHistoryOpt = False,
+    verbose: VerboseOpt = False,
+):
+    """Serve the OpenAI API (chat/completions, completions, models) on the local pair.
+
+    One generation at a time; both models' KV caches are reused by prefix across requests (a client's turn 2 evaluates only its new tokens). The sampling flags are the defaults of requests that do not set temperature, top_p, top_k...
+
+    Examples:
+
+      tandem serve
+
+      tandem serve --port 8081 --strategy auto --context-file app.py
+
+      TANDEM_API_KEY=secret tandem serve --host 0.0.0.0
+
+    Then point a client at http://127.0.0.1:8080/v1 (any API key unless --api-key is set).
+    """
+    from tandem.engine.session import PairSession
+
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port must be in 0..65535, got {port}", "8080 is the default")
+    if queue < 1:
+        raise UsageError(f"--queue must be >= 1, got {queue}", "8 is the default")
+    if api_key is not None and not api_key.strip():
+        raise UsageError("--api-key is empty", "pass a key, or leave the option out")
+    check_max_tokens(max_tokens)
+    sampling = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, None)
+    contexts = read_context_files(context_file)
+    flags = setting_flags(exact, no_history, strategy=strategy, n_max=n_max, n_min=n_min,
+                          p_min=p_min, n_ctx=n_ctx, n_threads=n_threads)
+    target_path, draft_path, opts = load_plan(pair, model, model_draft, flags, verbose)
+
+    from tandem.serve import app as server  # Starlette and uvicorn: only now
+    from tandem.serve.worker import Defaults, EngineWorker
+
+    sock = server.bind(host, port)  # before the models load: a busy port fails fast
+    if not server.is_loopback(host) and api_key is None:
+        server.warn(f"listening on {host} without --api-key: anyone who can reach this "
+                    "machine can use it")
+    try:
+        with PairSession(target_path, draft_path, opts) as session:
+            for path, text in contexts:
+                session.add_context_file(path, text)
+            worker = EngineWorker(session, strategy=opts.strategy, draft=opts.draft,
+                                  queue_size=queue)
+            config = server.ServeConfig(
+                model_id=target_path.stem, api_key=api_key,
+                defaults=Defaults(max_tokens=max_tokens, sampling=sampling))
+            draft = f" + {draft_path.name}" if draft_path else ""
+            print(f"tandem serve: {server.listen_note(host, sock)} · {target_path.name}{draft} · "
+                  f"strategy {opts.strategy} · context {session.target_ctx.n_ctx} · "
+                  f"queue {queue} · Ctrl-C stops", file=sys.stderr, flush=True)
+            server.serve(worker, config, sock, verbose=verbose)
+    finally:
+        sock.close()

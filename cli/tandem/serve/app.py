@@ -1,0 +1,312 @@
+"""The HTTP side of `tandem serve`: Starlette routes on uvicorn, in front of the engine thread.
+
+Routes: POST /v1/chat/completions and /v1/completions (server-sent events or one JSON object),
+GET /v1/models, GET /health (the /v1-less paths too, as llama-server has them). Every refusal
+is an OpenAI error object with a 4xx status; a bug is a 500 with the same shape (and a traceback
+on stderr), and the server stays up. Starlette and uvicorn are imported only here, which only
+`tandem serve` imports: `tandem run` starts as fast as before.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import socket
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from functools import partial
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from tandem.errors import ContextOverflowError, TandemError, UsageError
+from tandem.serve import protocol
+from tandem.serve.protocol import ApiError
+from tandem.serve.worker import Defaults, EngineWorker, Job, QueueFull, prepare
+
+MAX_BODY = 4 << 20  # bytes: a whole conversation with files fits; a flood does not
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass
+class ServeConfig:
+    model_id: str
+    defaults: Defaults
+    api_key: str | None = None
+    max_body: int = MAX_BODY
+
+
+class EngineStream(StreamingResponse):
+    """An SSE response that cancels its job however it ends: finished, or the client gone
+    (Starlette then cancels the stream; this still runs)."""
+
+    def __init__(self, content, cancel, **kwargs):
+        super().__init__(content, **kwargs)
+        self._cancel = cancel
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._cancel.set()
+
+
+def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
+    created = int(time.time())
+
+    def authorize(request: Request) -> None:
+        if config.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+                token.strip().encode(), config.api_key.encode()):
+            raise ApiError(401, "invalid or missing API key: send 'Authorization: Bearer KEY'",
+                           type="authentication_error", code="invalid_api_key")
+
+    async def health(request: Request):
+        return JSONResponse({"status": "ok", "busy": worker.busy, "waiting": worker.waiting,
+                             "queue": worker.capacity, "served": worker.served,
+                             "cancelled": worker.cancelled, "last_cancel": worker.last_cancel})
+
+    async def models(request: Request):
+        authorize(request)
+        return JSONResponse({"object": "list", "data": [
+            {"id": config.model_id, "object": "model", "created": created,
+             "owned_by": "tandem"}]})
+
+    async def chat(request: Request):
+        return await complete(request, "chat")
+
+    async def text(request: Request):
+        return await complete(request, "text")
+
+    async def complete(request: Request, kind: str):
+        authorize(request)
+        body = await read_json(request, config.max_body)
+        req = protocol.parse_chat(body) if kind == "chat" else protocol.parse_text(body)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def sink(what, value):  # the engine thread -> this request's queue, nobody else's
+            loop.call_soon_threadsafe(events.put_nowait, (what, value))
+
+        job = Job(make=partial(prepare, req=req, defaults=config.defaults), sink=sink)
+        try:
+            worker.submit(job)
+        except QueueFull as exc:
+            raise ApiError(429, f"the server is busy: {exc}; retry later",
+                           type="rate_limit_error", code="queue_full",
+                           headers={"Retry-After": "1"}) from None
+        rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+        now = int(time.time())
+        watch = asyncio.ensure_future(_disconnected(request))
+        handed_over = False  # the stream response owns the job from there
+        try:
+            # wait for the prompt to be evaluated (or refused) before any header goes out, so
+            # a prompt too long is a 400 even for a stream
+            first = await _next(events, watch)
+            if first is None:
+                job.cancel.set()
+                return JSONResponse({}, status_code=499)  # nobody is listening
+            _raise_failure(first)
+            if req.stream:
+                watch.cancel()  # from here the stream response watches the connection
+                stream = _stream(req, rid, now, config.model_id, events, first)
+                handed_over = True
+                return EngineStream(stream, job.cancel, media_type="text/event-stream",
+                                    headers=SSE_HEADERS)
+            pieces = []
+            item = first
+            while item[0] in ("prefilled", "text"):
+                if item[0] == "text":
+                    pieces.append(item[1])
+                item = await _next(events, watch)
+                if item is None:
+                    job.cancel.set()
+                    return JSONResponse({}, status_code=499)
+            _raise_failure(item)
+            answer = item[1]
+            return JSONResponse(protocol.completion(req, rid, now, config.model_id,
+                                                    answer.text, answer.reason, answer.stats))
+        finally:
+            watch.cancel()
+            if not handed_over:  # answered, refused, or this handler cancelled: stop the job
+                job.cancel.set()
+
+    async def api_error(request: Request, exc: ApiError):
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    async def http_error(request: Request, exc: HTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        message = {404: f"no route {request.url.path}",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(
+            exc.status_code, str(exc.detail))
+        err = ApiError(exc.status_code, message, type=kind)
+        return JSONResponse(err.body(), status_code=exc.status_code, headers=exc.headers)
+
+    async def server_error(request: Request, exc: Exception):
+        # Starlette re-raises after this response, so uvicorn logs the traceback on stderr
+        err = ApiError(500, f"internal error ({type(exc).__name__}); the server logged it",
+                       type="server_error", code="internal_error")
+        return JSONResponse(err.body(), status_code=500)
+
+    routes = []
+    for prefix in ("/v1", ""):
+        routes += [Route(prefix + "/chat/completions", chat, methods=["POST"]),
+                   Route(prefix + "/completions", text, methods=["POST"]),
+                   Route(prefix + "/models", models, methods=["GET"])]
+    routes += [Route("/health", health, methods=["GET"]),
+               Route("/v1/health", health, methods=["GET"])]
+    return Starlette(routes=routes, exception_handlers={
+        ApiError: api_error, HTTPException: http_error, Exception: server_error})
+
+
+async def read_json(request: Request, limit: int) -> dict:
+    """The body as a JSON object, read up to `limit` bytes (413 beyond, before parsing)."""
+    ctype = request.headers.get("content-type")
+    if ctype is not None and ctype.split(";")[0].strip().lower() != "application/json":
+        raise ApiError(415, f"the body must be application/json, got {ctype!r} (curl: add "
+                       "-H 'Content-Type: application/json')", code="unsupported_media_type")
+    declared = request.headers.get("content-length")
+    too_big = ApiError(413, f"the request body is over {limit >> 20} MiB",
+                       code="request_too_large")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_big
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ApiError(400, "the client went away while sending the body") from None
+    return protocol.parse_json(b"".join(chunks))
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has closed the connection (the body is read by then)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _next(events: asyncio.Queue, watch: asyncio.Future):
+    """The job's next item, or None once the client is gone."""
+    get = asyncio.ensure_future(events.get())
+    await asyncio.wait({get, watch}, return_when=asyncio.FIRST_COMPLETED)
+    if get.done():
+        return get.result()
+    get.cancel()
+    return None
+
+
+def _raise_failure(item) -> None:
+    what, value = item
+    if what == "error":
+        code = "context_length_exceeded" if isinstance(value, ContextOverflowError) else None
+        if isinstance(value, (UsageError, ContextOverflowError)):
+            message = value.message + (f" ({value.hint})" if value.hint else "")
+            raise ApiError(400, message, code=code or "invalid_value")
+        raise ApiError(500, value.message, type="server_error")
+    if what == "failed":
+        raise ApiError(500, f"internal error ({type(value).__name__}); the server logged it",
+                       type="server_error", code="internal_error")
+    if what == "cancelled" and value is None:
+        raise ApiError(503, "the server is stopping", type="server_error", code="stopping",
+                       headers={"Retry-After": "1"})
+
+
+async def _stream(req, rid: str, created: int, model: str, events: asyncio.Queue, first):
+    """Server-sent events: a role chunk (chat), a chunk per piece of text, the finish chunk
+    with timings, the usage chunk if asked, then [DONE]."""
+    chunk = partial(protocol.chunk, req, rid, created, model)
+    if req.kind == "chat":
+        yield protocol.sse(chunk(role=True, text=""))
+    item = first
+    while True:
+        what, value = item
+        if what == "text":
+            yield protocol.sse(chunk(text=value))
+        elif what in ("done", "cancelled"):
+            yield protocol.sse(chunk(reason=value.reason, stats=value.stats))
+            if req.include_usage:
+                yield protocol.sse(chunk(stats=value.stats, usage_only=True))
+            break
+        elif what in ("error", "failed"):  # after the headers: the error goes in the stream
+            try:
+                _raise_failure(item)
+            except ApiError as exc:
+                yield protocol.sse(exc.body())
+            break
+        item = await events.get()
+    yield protocol.SSE_DONE
+
+
+# ----- running it -----
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket: a port in use or a host that does not resolve is a UsageError
+    with a hint, not uvicorn's log line and exit."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise UsageError(f"cannot listen on {host!r}: {exc.strerror}",
+                         "pass --host with an address of this machine, e.g. 127.0.0.1") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                         "pick another --port (0: any free port), or stop what uses it") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(worker: EngineWorker, config: ServeConfig, sock: socket.socket,
+          verbose: bool = False) -> None:
+    """Run uvicorn on `sock` until Ctrl-C / SIGTERM; the engine thread is stopped after."""
+    import uvicorn
+
+    app = build_app(worker, config)
+    server = uvicorn.Server(uvicorn.Config(
+        app, http="h11", loop="asyncio", lifespan="off", log_level="info" if verbose else "warning",
+        access_log=verbose, timeout_graceful_shutdown=5, server_header=False))
+    worker.start()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        worker.stop()
+        sock.close()
+    if not server.started:
+        raise TandemError("the HTTP server did not start", "rerun with --verbose for its log")
+
+
+def listen_note(host: str, sock: socket.socket) -> str:
+    port = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/v1"
+
+
+def warn(message: str) -> None:
+    print(f"Warning: {message}", file=sys.stderr)

@@ -1,0 +1,373 @@
+"""The OpenAI wire format, without any HTTP: request bodies checked into `Request`s, and the
+response and stream-chunk shapes, with usage and llama-server's `timings` object.
+
+Everything a client can get wrong raises ApiError (an HTTP status and OpenAI's error object),
+so the routes in serve/app.py never see a malformed value. What tandem does not implement
+(n > 1, tools, JSON modes, logprobs, penalties other than llama.cpp's repeat penalty) is
+refused by name rather than silently ignored.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+MAX_STOPS = 16  # OpenAI allows 4; llama-server any number: a bound keeps stop matching cheap
+MAX_STOP_CHARS = 1000
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+class ApiError(Exception):
+    """An OpenAI-style error: {"error": {"message", "type", "param", "code"}} with a status."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 headers: dict | None = None):
+        super().__init__(message)
+        self.headers = headers or {}
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+def bad(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+@dataclass(frozen=True)
+class Request:
+    """A checked completion request. `messages` for /v1/chat/completions, `prompt` for
+    /v1/completions; None for a sampling field means "the server's default"."""
+
+    kind: str  # "chat" | "text"
+    model: str | None
+    messages: tuple[dict, ...] = ()
+    prompt: str = ""
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+
+
+def parse_json(raw: bytes) -> dict:
+    """The body as a JSON object. NaN and Infinity are not JSON (Python's parser would take
+    them), and a body nested deep enough to exhaust the parser's recursion is refused too."""
+    def constant(name: str):
+        raise ValueError(f"{name} is not valid JSON")
+
+    try:
+        text = raw.decode("utf-8")
+        body = json.loads(text, parse_constant=constant)
+    except UnicodeDecodeError:
+        raise bad("the request body is not UTF-8", code="invalid_json") from None
+    except (ValueError, RecursionError) as exc:
+        raise bad(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad(f"the request body must be a JSON object, got {_kind(body)}",
+                  code="invalid_json")
+    return body
+
+
+def parse_chat(body: dict) -> Request:
+    messages = body.get("messages")
+    if messages is None:
+        raise bad("'messages' is required", "messages", "missing_required_parameter")
+    if not isinstance(messages, list):
+        raise bad(f"'messages' must be an array, got {_kind(messages)}", "messages",
+                  "invalid_type")
+    if not messages:
+        raise bad("'messages' must hold at least one message", "messages", "empty_array")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad(f"{where} must be an object, got {_kind(m)}", where, "invalid_type")
+        role = m.get("role")
+        if role in ("tool", "function") or m.get("tool_calls") or m.get("function_call"):
+            raise bad(f"{where}: tool and function calls are not supported by tandem serve",
+                      f"{where}.role", "unsupported_value")
+        if role not in ROLES:
+            raise bad(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}",
+                      f"{where}.role")
+        out.append({"role": ROLES[role], "content": _content(m.get("content"), where)})
+    return Request(kind="chat", messages=tuple(out), **_common(body))
+
+
+def parse_text(body: dict) -> Request:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]  # the SDK's one-prompt batch
+    if prompt is None:
+        raise bad("'prompt' is required", "prompt", "missing_required_parameter")
+    if not isinstance(prompt, str):
+        raise bad("'prompt' must be a string (one prompt per request)", "prompt", "invalid_type")
+    if not prompt:
+        raise bad("'prompt' is empty", "prompt")
+    for key in ("echo",):
+        if body.get(key):
+            raise bad(f"'{key}' is not supported by tandem serve", key, "unsupported_parameter")
+    if body.get("suffix"):
+        raise bad("'suffix' (fill-in-the-middle) is not supported by tandem serve", "suffix",
+                  "unsupported_parameter")
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != 1:
+        raise bad("'best_of' must be 1: tandem serve answers one completion per request",
+                  "best_of", "unsupported_value")
+    return Request(kind="text", prompt=prompt, **_common(body))
+
+
+def _content(content, where: str) -> str:
+    """A message's text: a string, or OpenAI's list of text parts."""
+    if isinstance(content, str):
+        return _utf8(content, f"{where}.content")
+    if content is None:
+        raise bad(f"{where}.content is required", f"{where}.content",
+                  "missing_required_parameter")
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" \
+                    or not isinstance(part.get("text"), str):
+                raise bad(f"{where}.content[{j}] must be a text part "
+                          "({\"type\": \"text\", \"text\": ...}); images and audio are not "
+                          "supported", f"{where}.content", "unsupported_value")
+            texts.append(_utf8(part["text"], f"{where}.content"))
+        return "\n".join(texts)
+    raise bad(f"{where}.content must be a string or an array of text parts, got "
+              f"{_kind(content)}", f"{where}.content", "invalid_type")
+
+
+def _utf8(text: str, param: str) -> str:
+    """JSON may carry lone surrogates (\\ud800) that no tokenizer can take."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad(f"{param} is not valid Unicode (a lone surrogate)", param) from None
+    return text
+
+
+def _common(body: dict) -> dict:
+    """The fields both routes share, checked; refusals of what is not implemented."""
+    n = body.get("n")
+    if n is not None and (not _is_int(n) or n != 1):
+        raise bad(f"'n' must be 1: tandem serve answers one choice per request (got {n!r})",
+                  "n", "unsupported_value")
+    for key in ("tools", "functions"):
+        if body.get(key):
+            raise bad(f"'{key}' are not supported by tandem serve", key, "unsupported_parameter")
+    for key in ("tool_choice", "function_call"):
+        if body.get(key) not in (None, "none"):
+            raise bad(f"'{key}' is not supported by tandem serve", key, "unsupported_parameter")
+    fmt = body.get("response_format")
+    if fmt is not None:
+        if not isinstance(fmt, dict) or fmt.get("type") != "text":
+            kind = fmt.get("type") if isinstance(fmt, dict) else fmt
+            raise bad(f"response_format {kind!r} is not supported by tandem serve (only "
+                      "'text')", "response_format", "unsupported_value")
+    if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
+        raise bad("logprobs are not supported by tandem serve", "logprobs",
+                  "unsupported_parameter")
+    for key in ("presence_penalty", "frequency_penalty"):
+        value = _number(body, key, -2.0, 2.0)
+        if value not in (None, 0.0):
+            raise bad(f"'{key}' is not supported by tandem serve (use repeat_penalty)", key,
+                      "unsupported_parameter")
+    if body.get("logit_bias"):
+        raise bad("'logit_bias' is not supported by tandem serve", "logit_bias",
+                  "unsupported_parameter")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad(f"'model' must be a string, got {_kind(model)}", "model", "invalid_type")
+    max_tokens = _int(body, "max_completion_tokens", 1, 1 << 31)
+    if max_tokens is None:
+        max_tokens = _int(body, "max_tokens", 1, 1 << 31)
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise bad(f"'stream' must be a boolean, got {_kind(stream)}", "stream", "invalid_type")
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not isinstance(options, dict):
+            raise bad("'stream_options' must be an object", "stream_options", "invalid_type")
+        include_usage = options.get("include_usage", False)
+        if not isinstance(include_usage, bool):
+            raise bad("'stream_options.include_usage' must be a boolean",
+                      "stream_options.include_usage", "invalid_type")
+    seed = _int(body, "seed", -(1 << 63), (1 << 64) - 1)
+    if seed is not None and seed < 0:
+        seed = None  # llama.cpp's -1 (and any negative seed): a random one
+    return dict(
+        model=model, max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 0.0, 100.0),
+        top_p=_number(body, "top_p", 0.0, 1.0, open_low=True),
+        top_k=_int(body, "top_k", 0, 1 << 31),
+        min_p=_number(body, "min_p", 0.0, 1.0, open_high=True),
+        repeat_penalty=_number(body, "repeat_penalty", 0.0, 100.0, open_low=True),
+        seed=seed, stop=_stops(body.get("stop")), stream=stream, include_usage=include_usage)
+
+
+def _stops(stop) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise bad("'stop' must be a string or an array of strings", "stop", "invalid_type")
+    if len(stop) > MAX_STOPS:
+        raise bad(f"'stop' holds at most {MAX_STOPS} strings, got {len(stop)}", "stop")
+    for s in stop:
+        if not s or len(s) > MAX_STOP_CHARS:
+            raise bad(f"each stop string must hold 1..{MAX_STOP_CHARS} characters", "stop")
+        _utf8(s, "stop")
+    return tuple(stop)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int(body: dict, key: str, lo: int, hi: int) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 256.0 is an integer in JSON's eyes
+    if not _is_int(value):
+        raise bad(f"'{key}' must be an integer, got {_kind(value)}", key, "invalid_type")
+    if not lo <= value <= hi:
+        raise bad(f"'{key}' must be in {lo}..{hi}, got {value}", key)
+    return value
+
+
+def _number(body: dict, key: str, lo: float, hi: float, *, open_low: bool = False,
+            open_high: bool = False) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise bad(f"'{key}' must be a number, got {_kind(value)}", key, "invalid_type")
+    value = float(value)
+    low_ok = value > lo if open_low else value >= lo
+    high_ok = value < hi if open_high else value <= hi
+    if not (math.isfinite(value) and low_ok and high_ok):
+        left, right = "(" if open_low else "[", ")" if open_high else "]"
+        raise bad(f"'{key}' must be in {left}{lo:g}, {hi:g}{right}, got {value}", key)
+    return value
+
+
+def _kind(value) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+            type(None): "null"}.get(type(value), "a number")
+
+
+# ----- responses -----
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length",
+          "interrupted": "stop"}
+
+
+def usage(stats) -> dict:
+    """OpenAI's usage, with the prompt tokens the KV cache already held as cached_tokens."""
+    cached = max(stats.n_prompt - stats.n_prompt_eval, 0)
+    return {"prompt_tokens": stats.n_prompt, "completion_tokens": stats.n_generated,
+            "total_tokens": stats.n_prompt + stats.n_generated,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def timings(stats) -> dict:
+    """llama-server's `timings` with its meanings: prompt_n = prompt tokens evaluated (the
+    cached ones are cache_n), predicted_n = tokens generated, times in milliseconds; draft_n /
+    draft_n_accepted as llama-server counts them in speculative mode."""
+    prompt_ms = stats.t_prefill * 1000.0
+    predicted_ms = stats.t_decode * 1000.0
+    prompt_n, predicted_n = stats.n_prompt_eval, stats.n_generated
+    return {
+        "cache_n": max(stats.n_prompt - prompt_n, 0),
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": prompt_n / stats.t_prefill if stats.t_prefill > 0 else 0.0,
+        "predicted_n": predicted_n,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
+        "predicted_per_second": predicted_n / stats.t_decode if stats.t_decode > 0 else 0.0,
+        "draft_n": stats.drafted,
+        "draft_n_accepted": stats.accepted,
+    }
+
+
+def tandem_stats(stats) -> dict:
+    """What tandem adds to llama-server's figures: acceptance, per draft source, notes."""
+    return {"strategy": stats.strategy, "acceptance_rate": stats.acceptance_rate,
+            "mean_accepted_length": stats.mean_accepted_length,
+            "verify_steps": stats.n_steps,
+            "by_source": {k: {"drafted": v[0], "accepted": v[1]}
+                          for k, v in stats.by_source.items()},
+            "notes": list(stats.notes)}
+
+
+def completion(req: Request, rid: str, created: int, model: str, text: str, reason: str,
+               stats) -> dict:
+    """The non-streamed response of either route."""
+    finish = FINISH.get(reason, "stop")
+    if req.kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                  "logprobs": None, "finish_reason": finish}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        obj = "text_completion"
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
+            "usage": usage(stats), "timings": timings(stats), "tandem": tandem_stats(stats)}
+
+
+def chunk(req: Request, rid: str, created: int, model: str, *, text: str | None = None,
+          role: bool = False, reason: str | None = None, stats=None,
+          usage_only: bool = False) -> dict:
+    """One server-sent event's object. The chat's first chunk carries the role; the last one
+    the finish reason and timings; with include_usage a final chunk has no choices and the
+    usage, as OpenAI sends it."""
+    obj = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
+    out = {"id": rid, "object": obj, "created": created, "model": model}
+    if usage_only:
+        out["choices"] = []
+        out["usage"] = usage(stats)
+        return out
+    finish = FINISH.get(reason, "stop") if reason is not None else None
+    if req.kind == "chat":
+        delta = {}
+        if role:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+    out["choices"] = [choice]
+    if stats is not None:
+        out["timings"] = timings(stats)
+        out["tandem"] = tandem_stats(stats)
+    if req.include_usage:
+        out["usage"] = None  # OpenAI: null on every chunk but the last
+    return out
+
+
+def sse(obj) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"

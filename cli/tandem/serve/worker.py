@@ -1,0 +1,192 @@
+"""The engine thread: one PairSession, one generation at a time, fed by a bounded queue.
+
+llama.cpp contexts are not shared between generations (both models' KV caches hold one
+sequence, reused by prefix from one request to the next), so requests run strictly one after
+another in this thread; the HTTP side only queues jobs and reads what they produce. A job's
+output goes to its own sink only, so answers cannot mix. A job whose `cancel` is set (its client
+went away, the server stops) ends at the engine's next event, that is within one step.
+"""
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from tandem.chat.answer import Answer
+from tandem.engine.events import PrefillEvent, TokenEvent
+from tandem.engine.session import PairSession
+from tandem.engine.sampling import SamplingParams
+from tandem.engine.speculative import GenParams
+from tandem.errors import ContextOverflowError, TandemError
+
+
+class QueueFull(Exception):
+    """Every place in the queue is taken: the client should retry later."""
+
+
+@dataclass
+class Job:
+    """One request's generation. `sink(kind, value)` receives, in order: ("prefilled", n) once
+    the prompt is evaluated, ("text", str) per released piece of text, then exactly one of ("done", Answer), ("error", TandemError),
+    ("failed", Exception) or ("cancelled", None). It is called from the engine thread."""
+
+    make: Callable[[PairSession], tuple[Sequence[int], GenParams]]  # see prepare()
+    sink: Callable[[str, object], None]
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+class EngineWorker:
+    def __init__(self, pair: PairSession, *, strategy: str | None = None, draft=None,
+                 record: bool = True, queue_size: int = 8):
+        self.pair = pair
+        self.strategy = strategy
+        self.draft = draft
+        self.record = record
+        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max(1, queue_size))
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="tandem-engine", daemon=True)
+        self.busy = False  # a job is being generated (for /health)
+        self.served = 0
+        self.cancelled = 0
+        self.last_cancel: dict | None = None  # how far the last cancelled answer went
+
+    @property
+    def waiting(self) -> int:
+        return self._queue.qsize()
+
+    @property
+    def capacity(self) -> int:
+        return self._queue.maxsize
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        if self._stopping.is_set():
+            raise QueueFull("the server is stopping")
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            raise QueueFull(f"{self.capacity} requests are already waiting") from None
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Cancel what waits and what runs, then end the thread."""
+        self._stopping.set()
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.cancel.set()
+                _deliver(job, "cancelled", None)
+        try:
+            self._queue.put_nowait(None)
+        except queue.Full:  # a submit raced in: the loop sees _stopping anyway
+            pass
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                job = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if job is None:
+                break
+            self.busy = True
+            try:
+                self._run(job)
+            finally:
+                self.busy = False
+
+    def _run(self, job: Job) -> None:
+        if job.cancel.is_set() or self._stopping.is_set():
+            self.cancelled += 1
+            _deliver(job, "cancelled", None)
+            return
+        try:
+            tokens, gen = job.make(self.pair)
+        except TandemError as exc:
+            _deliver(job, "error", exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug: reported, and the thread lives on
+            print("tandem serve: preparing a request failed:", file=sys.stderr)
+            traceback.print_exc(file=sys.stderr)
+            _deliver(job, "failed", exc)
+            return
+        answer = Answer(self.pair, tokens, gen, self.strategy, self.draft, record=self.record)
+        stream = answer.events()
+        outcome: tuple[str, object] = ("done", answer)
+        try:
+            for ev in stream:
+                if isinstance(ev, TokenEvent) and ev.text:
+                    _deliver(job, "text", ev.text)
+                elif isinstance(ev, PrefillEvent) and ev.done >= ev.total:
+                    _deliver(job, "prefilled", ev.done)
+                # checked after every event: a step yields its tokens then a StepEvent, and
+                # the prefill one event per batch, so a cancel takes effect within one step
+                if job.cancel.is_set() or self._stopping.is_set():
+                    outcome = ("cancelled", answer)
+                    break
+        except TandemError as exc:  # the request's own fault (e.g. a prompt too long)
+            outcome = ("error", exc)
+        except Exception as exc:  # noqa: BLE001 - a bug: reported, and the thread lives on
+            print("tandem serve: generation failed:", file=sys.stderr)
+            traceback.print_exc(file=sys.stderr)
+            outcome = ("failed", exc)
+        finally:
+            stream.close()
+        if outcome[0] == "cancelled":
+            self.cancelled += 1
+            self.last_cancel = {"generated": answer.stats.n_generated,
+                                "prompt_tokens": answer.stats.n_prompt}
+        else:
+            self.served += 1
+        _deliver(job, *outcome)
+
+
+def _deliver(job: Job, kind: str, value) -> None:
+    try:
+        job.sink(kind, value)
+    except Exception:  # noqa: BLE001 - a closed event loop (shutdown) must not kill the engine
+        pass
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a request that does not say gets: the server's flags (as `run` takes them)."""
+
+    max_tokens: int = 2048
+    sampling: SamplingParams = SamplingParams()
+
+
+def prepare(pair: PairSession, req, defaults: Defaults) -> tuple[list[int], GenParams]:
+    """A checked request (serve.protocol.Request) -> prompt tokens and generation parameters.
+    Runs in the engine thread: tokenizing a long prompt must not hold up the event loop, and
+    the tokenizer is then never used by two threads at once. The prompt goes through the same
+    PairSession.prompt_tokens as run and chat (the GGUF chat template; /v1/completions: raw)."""
+    if req.kind == "chat":
+        tokens = pair.prompt_tokens(list(req.messages))
+    else:
+        tokens = pair.prompt_tokens([{"role": "user", "content": req.prompt}], raw=True)
+    n_ctx = pair.target_ctx.n_ctx
+    if len(tokens) >= n_ctx:
+        raise ContextOverflowError(
+            f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}",
+            "send fewer or shorter messages, or restart tandem serve with a larger --ctx-size")
+    d = defaults.sampling
+
+    def pick(value, default):
+        return default if value is None else value
+
+    sampling = SamplingParams(
+        temperature=pick(req.temperature, d.temperature), top_k=pick(req.top_k, d.top_k),
+        top_p=pick(req.top_p, d.top_p), min_p=pick(req.min_p, d.min_p),
+        repeat_penalty=pick(req.repeat_penalty, d.repeat_penalty), seed=req.seed)
+    return tokens, GenParams(max_tokens=req.max_tokens or defaults.max_tokens,
+                             sampling=sampling, stop=req.stop)

@@ -1,0 +1,679 @@
+"""`tandem serve` end to end: a real server on 127.0.0.1 (a port the kernel picks), the tiny
+models, its own TANDEM_HOME, and the real `openai` client; plus the engine thread in-process
+(cancellation within one step, the bounded queue) and the request checks."""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = ["hello there", "write a loop", "sort the list", "tell me more", "abc def",
+           "one two three", "the quick fox", "print it"]
+
+
+class Server:
+    """`tandem serve ...` in a subprocess; stderr is drained into `log` by a thread."""
+
+    def __init__(self, args: list[str], home: Path):
+        env = {**os.environ, "TANDEM_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+        env.pop("TANDEM_API_KEY", None)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tandem", "serve", "--port", "0", *args],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+            cwd=str(ROOT))
+        self.log: list[str] = []
+        self.port: int | None = None
+        found = threading.Event()
+
+        def drain():
+            for line in self.proc.stderr:
+                self.log.append(line)
+                m = re.search(r"http://127\.0\.0\.1:(\d+)/v1", line)
+                if m and self.port is None:
+                    self.port = int(m.group(1))
+                    found.set()
+            found.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        if not found.wait(180) or self.port is None:
+            self.stop()
+            raise AssertionError("the server did not start:\n" + "".join(self.log))
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def client(self, **kwargs):
+        kwargs.setdefault("api_key", "unused")
+        kwargs.setdefault("max_retries", 0)
+        kwargs.setdefault("timeout", 120)
+        return openai.OpenAI(base_url=self.base_url, **kwargs)
+
+    def raw(self, method: str, path: str, body: bytes | str | None = None,
+            headers: dict | None = None) -> tuple[int, dict, dict]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        try:
+            if isinstance(body, str):
+                body = body.encode()
+            hdrs = {"Content-Type": "application/json"} if body is not None else {}
+            hdrs.update(headers or {})
+            conn.request(method, path, body=body, headers=hdrs)
+            resp = conn.getresponse()
+            data = resp.read()
+            try:
+                parsed = json.loads(data)
+            except ValueError:
+                parsed = {"_raw": data.decode(errors="replace")}
+            return resp.status, parsed, dict(resp.getheaders())
+        finally:
+            conn.close()
+
+    def health(self) -> dict:
+        status, body, _ = self.raw("GET", "/health")
+        assert status == 200, body
+        return body
+
+    def rss_kib(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise AssertionError("no VmRSS")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _models(tiny_models) -> list[str]:
+    return ["-m", str(tiny_models["target"]), "-md", str(tiny_models["draft"]), "-t", "1"]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_models, tmp_path_factory):
+    # exact mode: greedy answers are bit-identical to plain decoding whatever the cache holds,
+    # so "the same answer as alone" is a fair test; strategy draft: seeds reproduce the text
+    srv = Server([*_models(tiny_models), "--exact", "--strategy", "draft", "--queue", "4",
+                  "--max-tokens", "64"], tmp_path_factory.mktemp("serve-home"))
+    yield srv
+    srv.stop()
+    assert srv.proc.returncode in (0, 130, -signal.SIGINT), "".join(srv.log)
+    assert "Traceback" not in "".join(srv.log), "".join(srv.log)
+
+
+def _chat(client, prompt: str, **kwargs):
+    kwargs.setdefault("max_tokens", 12)
+    return client.chat.completions.create(
+        model="target", messages=[{"role": "user", "content": prompt}], temperature=0, **kwargs)
+
+
+def _stream_text(client, prompt: str, **kwargs) -> tuple[str, list]:
+    chunks = list(_chat(client, prompt, stream=True, **kwargs))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return text, chunks
+
+
+def test_chat_completion_not_streamed(server):
+    resp = _chat(server.client(), "hello there")
+    choice = resp.choices[0]
+    assert resp.object == "chat.completion"
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    usage = resp.usage
+    assert usage.completion_tokens == 12 or choice.finish_reason == "stop"
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    timings = resp.model_extra["timings"]
+    for key in ("prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second",
+                "predicted_n", "predicted_ms", "predicted_per_token_ms",
+                "predicted_per_second", "draft_n", "draft_n_accepted", "cache_n"):
+        assert key in timings, key
+    assert timings["predicted_n"] == usage.completion_tokens
+    assert timings["prompt_n"] + timings["cache_n"] == usage.prompt_tokens
+    assert timings["draft_n_accepted"] <= timings["draft_n"]
+    assert resp.model_extra["tandem"]["strategy"] == "draft"
+
+
+def test_streamed_equals_not_streamed(server):
+    client = server.client()
+    whole = _chat(client, "write a loop").choices[0].message.content
+    text, chunks = _stream_text(client, "write a loop", stream_options={"include_usage": True})
+    assert text == whole
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and "timings" in finals[0].model_extra
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_stream_ends_with_done(server):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.request("POST", "/v1/chat/completions", headers={"Content-Type": "application/json"},
+                 body=json.dumps({"messages": [{"role": "user", "content": "hi"}],
+                                  "max_tokens": 4, "stream": True}))
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.getheader("content-type").startswith("text/event-stream")
+    events = [e for e in resp.read().decode().split("\n\n") if e]
+    conn.close()
+    assert all(e.startswith("data: ") for e in events)
+    assert events[-1] == "data: [DONE]"
+    json.loads(events[-2][6:])  # every other event is one JSON object
+
+
+def test_completions_and_models(server):
+    client = server.client()
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["target"]
+    resp = client.completions.create(model="target", prompt="abc def", max_tokens=6,
+                                     temperature=0)
+    assert resp.object == "text_completion" and resp.choices[0].text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="target", prompt="abc def", max_tokens=6, temperature=0, stream=True) if c.choices)
+    assert streamed == resp.choices[0].text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_strings(server, stream):
+    client = server.client()
+    full = _chat(client, "sort the list", max_tokens=24).choices[0].message.content
+    assert len(full) >= 8, full
+    stop = full[4:6]
+    cut = full[:full.index(stop)]
+    for value in (stop, [stop, "\u00a7never\u00a7"]):
+        if stream:
+            text, chunks = _stream_text(client, "sort the list", max_tokens=24, stop=value)
+            reason = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        else:
+            resp = _chat(client, "sort the list", max_tokens=24, stop=value)
+            text, reason = resp.choices[0].message.content, resp.choices[0].finish_reason
+        assert text == cut and reason == "stop"
+
+
+def test_seed_reproduces_sampled_text(server):
+    client = server.client()
+
+    def sample(seed):
+        return client.chat.completions.create(
+            model="target", messages=[{"role": "user", "content": "tell me more"}],
+            max_tokens=16, temperature=1.0, seed=seed,
+        ).choices[0].message.content
+
+    assert sample(7) == sample(7)
+    assert len({sample(s) for s in range(1, 6)}) > 1  # the seed changes the draws
+
+
+def test_output_equals_tandem_run(server, tiny_models, tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "tandem", "run", *_models(tiny_models), "--exact",
+         "--strategy", "draft", "--no-history", "-n", "20", "--json", "one two three"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "TANDEM_HOME": str(tmp_path / "home")})
+    assert out.returncode == 0, out.stderr
+    expected = json.loads(out.stdout)["text"]
+    got = _chat(server.client(), "one two three", max_tokens=20).choices[0].message.content
+    assert got == expected
+
+
+def test_turn_two_evaluates_only_new_tokens(server):
+    client = server.client()
+    first = [{"role": "system", "content": "You are terse."},
+             {"role": "user", "content": "the quick fox " * 20}]
+    r1 = client.chat.completions.create(model="target", messages=first, max_tokens=16,
+                                        temperature=0)
+    second = first + [{"role": "assistant", "content": r1.choices[0].message.content},
+                      {"role": "user", "content": "and then?"}]
+    r2 = client.chat.completions.create(model="target", messages=second, max_tokens=8,
+                                        temperature=0)
+    p1, p2 = r1.usage.prompt_tokens, r2.usage.prompt_tokens
+    cached = r2.usage.prompt_tokens_details.cached_tokens
+    t2 = r2.model_extra["timings"]
+    # the KV cache holds turn 1's prompt (and answer): only what follows is evaluated
+    assert cached >= p1 - 1
+    assert t2["cache_n"] == cached and t2["prompt_n"] == p2 - cached
+    assert t2["prompt_n"] <= p2 - p1 + 1 < p2
+    # a different conversation shares only the template's start: evaluated almost whole
+    r3 = _chat(client, "print it " * 30)
+    assert r3.model_extra["timings"]["prompt_n"] > r3.usage.prompt_tokens // 2
+
+
+def test_disconnect_mid_stream_frees_the_engine(server):
+    client = server.client()
+    before = server.health()["cancelled"]
+    stream = client.chat.completions.create(
+        model="target", messages=[{"role": "user", "content": "hello there"}],
+        max_tokens=100000, temperature=0, stream=True)  # runs to the context end unless stopped
+    for i, _ in enumerate(stream):
+        if i == 3:
+            break
+    stream.close()  # the client goes away mid-answer
+    deadline = time.monotonic() + 60
+    while server.health()["cancelled"] == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    health = server.health()
+    assert health["cancelled"] == before + 1
+    # the next request is served, and the cancelled answer went no further than it had to
+    resp = _chat(client, "abc def", max_tokens=4)
+    assert resp.choices[0].message.content
+    assert health["last_cancel"]["generated"] < 4096 - 64
+
+
+def test_concurrent_clients_get_their_own_answers(server):
+    expected = {p: _chat(server.client(), p, max_tokens=8).choices[0].message.content
+                for p in PROMPTS}
+    for _ in range(10):  # warm: the first requests grow caches that then stay
+        _chat(server.client(), PROMPTS[0], max_tokens=8)
+    rss0 = server.rss_kib()
+    results: list[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    def client_run(i: int):
+        client = server.client()
+        prompt = PROMPTS[i]
+        for j in range(20):
+            try:
+                if j % 2:
+                    text, _ = _stream_text(client, prompt, max_tokens=8)
+                else:
+                    text = _chat(client, prompt, max_tokens=8).choices[0].message.content
+                outcome = ("ok", text)
+            except openai.RateLimitError as exc:
+                assert exc.response.headers.get("retry-after"), exc
+                outcome = ("refused", "")
+            except openai.APIStatusError as exc:
+                outcome = ("refused", "") if exc.status_code == 503 else ("error", repr(exc))
+            with lock:
+                results.append((prompt, *outcome))
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(client_run, range(8)))
+    assert len(results) == 160  # none lost
+    errors = [r for r in results if r[1] == "error"]
+    assert errors == []
+    ok = [r for r in results if r[1] == "ok"]
+    assert ok, "every request was refused"
+    mixed = [(p, t) for p, kind, t in ok if t != expected[p]]
+    assert mixed == []
+    assert server.health()["status"] == "ok"
+    grown = server.rss_kib() - rss0
+    assert grown < 100 * 1024, f"RSS grew by {grown} KiB over 160 requests"
+
+
+MALFORMED = [
+    ("POST", "/v1/chat/completions", "{not json", None, 400),
+    ("POST", "/v1/chat/completions", "", None, 400),
+    ("POST", "/v1/chat/completions", "[1, 2]", None, 400),
+    ("POST", "/v1/chat/completions", '"a string"', None, 400),
+    ("POST", "/v1/chat/completions", "{}", None, 400),
+    ("POST", "/v1/chat/completions", {"messages": []}, None, 400),
+    ("POST", "/v1/chat/completions", {"messages": "hi"}, None, 400),
+    ("POST", "/v1/chat/completions", {"messages": [1]}, None, 400),
+    ("POST", "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, None, 400),
+    ("POST", "/v1/chat/completions", {"messages": [{"content": "x"}]}, None, 400),
+    ("POST", "/v1/chat/completions", {"messages": [{"role": "user"}]}, None, 400),
+    ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, None, 400),
+    ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, None, 400),
+    ("POST", "/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, None, 400),
+    ("chat", {"n": 2}, 400),
+    ("chat", {"max_tokens": -1}, 400),
+    ("chat", {"max_tokens": 0}, 400),
+    ("chat", {"max_tokens": "ten"}, 400),
+    ("chat", {"max_completion_tokens": 1.5}, 400),
+    ("chat", {"temperature": "hot"}, 400),
+    ("chat", {"temperature": -1}, 400),
+    ("chat", {"top_p": 0}, 400),
+    ("chat", {"top_k": -3}, 400),
+    ("chat", {"stop": 5}, 400),
+    ("chat", {"stop": [""]}, 400),
+    ("chat", {"stop": ["x"] * 17}, 400),
+    ("chat", {"stream": "yes"}, 400),
+    ("chat", {"stream_options": {"include_usage": "yes"}}, 400),
+    ("chat", {"seed": "abc"}, 400),
+    ("chat", {"tools": [{"type": "function", "function": {"name": "f"}}]}, 400),
+    ("chat", {"response_format": {"type": "json_schema", "json_schema": {}}}, 400),
+    ("chat", {"logprobs": True}, 400),
+    ("chat", {"presence_penalty": 1.0}, 400),
+    ("chat", {"model": 7}, 400),
+    ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', None, 400),
+    ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "x"}], "temperature": Infinity}', None, 400),
+    ("POST", "/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\ud800"}]}', None, 400),
+    ("POST", "/v1/chat/completions", b'{"messages": "\xff\xfe"}', None, 400),
+    ("POST", "/v1/chat/completions", "[" * 100000 + "]" * 100000, None, 400),
+    ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, {"Content-Type": "text/plain"}, 415),
+    ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 1000000}]}, None, 413),
+    ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "fox " * 20000}]}, None, 400),
+    ("POST", "/v1/completions", {"prompt": 5}, None, 400),
+    ("POST", "/v1/completions", {"prompt": ""}, None, 400),
+    ("POST", "/v1/completions", {"prompt": ["a", "b"]}, None, 400),
+    ("POST", "/v1/completions", {"prompt": "x", "echo": True}, None, 400),
+    ("POST", "/v1/completions", {"prompt": "x", "best_of": 3}, None, 400),
+    ("GET", "/v1/chat/completions", None, None, 405),
+    ("GET", "/v1/nothing-here", None, None, 404),
+    ("DELETE", "/v1/models", None, None, 405),
+]
+
+
+def _case(case):
+    if case[0] == "chat":
+        body = {"messages": [{"role": "user", "content": "x"}], **case[1]}
+        return "POST", "/v1/chat/completions", body, None, case[2]
+    return case
+
+
+def test_malformed_requests_get_json_errors(server):
+    assert len(MALFORMED) >= 25
+    failures = []
+    for case in MALFORMED:
+        method, path, body, headers, want = _case(case)
+        if isinstance(body, dict):
+            body = json.dumps(body)
+        status, reply, _ = server.raw(method, path, body, headers)
+        err = reply.get("error") if isinstance(reply, dict) else None
+        if status != want or not isinstance(err, dict) or not err.get("message") \
+                or "type" not in err or "param" not in err or "code" not in err:
+            failures.append((case if len(str(case)) < 300 else str(case)[:300], status, reply))
+    assert failures == []
+    assert server.health()["status"] == "ok"
+    assert _chat(server.client(), "hello there", max_tokens=4).choices[0].message.content
+    log = "".join(server.log)
+    assert "Traceback" not in log, log
+
+
+def test_context_overflow_is_a_clear_400(server):
+    with pytest.raises(openai.BadRequestError) as exc:
+        _chat(server.client(), "fox " * 20000)
+    assert exc.value.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as exc:
+        _chat(server.client(), "x", n=2)
+    assert exc.value.param == "n"
+
+
+def test_api_key(tiny_models, tmp_path):
+    srv = Server([*_models(tiny_models), "--strategy", "none", "--api-key", "s3cret"],
+                 tmp_path / "home")
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            _chat(srv.client(api_key="wrong"), "hi", max_tokens=2)
+        status, reply, _ = srv.raw("GET", "/v1/models")
+        assert status == 401 and reply["error"]["type"] == "authentication_error"
+        assert srv.health()["status"] == "ok"  # /health needs no key
+        assert _chat(srv.client(api_key="s3cret"), "hi", max_tokens=2).choices[0].message.content
+        assert "Warning" not in "".join(srv.log)  # loopback: no warning
+    finally:
+        srv.stop()
+
+
+def test_busy_port_is_a_usage_error(tiny_models, tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        out = subprocess.run(
+            [sys.executable, "-m", "tandem", "serve", *_models(tiny_models), "--port", str(port)],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "TANDEM_HOME": str(tmp_path / "home")})
+    assert out.returncode == 2, out.stderr
+    assert "Error: cannot listen on 127.0.0.1" in out.stderr and "Hint:" in out.stderr
+
+
+def test_run_does_not_import_the_http_stack():
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "tandem", "run", "--help"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0
+    imported = [line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines()]
+    assert "tandem.commands.serve" in imported  # the probe sees our modules
+    assert not [m for m in imported if m.split(".")[0] in ("starlette", "uvicorn")
+                or m.startswith("tandem.serve")]
+
+
+# ----- in-process: the engine thread and the checks -----
+
+@pytest.fixture(scope="module")
+def pair(tiny_models, tmp_path_factory):
+    from tandem.engine.llama import ContextParams
+    from tandem.engine.session import PairSession, SessionOptions
+
+    os.environ.setdefault("TANDEM_HOME", str(tmp_path_factory.mktemp("pair-home")))
+    opts = SessionOptions(strategy="draft", target_ctx=ContextParams(n_ctx=2048, n_threads=1,
+                                                                     n_threads_batch=1))
+    with PairSession(tiny_models["target"], tiny_models["draft"], opts) as session:
+        yield session
+
+
+def _run_job(worker, make, on_text=None):
+    from tandem.serve.worker import Job
+
+    got: list = []
+    done = threading.Event()
+
+    def sink(kind, value):
+        got.append((kind, value))
+        if kind == "text" and on_text is not None:
+            on_text(job)
+        if kind not in ("text", "prefilled"):
+            done.set()
+
+    job = Job(make=make, sink=sink)
+    worker.submit(job)
+    assert done.wait(120)
+    return got
+
+
+def test_cancel_stops_within_one_step(pair):
+    from tandem.engine.sampling import SamplingParams
+    from tandem.engine.speculative import GenParams
+    from tandem.serve.worker import EngineWorker
+
+    worker = EngineWorker(pair, strategy="draft", record=False, queue_size=2)
+    worker.start()
+    try:
+        prompt = pair.prompt_tokens([{"role": "user", "content": "hello there"}])
+        gen = GenParams(max_tokens=1500, sampling=SamplingParams(), ignore_eos=True)
+        seen = []
+
+        def cancel_after_three(job):
+            seen.append(1)
+            if len(seen) == 3:
+                job.cancel.set()
+
+        got = _run_job(worker, lambda p: (prompt, gen), cancel_after_three)
+        kind, answer = got[-1]
+        assert kind == "cancelled" and answer.reason == "interrupted"
+        # the cancel was seen at the next event: at most the rest of that one step's tokens
+        verify_batch = pair.options.draft.n_max + 1
+        assert 3 <= answer.stats.n_generated <= 3 + verify_batch
+        # the engine is free and consistent: the same prompt again gives a full answer
+        got = _run_job(worker, lambda p: (prompt, GenParams(max_tokens=8)))
+        assert got[-1][0] == "done" and got[-1][1].stats.n_generated == 8
+    finally:
+        worker.stop()
+
+
+def test_queue_is_bounded(pair):
+    from tandem.serve.worker import EngineWorker, Job, QueueFull
+
+    worker = EngineWorker(pair, queue_size=2)  # not started: nothing is taken off the queue
+    outcomes = []
+    jobs = [Job(make=lambda p: None, sink=lambda k, v: outcomes.append(k)) for _ in range(3)]
+    worker.submit(jobs[0])
+    worker.submit(jobs[1])
+    with pytest.raises(QueueFull):
+        worker.submit(jobs[2])
+    worker.stop()  # what waits is cancelled, never dropped silently
+    assert outcomes == ["cancelled", "cancelled"]
+
+
+def test_protocol_checks():
+    from tandem.serve import protocol
+    from tandem.serve.app import is_loopback
+
+    req = protocol.parse_chat({"messages": [
+        {"role": "developer", "content": [{"type": "text", "text": "a"},
+                                          {"type": "text", "text": "b"}]},
+        {"role": "user", "content": "hi"}], "stop": "x", "max_tokens": 5.0, "seed": -1})
+    assert req.messages[0] == {"role": "system", "content": "a\nb"}
+    assert req.stop == ("x",) and req.max_tokens == 5 and req.seed is None
+    assert protocol.parse_chat({"messages": [{"role": "user", "content": "x"}],
+                                "max_completion_tokens": 3, "max_tokens": 9}).max_tokens == 3
+    with pytest.raises(protocol.ApiError) as exc:
+        protocol.parse_chat({"messages": [{"role": "user", "content": "x"}], "top_p": True})
+    assert exc.value.status == 400 and exc.value.param == "top_p"
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.2")
+
+
+def test_both_caches_keep_the_common_prefix(pair):
+    """Turn 2 of a conversation: the target and the draft model each evaluate only what
+    follows turn 1 (the draft's prefill is counted directly on its context)."""
+    from tandem.engine.llama import common_prefix
+    from tandem.serve import protocol
+    from tandem.serve.worker import Defaults, EngineWorker, prepare
+
+    worker = EngineWorker(pair, strategy="draft", record=False)
+    worker.start()
+    evaluated = []
+    real = pair.draft_ctx.prefill
+
+    def counting(tokens, *args, **kwargs):
+        n = real(tokens, *args, **kwargs)
+        evaluated.append(n)
+        return n
+
+    pair.draft_ctx.prefill = counting
+    try:
+        first = [{"role": "user", "content": "the quick fox " * 20}]
+        req1 = protocol.parse_chat({"messages": first, "max_tokens": 12})
+        a1 = _run_job(worker, lambda p: prepare(p, req1, Defaults()))[-1][1]
+        second = first + [{"role": "assistant", "content": a1.text},
+                          {"role": "user", "content": "and then?"}]
+        req2 = protocol.parse_chat({"messages": second, "max_tokens": 4})
+        kv1 = list(pair.target_ctx.tokens)  # what turn 1 left in the target's cache
+        tokens1, tokens2 = (pair.prompt_tokens(m) for m in (first, second))
+        evaluated.clear()
+        a2 = _run_job(worker, lambda p: prepare(p, req2, Defaults()))[-1][1]
+        p1, p2 = a1.stats.n_prompt, a2.stats.n_prompt
+        assert tokens2[:len(tokens1)] == tokens1 and p2 == len(tokens2)
+        # exactly the tokens past the longest common prefix were evaluated (the last prompt
+        # token goes with the first verify batch), and that prefix covers all of turn 1's prompt
+        keep = common_prefix(kv1, tokens2[:-1])
+        assert keep >= p1 and a2.stats.n_prompt_eval == p2 - keep
+        assert a2.stats.n_prompt_eval <= p2 - p1 + 1
+        assert evaluated and evaluated[0] <= p2 - p1 + 1  # the draft's prompt phase
+    finally:
+        del pair.draft_ctx.prefill
+        worker.stop()
+
+
+def _asgi(app, method: str, path: str, body: bytes = b"") -> tuple[int, dict]:
+    """One request through the ASGI app in this process (no socket): status and JSON body."""
+    import asyncio
+
+    sent = []
+
+    async def receive():
+        if not sent:
+            sent.append(True)
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.sleep(3600)  # the client stays connected
+
+    out = {"status": 0, "body": b""}
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            out["status"] = message["status"]
+        elif message["type"] == "http.response.body":
+            out["body"] += message.get("body", b"")
+
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+             "http_version": "1.1", "method": method, "path": path, "raw_path": path.encode(),
+             "query_string": b"", "root_path": "", "scheme": "http",
+             "headers": [(b"content-type", b"application/json")],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+    try:
+        asyncio.run(app(scope, receive, send))
+    except RuntimeError as exc:  # Starlette re-raises a bug after answering (uvicorn logs it)
+        assert "boom" in str(exc)
+    return out["status"], json.loads(out["body"])
+
+
+def test_a_bug_is_a_500_json_error_and_the_app_goes_on():
+    from tandem.serve.app import ServeConfig, build_app
+    from tandem.serve.worker import Defaults
+
+    class Broken:
+        busy, waiting, capacity, served, cancelled, last_cancel = False, 0, 1, 0, 0, None
+
+        def submit(self, job):
+            raise RuntimeError("boom")
+
+    app = build_app(Broken(), ServeConfig(model_id="m", defaults=Defaults()))
+    body = json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode()
+    status, reply = _asgi(app, "POST", "/v1/chat/completions", body)
+    assert status == 500
+    assert reply["error"]["type"] == "server_error" and "RuntimeError" in reply["error"]["message"]
+    status, reply = _asgi(app, "GET", "/health")
+    assert status == 200 and reply["status"] == "ok"
+
+
+def test_bench_serve_smoke(tiny_models, tmp_path):
+    """scripts/bench_serve.py on the tiny pair, tandem serve only: every turn measured, and
+    turns 2+ evaluate only their new tokens."""
+    out = tmp_path / "serve.json"
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_serve.py"), "-m",
+         str(tiny_models["target"]), "-md", str(tiny_models["draft"]), "--no-llama",
+         "--no-mt-bench", "--per-group", "1", "-n", "8", "-t", "1", "--out", str(out),
+         "--log-dir", str(tmp_path / "logs")],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "TANDEM_HOME": str(tmp_path / "home")})
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert rows and all(r["error"] is None and r["tok_s"] > 0 for r in rows)
+    prev = {(r["conv"], r["turn"]): r for r in rows}
+    later = [(prev[(r["conv"], r["turn"] - 1)], r) for r in rows if r["turn"] >= 2]
+    # the whole previous prompt (and more: its answer) came from the cache
+    assert later and all(r["cache_n"] >= p["cache_n"] + p["prompt_n"] - 1 for p, r in later)
+    assert "| code-edit | t2+ | tandem |" in res.stdout
+
+
+def test_bench_serve_report_ratios():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_serve import BASELINE, Row, report
+
+    rows = [Row(BASELINE, "c", "g", 1, latency_s=2.0, tok_s=10.0, predicted_n=10),
+            Row("tandem", "c", "g", 1, latency_s=1.0, tok_s=15.0, predicted_n=10)]
+    text = report(rows, ["tandem", BASELINE])
+    assert "| g | t1 | tandem | 1 | 1.00 | 15.0 | 0 | 2.00x | 1.50x | - |" in text
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--port", "70000"], "--port must be in 0..65535"),
+    (["--queue", "0"], "--queue must be >= 1"),
+    (["--api-key", " "], "--api-key is empty"),
+    (["--host", "no-such-host.invalid"], "cannot listen on 'no-such-host.invalid'"),
+])
+def test_bad_serve_flags(tiny_models, tmp_path, args, message):
+    out = subprocess.run(
+        [sys.executable, "-m", "tandem", "serve", *_models(tiny_models), "--port", "0", *args],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "TANDEM_HOME": str(tmp_path / "home")})
+    assert out.returncode == 2, out.stderr
+    assert f"Error: {message}" in out.stderr and "Hint:" in out.stderr
+    assert "Traceback" not in out.stderr
