@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Sequence
 
+from tandem.bench.accounting import tandem_counts
 from tandem.bench.workloads import Prompt
 from tandem.engine.events import DoneEvent
 from tandem.engine.llama import ContextParams
@@ -40,6 +41,8 @@ class RunResult:
     category: str
     rep: int
     n_generated: int
+    # decode tok/s with end-of-text counted as llama-server counts it (bench/accounting.py);
+    # tokens_per_second_own below is GenStats' own figure, which leaves it out
     tokens_per_second: float
     t_decode: float
     drafted: int
@@ -58,14 +61,22 @@ class RunResult:
     # where greedy output first left plain decoding's: {"at", "plain", "other", "gap"} with the
     # target's logit gap between the two tokens there (see classify_divergences)
     divergence: dict | None = None
+    tokens_per_second_own: float = 0.0
+    t_prefill: float = 0.0
+    t_e2e: float = 0.0  # prompt + decode
+    step_s: float = 0.0  # decode time per decode step
 
     @classmethod
     def from_done(cls, config: str, prompt: Prompt, rep: int, done: DoneEvent) -> "RunResult":
         s = done.stats
-        return cls(config, prompt.id, prompt.category, rep, s.n_generated, s.tokens_per_second,
+        c = tandem_counts(s.n_generated, done.reason == "eos", s.n_steps, s.t_prefill,
+                          s.t_decode)
+        return cls(config, prompt.id, prompt.category, rep, s.n_generated, c.tokens_per_second,
                    s.t_decode, s.drafted, s.accepted, s.n_steps, s.n_steps_drafted,
                    list(s.drafted_at), list(s.accepted_at), s.t_draft, s.t_verify, s.t_sample,
-                   done.reason, list(done.tokens), done.text, list(s.notes))
+                   done.reason, list(done.tokens), done.text, list(s.notes),
+                   tokens_per_second_own=s.tokens_per_second, t_prefill=s.t_prefill,
+                   t_e2e=c.t_e2e, step_s=c.step_s)
 
 
 @dataclass(frozen=True)
