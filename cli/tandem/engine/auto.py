@@ -107,7 +107,8 @@ class AutoDrafter(HybridDrafter):
         t = self.model_len.tracker
         if self.model is not None and t.steps > t.start_steps:
             knowledge.learn(MODEL, t.accept, t.steps - t.start_steps)
-        knowledge.noise.update(self.costs.spread)
+        # a spread over 100% says the machine was busy, not more: kept as 100%
+        knowledge.noise.update({n: min(v, 1.0) for n, v in self.costs.spread.items()})
 
     def prefill(self, prompt: Sequence[int]) -> None:
         self.prompt.sync(prompt)
