@@ -3,7 +3,6 @@ and scripts/bench_peer.py alike: end to end, per decode step, and tok/s with end
 counted as llama-server counts it. Hand-made numbers: issue 25's "Guten Morgen"."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -18,10 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench_peer():
-    spec = importlib.util.spec_from_file_location("bench_peer", ROOT / "scripts" / "bench_peer.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    import bench_peer  # scripts/ is on the path (conftest), as for tests/test_bench_peer.py
+
+    return bench_peer
 
 
 # "Translate to German: good morning" -> "Guten Morgen" (4 tokens, then end-of-text):
@@ -77,3 +75,47 @@ def test_one_function_no_second_copy():
         text = (ROOT / path).read_text(encoding="utf-8")
         assert "tandem_counts(" in text
         assert "n_generated + 1" not in text
+
+
+def _run(config: str, t_prefill: float, t_decode: float, n_prompt_eval: int) -> RunResult:
+    stats = GenStats(strategy=config, n_prompt=12, n_prompt_eval=n_prompt_eval, n_generated=8)
+    for _ in range(8):
+        stats.record_step(0, 0)
+    stats.t_prefill, stats.t_total = t_prefill, t_prefill + t_decode
+    return RunResult.from_done(config, Prompt("p", "qa", "x"), 0,
+                               DoneEvent(stats, "length", "x", tuple(range(8))))
+
+
+def test_spec_bench_reports_end_to_end_only_for_the_same_work():
+    from tandem.bench import report as rep
+    from tandem.bench.runner import BenchConfig
+
+    configs = [BenchConfig("plain", "none"), BenchConfig("auto", "auto")]
+    # both evaluated the whole prompt: 0.2 + 0.8 s against 0.2 + 0.6 s
+    cell = rep.aggregate([_run("plain", 0.2, 0.8, 12), _run("auto", 0.2, 0.6, 12)],
+                         configs).cell("auto")
+    assert cell.e2e_speedup == pytest.approx(1.0 / 0.8)
+    assert cell.step_ms == pytest.approx(1000 * 0.6 / 8)
+    assert "1.25x e2e, 75.0 ms/step" in rep.to_markdown(rep.aggregate(
+        [_run("plain", 0.2, 0.8, 12), _run("auto", 0.2, 0.6, 12)], configs))
+    # the prompt came from the KV cache for one of them: not the same work, no ratio
+    cell = rep.aggregate([_run("plain", 0.2, 0.8, 12), _run("auto", 0.01, 0.6, 1)],
+                         configs).cell("auto")
+    assert cell.e2e_speedup is None
+
+
+def test_spec_bench_runs_single_prompts_cold(tiny_models, tmp_path, monkeypatch):
+    """Every run evaluates its whole prompt (the previous configuration left it cached)."""
+    from tandem.bench.runner import BenchConfig, run_bench
+    from tandem.engine.llama import ContextParams
+    from tandem.engine.session import PairSession, SessionOptions
+    from tandem.engine.speculative import GenParams
+
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
+    opts = SessionOptions(strategy="none", target_ctx=ContextParams(n_ctx=256, n_threads=1))
+    with PairSession(tiny_models["target"], None, opts) as s:
+        configs = [BenchConfig("plain", "none"), BenchConfig("ngram", "ngram")]
+        runs = [p.result for p in run_bench(s, [Prompt("p", "qa", "hello there, hello")],
+                                            configs, GenParams(max_tokens=4), warmup=False)
+                if p.result is not None]
+    assert len(runs) == 2 and runs[0].n_prompt_eval == runs[1].n_prompt_eval > 1

@@ -110,7 +110,9 @@ def _cell(config: BenchConfig, category: str, runs: list[RunResult], plain: dict
             continue
         if base.tokens_per_second > 0:
             ratios.append(r.tokens_per_second / base.tokens_per_second)
-        if r.t_e2e > 0 and base.t_e2e > 0:
+        # end to end compares the same work only where both evaluated the same prompt tokens
+        # (a conversation's turn finds its earlier turns in the KV cache)
+        if r.t_e2e > 0 and base.t_e2e > 0 and r.n_prompt_eval == base.n_prompt_eval:
             e2e.append(base.t_e2e / r.t_e2e)
         if greedy and not is_plain:
             compared += 1
@@ -218,7 +220,10 @@ def to_markdown(report: Report) -> str:
         lines.append(f"| {label} | " + " | ".join(row) + " |")
     lines += ["", "## End to end (prompt + decode) and per decode step", "",
               "End to end: median per-prompt ratio of plain decoding's prompt + decode time to "
-              "the configuration's; per step: median decode time per decode step.", "",
+              "the configuration's, over runs that evaluated as many prompt tokens (single "
+              "prompts are run cold, as `tandem run`; conversation turns reuse the KV cache, "
+              "so their runs rarely qualify: -); per step: median decode time per decode "
+              "step.", "",
               "| category | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for category in report.categories + [OVERALL]:
         row = []

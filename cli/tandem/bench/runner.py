@@ -65,6 +65,7 @@ class RunResult:
     t_prefill: float = 0.0
     t_e2e: float = 0.0  # prompt + decode
     step_s: float = 0.0  # decode time per decode step
+    n_prompt_eval: int = 0  # prompt tokens evaluated (the rest came from the KV cache)
 
     @classmethod
     def from_done(cls, config: str, prompt: Prompt, rep: int, done: DoneEvent) -> "RunResult":
@@ -76,7 +77,7 @@ class RunResult:
                    list(s.drafted_at), list(s.accepted_at), s.t_draft, s.t_verify, s.t_sample,
                    done.reason, list(done.tokens), done.text, list(s.notes),
                    tokens_per_second_own=s.tokens_per_second, t_prefill=s.t_prefill,
-                   t_e2e=c.t_e2e, step_s=c.step_s)
+                   t_e2e=c.t_e2e, step_s=c.step_s, n_prompt_eval=s.n_prompt_eval)
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,9 @@ def run_bench(session, prompts: Sequence[Prompt], configs: Sequence[BenchConfig]
     for n, (rep, prompt, config) in enumerate(order, 1):
         if should_stop is not None and should_stop():
             return
-        done = _run_one(session, prompt_tokens(prompt), config, gen)
+        # cold: every run evaluates its whole prompt, as `tandem run` does, so that end-to-end
+        # times compare the same work (the previous configuration left this prompt cached)
+        done = _run_one(session, prompt_tokens(prompt), config, gen, cold=True)
         yield BenchProgress(n, total, RunResult.from_done(config.name, prompt, rep, done))
 
 
@@ -176,10 +179,15 @@ def asdict_gen(gen: GenParams) -> dict:
     return {f: getattr(gen, f) for f in gen.__dataclass_fields__}
 
 
-def _run_one(session, tokens: list[int], config: BenchConfig, gen: GenParams) -> DoneEvent:
+def _run_one(session, tokens: list[int], config: BenchConfig, gen: GenParams,
+             cold: bool = False) -> DoneEvent:
     session.configure(config.target_ctx or session.options.target_ctx,
                       config.draft_ctx or session.options.draft_ctx or config.target_ctx
                       or session.options.target_ctx, config.draft_model)
+    if cold:
+        for ctx in (getattr(session, "target_ctx", None), getattr(session, "draft_ctx", None)):
+            if ctx is not None:
+                ctx.truncate(0)
     done = None
     for ev in session.generate(tokens, gen, strategy=config.strategy, draft=config.draft):
         if isinstance(ev, DoneEvent):
