@@ -424,7 +424,8 @@ def parse_server_response(row: Row, resp: dict) -> Row:
                  "predicted_per_second": timings.get("predicted_per_second"),
                  "prompt_per_second": timings.get("prompt_per_second")}
     if row.tok_s <= 0:
-        row.error = f"no timings.predicted_n / predicted_ms in the response: {json.dumps(resp)[:300]}"
+        row.error = ("no timings.predicted_n / predicted_ms in the response: "
+                     f"{json.dumps(resp)[:300]}")
     return row
 
 

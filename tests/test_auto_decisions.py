@@ -63,7 +63,9 @@ def script(category: str, n: int, seed: int) -> list[Match | None]:
     out: list[Match | None] = []
 
     def chance(p: float, agree: tuple[int, ...]):
-        return Match("prompt", rng.choice((2, 2, 3)), rng.choice(agree)) if rng.random() < p else None
+        if rng.random() >= p:
+            return None
+        return Match("prompt", rng.choice((2, 2, 3)), rng.choice(agree))
 
     while len(out) < n:
         if category == "translation":  # matches rare and mostly wrong

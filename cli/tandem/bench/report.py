@@ -184,8 +184,8 @@ def best(report: Report, category: str = OVERALL) -> Cell | None:
 def to_csv(results: Sequence[RunResult]) -> str:
     buf = io.StringIO()
     cols = ["config", "prompt_id", "category", "rep", "n_generated", "tokens_per_second",
-            "t_decode", "drafted", "accepted", "n_steps", "t_draft", "t_verify", "t_sample", "reason",
-            "tokens_per_second_own", "t_prefill", "t_e2e", "step_s"]
+            "t_decode", "drafted", "accepted", "n_steps", "t_draft", "t_verify", "t_sample",
+            "reason", "tokens_per_second_own", "t_prefill", "t_e2e", "step_s"]
     w = csv.writer(buf)
     w.writerow(cols)
     for r in results:
@@ -203,8 +203,8 @@ def to_markdown(report: Report) -> str:
         lines += ["**Partial results**: the run was interrupted.", ""]
     for k, v in report.meta.items():
         lines.append(f"- {k}: {v}")
-    lines += ["", "Speedup is the median over prompts of decode tokens/s divided by plain decoding's "
-              "on the same prompt in the same run; the bracket is its 25th-75th percentile. "
+    lines += ["", "Speedup is the median over prompts of decode tokens/s divided by plain "
+              "decoding's on the same prompt in the same run; the bracket is its 25th-75th percentile. "
               "Tokens/s count end-of-text as llama-server does (a predicted token).", ""]
     names = [c["name"] for c in report.configs]
     lines.append("| category | " + " | ".join(names) + " |")

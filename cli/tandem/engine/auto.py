@@ -102,8 +102,9 @@ class AutoDrafter(HybridDrafter):
     def learnt(self, knowledge: Knowledge) -> None:
         """Add this request's verdicts to `knowledge` (the estimates that moved)."""
         for key, ctl in self.source_len.items():
-            if ctl.tracker.steps > ctl.tracker.start_steps:
-                knowledge.learn(key, ctl.tracker.accept, ctl.tracker.steps - ctl.tracker.start_steps)
+            t = ctl.tracker
+            if t.steps > t.start_steps:
+                knowledge.learn(key, t.accept, t.steps - t.start_steps)
         t = self.model_len.tracker
         if self.model is not None and t.steps > t.start_steps:
             knowledge.learn(MODEL, t.accept, t.steps - t.start_steps)

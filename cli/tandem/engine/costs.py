@@ -103,7 +103,8 @@ class CostModel:
             # the margin auto asks of a draft)
             dev = abs(seconds / old - 1.0)
             prev = self.spread.get(n)
-            self.spread[n] = dev if prev is None else (1 - SPREAD_WEIGHT) * prev + SPREAD_WEIGHT * dev
+            self.spread[n] = (dev if prev is None
+                              else (1 - SPREAD_WEIGHT) * prev + SPREAD_WEIGHT * dev)
         self.verify[n] = seconds if old is None else (1 - weight) * old + weight * seconds
 
     def observe_draft(self, n_tokens: int, seconds: float, weight: float = 0.2) -> None:
