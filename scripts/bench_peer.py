@@ -8,19 +8,19 @@ prompt to every server through /v1/chat/completions (the model's own chat templa
 --jinja; greedy, fixed seed, cache_prompt false) and runs `tandem run --json` on the same
 prompt, so every configuration sees the same machine state. Only one thing computes at a
 time, and every other prompt runs the configurations in reverse order (drift within a prompt
-then favours none of them). Decode speed comes from each tool's own timings, prompt processing excluded:
-llama-server's timings.predicted_per_second is n - 1 tokens over the time after the first
-token (which comes from the prompt batch); tandem's stats.tokens_per_second is n tokens over
-the time after its prefill (which stops one prompt token short, so that time includes the
-first token). Both are thus tokens per decode step, but for one thing: on an answer that ends
-with end-of-text, llama-server counts that token in n and tandem does not (it is not text), so
-tandem's figure would carry one unpaid step. The ratios count it as llama.cpp does, (n + 1)
-over tandem's decode time when tandem stopped at end-of-text; --out keeps tandem's own figure
-too (extra.tok_s_own). tandem runs with TANDEM_HISTORY=off unless --history: a user's earlier
-answers (and a rerun's answers to these very prompts) would otherwise be drafted from.
+then favours none of them). Both tools' timings are counted by one function,
+tandem.bench.accounting (spec-bench uses it too): llama-server evaluates the whole prompt in
+its prompt time and counts end-of-text in predicted_n; tandem's prefill stops one prompt token
+short, so its decode time holds that token's step, and its own tok/s leaves end-of-text out.
+So each row has three figures: end to end (prompt + decode: the same work on both sides),
+time per decode step, and decode tok/s with end-of-text counted as llama-server counts it;
+--out keeps tandem's own tok/s too (extra.tok_s_own). tandem runs with TANDEM_HISTORY=off
+unless --history: a user's earlier answers (and a rerun's answers to these very prompts)
+would otherwise be drafted from.
 
 Prints, per category, a Markdown table: for each configuration the median and geometric mean
-of the per-prompt ratio of decode tok/s to llama-server `plain` (its defaults), the draft
+of the per-prompt ratio of decode tok/s to llama-server `plain` (its defaults), the median
+ratios end to end and per decode step (plain's time over the configuration's), the draft
 acceptance where there is one, and how many greedy outputs equal llama-server plain's text
 (after stripping). Raw per-prompt rows go to --out (JSON).
 
@@ -54,6 +54,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tandem.bench.accounting import server_counts, tandem_counts
 from tandem.bench.workloads import Prompt as BenchPrompt  # spec-bench's prompt record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,13 +111,15 @@ class Row:
     category: str
     config: str
     kind: str  # "server" | "tandem"
-    tok_s: float = 0.0  # decode tokens per second, from the tool's own timings
+    tok_s: float = 0.0  # decode tok/s, end-of-text counted as llama-server counts it
     n_generated: int = 0
     drafted: int = 0
     accepted: int = 0
     text: str = ""
     error: str | None = None
     extra: dict = field(default_factory=dict)  # strategy, notes, prompt tokens, ...
+    e2e_s: float = 0.0  # prompt + decode seconds
+    step_ms: float = 0.0  # decode time per decode step
 
     @property
     def ok(self) -> bool:
@@ -135,6 +138,8 @@ class Summary:
     acceptance: float | None  # accepted / drafted over all prompts, None when nothing drafted
     same: int  # greedy outputs equal to the baseline's text
     compared: int  # prompts where both texts exist
+    e2e: float = float("nan")  # median ratio of the baseline's end-to-end time to this one's
+    per_step: float = float("nan")  # median ratio of the baseline's time per step to this one's
 
 
 def same_text(a: str, b: str) -> bool:
@@ -155,6 +160,7 @@ def summarize(rows: list[Row], configs: list[str], baseline: str = BASELINE) -> 
     for config in configs:
         mine = [r for r in rows if r.config == config]
         ratios, speeds, same, compared = [], [], 0, 0
+        e2e, per_step = [], []
         drafted = accepted = 0
         for r in mine:
             b = base.get(r.prompt_id)
@@ -168,6 +174,10 @@ def summarize(rows: list[Row], configs: list[str], baseline: str = BASELINE) -> 
             same += same_text(r.text, b.text)
             if r.ok and b.ok:
                 ratios.append(r.tok_s / b.tok_s)
+                if r.e2e_s > 0 and b.e2e_s > 0:
+                    e2e.append(b.e2e_s / r.e2e_s)
+                if r.step_ms > 0 and b.step_ms > 0:
+                    per_step.append(b.step_ms / r.step_ms)
         nan = float("nan")
         out[config] = Summary(
             config=config, n=len(ratios),
@@ -176,7 +186,9 @@ def summarize(rows: list[Row], configs: list[str], baseline: str = BASELINE) -> 
             lo=min(ratios) if ratios else nan, hi=max(ratios) if ratios else nan,
             median_tok_s=statistics.median(speeds) if speeds else nan,
             acceptance=accepted / drafted if drafted else None,
-            same=same, compared=compared)
+            same=same, compared=compared,
+            e2e=statistics.median(e2e) if e2e else nan,
+            per_step=statistics.median(per_step) if per_step else nan)
     return out
 
 
@@ -188,14 +200,15 @@ def render_table(title: str, summaries: dict[str, Summary], baseline: str = BASE
     """Markdown table of one category's summaries, in the order given."""
     n_prompts = max((s.compared for s in summaries.values()), default=0)
     lines = [f"### {title} ({n_prompts} prompt{'s' if n_prompts != 1 else ''})", "",
-             f"| configuration | median ratio to {baseline} | geomean | range | median tok/s "
-             f"| acceptance | same output as {baseline} |",
-             "|---|---|---|---|---|---|---|"]
+             f"| configuration | median ratio to {baseline} | geomean | range | end to end "
+             f"| per step | median tok/s | acceptance | same output as {baseline} |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for s in summaries.values():
         rng = f"{_f(s.lo)}-{_f(s.hi)}" if s.n else ""
         acc = f"{100 * s.acceptance:.1f}%" if s.acceptance is not None else ""
-        lines.append(f"| {s.config} | {_f(s.median)} | {_f(s.geomean)} | {rng} | "
-                     f"{_f(s.median_tok_s, '{:.1f}')} | {acc} | {s.same}/{s.compared} |")
+        lines.append(f"| {s.config} | {_f(s.median)} | {_f(s.geomean)} | {rng} | {_f(s.e2e)} | "
+                     f"{_f(s.per_step)} | {_f(s.median_tok_s, '{:.1f}')} | {acc} | "
+                     f"{s.same}/{s.compared} |")
     return "\n".join(lines)
 
 
@@ -398,15 +411,21 @@ def parse_server_response(row: Row, resp: dict) -> Row:
     timings = resp.get("timings") or {}
     choice = (resp.get("choices") or [{}])[0]
     row.text = (choice.get("message") or {}).get("content") or ""
-    row.tok_s = float(timings.get("predicted_per_second") or 0.0)
     row.n_generated = int(timings.get("predicted_n") or 0)
     row.drafted = int(timings.get("draft_n") or 0)
     row.accepted = int(timings.get("draft_n_accepted") or 0)
+    counted = server_counts(row.n_generated, float(timings.get("predicted_ms") or 0.0),
+                            float(timings.get("prompt_ms") or 0.0), row.accepted)
+    row.tok_s = counted.tokens_per_second
+    row.e2e_s, row.step_ms = counted.t_e2e, 1000 * counted.step_s
     row.extra = {"finish_reason": choice.get("finish_reason"),
                  "prompt_n": timings.get("prompt_n"), "predicted_ms": timings.get("predicted_ms"),
+                 "prompt_ms": timings.get("prompt_ms"),
+                 "predicted_per_second": timings.get("predicted_per_second"),
                  "prompt_per_second": timings.get("prompt_per_second")}
     if row.tok_s <= 0:
-        row.error = f"no timings.predicted_per_second in the response: {json.dumps(resp)[:300]}"
+        row.error = ("no timings.predicted_n / predicted_ms in the response: "
+                     f"{json.dumps(resp)[:300]}")
     return row
 
 
@@ -436,12 +455,17 @@ def parse_tandem_output(row: Row, stdout: str) -> Row:
     row.drafted = int(stats.get("drafted") or 0)
     row.accepted = int(stats.get("accepted") or 0)
     t_decode = float(stats.get("t_decode") or 0.0)
+    t_prefill = float(stats.get("t_prefill") or 0.0)
+    n_steps = int(stats.get("n_steps") or 0)
     row.extra = {"finish_reason": obj.get("finish_reason"), "strategy": stats.get("strategy"),
                  "notes": stats.get("notes"), "prompt_n": stats.get("n_prompt"),
-                 "t_decode": t_decode, "n_steps": stats.get("n_steps"), "tok_s_own": own}
+                 "t_decode": t_decode, "t_prefill": t_prefill, "n_steps": n_steps,
+                 "tok_s_own": own}
     # llama.cpp's count: the end-of-text token is a predicted token (module docstring)
-    eos = obj.get("finish_reason") == "eos" and t_decode > 0
-    row.tok_s = (row.n_generated + 1) / t_decode if eos else own
+    counted = tandem_counts(row.n_generated, obj.get("finish_reason") == "eos", n_steps,
+                            t_prefill, t_decode)
+    row.tok_s = counted.tokens_per_second
+    row.e2e_s, row.step_ms = counted.t_e2e, 1000 * counted.step_s
     if row.tok_s <= 0:
         row.error = "tandem reported no decode speed"
     return row
@@ -667,8 +691,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nload average (1 min) before each prompt: median "
                   f"{statistics.median(loads):.2f}, max {max(loads):.2f} on {os.cpu_count()} "
                   f"CPUs (this run itself adds about {min(ns.threads, os.cpu_count() or 1)})")
-        print(f"\nratio: decode tok/s over llama-server `{BASELINE}`'s on the same prompt; "
-              f"same output: greedy text equal to `{BASELINE}`'s after stripping.")
+        print(f"\nratio: decode tok/s (end-of-text counted as llama-server counts it) over "
+              f"llama-server `{BASELINE}`'s on the same prompt; end to end: `{BASELINE}`'s "
+              "prompt + decode time over the configuration's; per step: its time per decode "
+              f"step over the configuration's; same output: greedy text equal to "
+              f"`{BASELINE}`'s after stripping.")
     errors = [r for r in rows if r.error]
     if errors:
         print(f"\n{len(errors)} run(s) failed; see stderr / --out", file=sys.stderr)

@@ -82,6 +82,7 @@ def test_ngram_acceptance_is_learnt_per_match_length():
     # "5 6" recurs (a 2-token match) but is followed by something else each time
     tokens = [1, 5, 6, 7, 2, 5, 6, 8, 3, 5, 6]
     d.prefill(tokens)
+    d.budget.balance = 1.0  # as if earned: a first draft is a probe, paid from the budget
     draft = d.propose(tokens, 8, sp, rng, False)
     assert draft.tokens and draft.tokens[0] == 8
     before4 = list(d.ngram_len[4].tracker.accept)

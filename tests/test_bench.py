@@ -79,8 +79,11 @@ def test_run_result_from_done_copies_the_stream():
     r = recorded("draft", P1, tokens_per_second=80.0, steps=[(3, 2), (0, 0), (2, 2)], times=(0.1, 0.2, 0.3),
                  tokens=(7, 8), n_generated=40, reason="eos")
     assert (r.config, r.prompt_id, r.category, r.rep) == ("draft", "p1", "A", 0)
-    assert r.n_generated == 40 and r.tokens_per_second == pytest.approx(80.0)
-    assert r.t_decode == pytest.approx(0.5)
+    # ended at end-of-text: counted as llama-server counts it, 41 tokens in the 0.5 s
+    assert r.n_generated == 40 and r.tokens_per_second == pytest.approx(82.0)
+    assert r.tokens_per_second_own == pytest.approx(80.0)
+    assert r.t_decode == pytest.approx(0.5) and r.t_e2e == pytest.approx(1.0)
+    assert r.step_s == pytest.approx(0.5 / 3)
     assert (r.drafted, r.accepted, r.n_steps, r.n_steps_drafted) == (5, 4, 3, 2)
     assert r.drafted_at == [2, 2, 1] and r.accepted_at == [2, 2, 0]
     assert (r.t_draft, r.t_verify, r.t_sample) == (0.1, 0.2, 0.3)

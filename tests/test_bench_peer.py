@@ -79,7 +79,7 @@ def test_summarize_config_without_rows():
     s = bp.summarize([row("p1", "plain", 10)], ["plain", "ngram"])
     assert s["ngram"].n == 0 and math.isnan(s["ngram"].median)
     table = bp.render_table("A", s)
-    assert "| ngram |  |  |  |  |  | 0/0 |" in table
+    assert "| ngram |  |  |  |  |  |  |  | 0/0 |" in table
 
 
 def test_render_table(rows):
@@ -87,9 +87,10 @@ def test_render_table(rows):
     lines = table.splitlines()
     assert lines[0] == "### qa (3 prompts)"
     assert lines[2].startswith("| configuration | median ratio to plain | geomean |")
-    assert "| plain | 1.00 | 1.00 | 1.00-1.00 | 20.0 |  | 3/3 |" in lines
-    assert "| draft | 2.00 | 1.26 | 0.50-2.00 | 20.0 | 50.0% | 3/3 |" in lines
-    assert "| tandem default | 1.00 | 1.14 | 1.00-1.50 | 30.0 |  | 2/3 |" in lines
+    # no timings in these rows: the end-to-end and per-step columns stay empty
+    assert "| plain | 1.00 | 1.00 | 1.00-1.00 |  |  | 20.0 |  | 3/3 |" in lines
+    assert "| draft | 2.00 | 1.26 | 0.50-2.00 |  |  | 20.0 | 50.0% | 3/3 |" in lines
+    assert "| tandem default | 1.00 | 1.14 | 1.00-1.50 |  |  | 30.0 |  | 2/3 |" in lines
 
 
 def test_report_per_category_and_overview(rows):
@@ -118,23 +119,28 @@ def test_parse_named():
 def test_parse_server_response():
     resp = {"choices": [{"message": {"role": "assistant", "content": "def f(): pass"},
                          "finish_reason": "length"}],
-            "timings": {"prompt_n": 30, "predicted_n": 128, "predicted_per_second": 14.2,
+            "timings": {"prompt_n": 30, "prompt_ms": 400.0, "predicted_n": 128,
+                        "predicted_ms": 8000.0, "predicted_per_second": 16.0,
                         "draft_n": 50, "draft_n_accepted": 40}}
     r = bp.parse_server_response(Row("p", "c", "draft", "server"), resp)
-    assert (r.text, r.tok_s, r.n_generated, r.drafted, r.accepted) == ("def f(): pass", 14.2,
+    assert (r.text, r.tok_s, r.n_generated, r.drafted, r.accepted) == ("def f(): pass", 16.0,
                                                                       128, 50, 40)
+    # 128 tokens, 40 of them accepted drafts: 88 steps in 8 s; 8.4 s end to end
+    assert r.step_ms == pytest.approx(8000 / 88) and r.e2e_s == pytest.approx(8.4)
     assert r.ok and r.extra["finish_reason"] == "length"
     bad = bp.parse_server_response(Row("p", "c", "plain", "server"), {"choices": []})
-    assert not bad.ok and "predicted_per_second" in bad.error
+    assert not bad.ok and "predicted_ms" in bad.error
 
 
 def test_parse_tandem_output():
     stats = {"tokens_per_second": 13.5, "n_generated": 128, "drafted": 20, "accepted": 15,
-             "strategy": "auto", "notes": ["draft model off"], "n_prompt": 31}
+             "strategy": "auto", "notes": ["draft model off"], "n_prompt": 31,
+             "t_decode": 128 / 13.5, "t_prefill": 0.5, "n_steps": 113}
     out = "Warning: ignored\n" + json.dumps({"text": "hi", "finish_reason": "length",
                                              "stats": stats}) + "\n"
     r = bp.parse_tandem_output(Row("p", "c", "tandem default", "tandem"), out)
-    assert (r.text, r.tok_s, r.drafted, r.accepted) == ("hi", 13.5, 20, 15)
+    assert (r.text, r.drafted, r.accepted) == ("hi", 20, 15)
+    assert r.tok_s == pytest.approx(13.5) and r.e2e_s == pytest.approx(0.5 + 128 / 13.5)
     assert r.extra["notes"] == ["draft model off"]
     assert bp.parse_tandem_output(Row("p", "c", "t", "tandem"), "nothing").error
 
@@ -142,7 +148,7 @@ def test_parse_tandem_output():
 def test_tandem_end_of_text_counts_as_llama_cpp_counts():
     """An answer that ends with end-of-text took one more step than it has tokens; llama-server
     counts that token, so the ratio does too (tandem's own figure is kept)."""
-    stats = {"tokens_per_second": 10.0, "n_generated": 40, "t_decode": 4.0}
+    stats = {"tokens_per_second": 10.0, "n_generated": 40, "t_decode": 4.0, "n_steps": 41}
     out = json.dumps({"text": "x", "finish_reason": "eos", "stats": stats})
     r = bp.parse_tandem_output(Row("p", "c", "tandem default", "tandem"), out)
     assert r.tok_s == pytest.approx(41 / 4.0) and r.extra["tok_s_own"] == 10.0

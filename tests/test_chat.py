@@ -241,12 +241,21 @@ def test_strategy_draft_needs_a_draft_model(tiny_models):
 def test_plain_rate_is_measured_here(pair):
     chat = ChatSession(pair, gen=GenParams(max_tokens=16))
     assert chat.plain_rate is None
+    import time
+
+    t0 = time.perf_counter()
     rate = chat.measure_plain(12)
     assert rate and rate > 0 and "12-token plain probe" in chat.plain_source
+    # the latest measurement alone, with when it was taken: the live view compares with it
+    # only while it is recent
+    latest, source, when = chat.latest_plain
+    assert latest == pytest.approx(rate) and source == "12-token plain probe"
+    assert t0 <= when <= time.perf_counter()
     assert chat.turns == []  # the probe is not part of the conversation
     chat.command("/strategy none")
     answer(chat, "count")
     assert "plain turns of this chat" in chat.plain_source
+    assert chat.latest_plain[1] == "plain turns of this chat" and chat.latest_plain[2] >= when
 
 
 @pytest.mark.slow

@@ -215,6 +215,8 @@ def test_pair_session_records_answers_reports_sources_and_opt_out_writes_nothing
     assert len(infos) == 1 and infos[0].entries >= 1
     opts = SessionOptions(strategy="auto", target_ctx=ctx, history=True)
     with PairSession(tiny_models["target"], None, opts) as s:
+        for b in range(3, 9):  # as if earlier requests had learnt that history copies pay
+            s.knowledge().learn(("history", b), [1.0] * 16, 10)
         done = [ev for ev in s.generate(prompt, gen) if isinstance(ev, DoneEvent)][0]
     assert done.tokens == runs[(True, "none")].tokens  # greedy: the same as plain decoding
     assert done.stats.by_source["history"][1] > 0, done.stats.by_source

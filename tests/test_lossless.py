@@ -79,8 +79,10 @@ def _drafter(kind: str, dctx, clock):
     # auto with the draft model forced on; cheap draft tokens on the simulated clock so the
     # adaptive length keeps drafting
     costs = CostModel(verify={1: 0.1, 2: 0.1, 3: 0.1, 4: 0.1}, draft_token=0.001)
-    return HybridDrafter(model, ngram_match=2, costs=costs, n_min=2, n_max=3, adaptive=True,
+    auto = HybridDrafter(model, ngram_match=2, costs=costs, n_min=2, n_max=3, adaptive=True,
                          guard=True, name="auto", ngram_cap=6, ngram_n=8)
+    auto.budget.balance = 1.0  # as if earned: the first step's draft is a probe paid from it
+    return auto
 
 
 @pytest.mark.parametrize("kind,temperature,filters", [
@@ -205,7 +207,11 @@ def test_auto_probes_run_after_a_long_plain_stretch(monkeypatch):
     drafter = _auto(dctx)
     done, steps = run(tctx, [0, 1, 2], drafter, max_tokens=300, ignore_eos=True)
     first = next(i for i, s in enumerate(steps) if s.drafted)
-    assert first <= 13  # the first probe, 12 plain choices in, runs despite a 13-token lag
+    # the first probe (2 drafts: the best rate at 90% acceptance) comes as soon as the probe
+    # budget (2% of each plain step earned) covers its worst case, 2 draft tokens and a
+    # verify batch no dearer than a plain step: 0.15 s = 75 steps' 2 ms; it runs despite
+    # the draft's 75-token lag
+    assert 70 <= first <= 76
     late = steps[len(steps) // 2:]
     assert sum(1 for s in late if s.drafted) >= 0.9 * len(late)  # drafting pays: it stays on
     assert drafter.guard.fallbacks == 0
@@ -362,8 +368,11 @@ def _simulated_rate(clock, costs: CostModel, check: bool, monkeypatch,
 
 def test_a_poisoned_cost_model_cannot_make_auto_slower_than_plain(monkeypatch):
     """The observed case: a calibration on a busy machine, 40x too slow and flat (long drafts
-    look free). Without the request's own check auto drafts long n-grams that fail and runs
-    far slower than plain decoding; with it auto stays at least as fast as plain."""
+    look free). It once made auto draft long n-grams that fail and run far slower than plain
+    decoding. Now every defence alone keeps auto within the probe budget (2%) of plain: the
+    request's own check (the curve is measured afresh), the guard, and the margin itself (a
+    curve that disagrees with every step shows as noise, which widens the margin until
+    nothing qualifies)."""
     clock = FakeClock()
     monkeypatch.setattr(time, "perf_counter", clock)
     poisoned = {n: 3.59 + 0.02 * n for n in CPU_TRUE}
@@ -379,10 +388,8 @@ def test_a_poisoned_cost_model_cannot_make_auto_slower_than_plain(monkeypatch):
     ratios = {k: round(v / plain, 3) for k, v in
               dict(good=good, blind=blind, checked=checked, guarded=guarded, fixed=fixed).items()}
     print(ratios)
-    assert ratios["blind"] < 0.9, ratios  # the scenario is real: poisoned costs make auto slower
-    assert ratios["good"] >= 1.0, ratios
-    assert ratios["checked"] >= 1.0 and ratios["fixed"] >= 1.0, ratios
-    assert ratios["guarded"] >= 0.95, ratios  # the guard alone limits the damage
+    # rates: 0.98 of plain's rate is the probe budget's bound on the time (1 / 1.02)
+    assert all(r >= 0.98 for r in ratios.values()), ratios
     assert any("measured afresh" in n for n in done.stats.notes)
 
 
@@ -450,6 +457,11 @@ def test_greedy_with_history_is_identical_to_plain_in_exact_mode(tiny_models):
     opts = SessionOptions(strategy="auto", target_ctx=ctx, repack=False)
     gen = GenParams(max_tokens=40, ignore_eos=True)
     with PairSession(tiny_models["target"], tiny_models["draft"], opts) as s:
+        s.knowledge_file = False  # nothing on disk; as if earlier requests of this session
+        kept = s.knowledge()  # had learnt that copies from these sources are accepted:
+        for src in ("history", "file"):
+            for b in range(3, 9):
+                kept.learn((src, b), [1.0] * 16, 10)
         prompts = [[1, 30 + i, 31 + i, 32, 33] for i in range(4)]
         plain = [[ev for ev in s.generate(p, gen, strategy="none", record=False)
                   if isinstance(ev, DoneEvent)][0].tokens for p in prompts]

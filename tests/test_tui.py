@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from rich.console import Console
 from tandem.chat.tui import ChatView, LiveState, markdown_tail, render, render_answer, sparkline
 from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
@@ -47,7 +49,7 @@ def export(renderable, width=100, **kw) -> str:
 def test_panel_content_from_recorded_events():
     evs, t_end = recorded_events()
     state = feed(LiveState(strategy="draft", n_max=4, plain_rate=10.0,
-                           plain_source="16-token plain probe"), evs)
+                           plain_source="16-token plain probe", plain_at=t_end - 5), evs)
     assert state.n_tokens == 9 and state.drafted == 12 and state.accepted == 6
     state.now = t_end
     text = export(render(state, width=100))
@@ -58,10 +60,10 @@ def test_panel_content_from_recorded_events():
     assert "tok/s now" in text
     # speedup against the measured plain rate, clearly labelled as measured
     assert "2.00× vs plain 10.0 tok/s" in text
-    assert "measured here: 16-token plain probe" in text
+    assert "measured here: 16-token plain probe, 5 s ago" in text
     assert "accepted 50% (6/12 drafted)" in text
     assert "mean accepted length 3.00" in text
-    assert "draft length 4" in text
+    assert "model draft ≤ 4" in text
     assert "by position " + sparkline([2 / 3, 2 / 3, 1 / 3, 1 / 3]) in text
     assert "1:67% 2:67% 3:33% 4:33%" in text
 
@@ -121,13 +123,14 @@ def test_prefill_progress_shown_before_the_first_token():
 
 def test_narrow_terminal_gets_a_compact_panel():
     evs, t_end = recorded_events()
-    state = feed(LiveState(strategy="draft", n_max=4, plain_rate=10.0, plain_source="probe"), evs)
+    state = feed(LiveState(strategy="draft", n_max=4, plain_rate=10.0, plain_source="probe",
+                           plain_at=t_end), evs)
     state.now = t_end
     text = export(render(state, width=40), width=40)
     lines = text.splitlines()
     assert all(len(line) <= 40 for line in lines)
     assert "2.00× vs plain 10.0 (measured)" in text
-    assert "acc 50% · len 3.00 · draft 4" in text
+    assert "acc 50% · len 3.00 · model draft ≤ 4" in text
     assert "╭" not in text  # no box on narrow terminals
 
 
@@ -205,10 +208,12 @@ def test_summary_line_after_an_answer():
     from tandem.chat.tui import summary_line
 
     evs, t_end = recorded_events()
-    state = feed(LiveState(strategy="draft", n_max=4, plain_rate=10.0), evs)
+    state = feed(LiveState(strategy="draft", n_max=4, plain_rate=10.0, plain_source="probe",
+                           plain_at=t_end - 1), evs)
     state.now, state.status = t_end, "interrupted"
     line = summary_line(state, 100)
-    assert line.startswith("20.0 tok/s · 9 tokens · 2.00× vs plain 10.0 tok/s (measured)")
+    assert line.startswith("20.0 tok/s · 9 tokens · 2.00× vs plain 10.0 tok/s "
+                           "(measured: probe, 1 s ago)")
     assert "accepted 50% (6/12)" in line and "mean accepted length 3.00" in line
     assert line.endswith("stopped: Ctrl-C")
     assert "\n" in summary_line(state, 40)  # narrow: one item a line
@@ -240,3 +245,74 @@ def test_panel_counts_drafts_from_history_apart_from_the_prompt():
     total = GenStats()
     total.add(state.steps)
     assert total.by_source == {"prompt": [4, 4], "history": [8, 3]}
+
+
+def test_no_ratio_against_a_stale_plain_rate():
+    """A start-up probe a minute old says nothing about the machine's load now (issue 25:
+    2.64x with nothing accepted, 0.45x a minute later): no ratio rather than a wrong one."""
+    from tandem.chat.tui import PLAIN_FRESH_S, summary_line
+
+    evs, t_end = recorded_events()
+    state = feed(LiveState(strategy="draft", n_max=4, plain_rate=10.0, plain_source="probe",
+                           plain_at=t_end - PLAIN_FRESH_S - 1), evs)
+    state.now = t_end
+    assert state.speedup is None
+    text = export(render(state, width=100))
+    assert "×" not in text and "no recent measurement" in text
+    assert "×" not in summary_line(state, 100)
+    # a rate of unknown age is not used either
+    state.plain_at = None
+    assert state.speedup is None
+
+
+def _auto_answer(plain_step_s: float, spec_steps, plain_steps: int = 10):
+    """auto's answer: `plain_steps` plain steps of plain_step_s, then drafted steps
+    (drafted, accepted, seconds)."""
+    state = LiveState(strategy="auto", n_max=4, plain_rate=50.0, plain_source="probe",
+                      plain_at=0.0)
+    t = 0.0
+    state.apply(PrefillEvent(5, 5, 6), t)
+    step = 0
+    for _ in range(plain_steps):
+        t += plain_step_s
+        state.apply(TokenEvent(step, "x", False, step), t)
+        state.apply(StepEvent(step, 0, 0, 16, 0.0001, plain_step_s - 0.0001, 0.0), t)
+        step += 1
+    for drafted, accepted, seconds in spec_steps:
+        t += seconds
+        for i in range(accepted + 1):
+            state.apply(TokenEvent(step, "y", i < accepted, step), t)
+        state.apply(StepEvent(step, drafted, accepted, 16, 0.0, seconds, 0.0), t)
+        step += 1
+    state.now = t
+    return state
+
+
+def test_vs_plain_uses_this_answers_own_plain_steps():
+    """Under load the start-up probe (50 tok/s here) is far off; the answer's own plain
+    steps (0.1 s each: 10 tok/s) were measured in the same conditions as its drafts."""
+    # 10 plain steps of 0.1 s, then 5 steps of 4 drafts all accepted at 0.2 s each: 35 tokens
+    # in 2.0 s of steps = 17.5 tok/s against 10 tok/s plain
+    state = _auto_answer(0.1, [(4, 4, 0.2)] * 5)
+    speedup, plain, what = state.comparison()
+    assert plain == pytest.approx(10.0) and speedup == pytest.approx(1.75)
+    assert what == "10 plain steps of this answer"
+    text = export(render(state, width=120))
+    assert "1.75× vs plain 10.0 tok/s (measured here: 10 plain steps of this answer)" in text
+    # steps where the draft model ran but proposed nothing are not plain steps
+    state.apply(StepEvent(99, 0, 0, 16, 0.3, 0.1, 0.0), state.now)
+    assert state.plain_steps == 10
+    # too few plain steps of its own: the recent probe, or nothing
+    few = _auto_answer(0.1, [(4, 4, 0.2)] * 5, plain_steps=3)
+    assert few.comparison()[2].startswith("probe")
+
+
+def test_the_two_draft_limits_say_which_is_which():
+    evs, t_end = recorded_events()
+    auto = feed(LiveState(strategy="auto", n_max=4), [(t, ev) for t, ev in evs])
+    auto.apply(StepEvent(9, 0, 0, 16, 0.0, 0.02, 0.0), t_end)  # auto's step cap: n-gram's
+    text = export(render(auto, width=120))
+    assert "tandem · auto · model draft ≤ 4" in text  # the draft model's n_max
+    assert "n-gram draft ≤ 16" in text  # the longest n-gram draft a step may carry
+    ngram = feed(LiveState(strategy="ngram", n_max=6), evs)
+    assert "n-gram draft ≤ 6" in export(render(ngram, width=120))

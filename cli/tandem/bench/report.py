@@ -49,6 +49,11 @@ class Cell:
     prompts: int = 0  # distinct prompts behind the runs
     # verify steps by draft length: steps_by_drafted[k] = steps that carried k drafts
     steps_by_drafted: list[int] = field(default_factory=list)
+    # the same work counted on both sides (bench/accounting.py): median per-prompt ratio of
+    # plain's end-to-end time (prompt + decode) to this configuration's, and the median time
+    # per decode step
+    e2e_speedup: float | None = None
+    step_ms: float = 0.0
 
 
 @dataclass
@@ -98,12 +103,17 @@ def aggregate(results: Sequence[RunResult], configs: Sequence[BenchConfig], gree
 def _cell(config: BenchConfig, category: str, runs: list[RunResult], plain: dict, greedy: bool,
           is_plain: bool, exact: bool = False) -> Cell:
     ratios, identical, compared, mismatches, near_ties = [], 0, 0, [], 0
+    e2e = []
     for r in runs:
         base = plain.get((r.prompt_id, r.rep))
         if base is None:
             continue
         if base.tokens_per_second > 0:
             ratios.append(r.tokens_per_second / base.tokens_per_second)
+        # end to end compares the same work only where both evaluated the same prompt tokens
+        # (a conversation's turn finds its earlier turns in the KV cache)
+        if r.t_e2e > 0 and base.t_e2e > 0 and r.n_prompt_eval == base.n_prompt_eval:
+            e2e.append(base.t_e2e / r.t_e2e)
         if greedy and not is_plain:
             compared += 1
             diff = first_difference(base.tokens, r.tokens)
@@ -141,7 +151,9 @@ def _cell(config: BenchConfig, category: str, runs: list[RunResult], plain: dict
         drafted_per_step=drafted / max(sum(r.n_steps for r in runs), 1),
         notes=_group_notes(n for r in runs for n in r.notes),
         prompts=len({r.prompt_id for r in runs}),
-        steps_by_drafted=_steps_by_drafted(sum(r.n_steps for r in runs), d_at))
+        steps_by_drafted=_steps_by_drafted(sum(r.n_steps for r in runs), d_at),
+        e2e_speedup=statistics.median(e2e) if e2e else None,
+        step_ms=1000 * statistics.median(r.step_s for r in runs))
 
 
 def _steps_by_drafted(n_steps: int, drafted_at: Sequence[int]) -> list[int]:
@@ -172,7 +184,8 @@ def best(report: Report, category: str = OVERALL) -> Cell | None:
 def to_csv(results: Sequence[RunResult]) -> str:
     buf = io.StringIO()
     cols = ["config", "prompt_id", "category", "rep", "n_generated", "tokens_per_second",
-            "t_decode", "drafted", "accepted", "n_steps", "t_draft", "t_verify", "t_sample", "reason"]
+            "t_decode", "drafted", "accepted", "n_steps", "t_draft", "t_verify", "t_sample",
+            "reason", "tokens_per_second_own", "t_prefill", "t_e2e", "step_s"]
     w = csv.writer(buf)
     w.writerow(cols)
     for r in results:
@@ -190,8 +203,9 @@ def to_markdown(report: Report) -> str:
         lines += ["**Partial results**: the run was interrupted.", ""]
     for k, v in report.meta.items():
         lines.append(f"- {k}: {v}")
-    lines += ["", "Speedup is the median over prompts of tokens/s divided by plain decoding's tokens/s "
-              "on the same prompt in the same run; the bracket is its 25th-75th percentile.", ""]
+    lines += ["", "Speedup is the median over prompts of decode tokens/s divided by plain "
+              "decoding's on the same prompt in the same run; the bracket is its 25th-75th percentile. "
+              "Tokens/s count end-of-text as llama-server does (a predicted token).", ""]
     names = [c["name"] for c in report.configs]
     lines.append("| category | " + " | ".join(names) + " |")
     lines.append("|---" * (len(names) + 1) + "|")
@@ -202,6 +216,20 @@ def to_markdown(report: Report) -> str:
             row.append("-" if c is None else
                        f"{_fmt(c.speedup)}x [{_fmt(c.speedup_lo)}-{_fmt(c.speedup_hi)}] "
                        f"{c.tokens_per_second:.1f} tok/s")
+        label = f"**{category}**" if category == OVERALL else category
+        lines.append(f"| {label} | " + " | ".join(row) + " |")
+    lines += ["", "## End to end (prompt + decode) and per decode step", "",
+              "End to end: median per-prompt ratio of plain decoding's prompt + decode time to "
+              "the configuration's, over runs that evaluated as many prompt tokens (single "
+              "prompts are run cold, as `tandem run`; conversation turns reuse the KV cache, "
+              "so their runs rarely qualify: -); per step: median decode time per decode "
+              "step.", "",
+              "| category | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for category in report.categories + [OVERALL]:
+        row = []
+        for name in names:
+            c = report.cell(name, category)
+            row.append("-" if c is None else f"{_fmt(c.e2e_speedup)}x e2e, {c.step_ms:.1f} ms/step")
         label = f"**{category}**" if category == OVERALL else category
         lines.append(f"| {label} | " + " | ".join(row) + " |")
     lines += ["", "## Acceptance and time split (overall)", "",

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Sequence
 
+from tandem.bench.accounting import tandem_counts
 from tandem.bench.workloads import Prompt
 from tandem.engine.events import DoneEvent
 from tandem.engine.llama import ContextParams
@@ -40,6 +41,8 @@ class RunResult:
     category: str
     rep: int
     n_generated: int
+    # decode tok/s with end-of-text counted as llama-server counts it (bench/accounting.py);
+    # tokens_per_second_own below is GenStats' own figure, which leaves it out
     tokens_per_second: float
     t_decode: float
     drafted: int
@@ -58,14 +61,23 @@ class RunResult:
     # where greedy output first left plain decoding's: {"at", "plain", "other", "gap"} with the
     # target's logit gap between the two tokens there (see classify_divergences)
     divergence: dict | None = None
+    tokens_per_second_own: float = 0.0
+    t_prefill: float = 0.0
+    t_e2e: float = 0.0  # prompt + decode
+    step_s: float = 0.0  # decode time per decode step
+    n_prompt_eval: int = 0  # prompt tokens evaluated (the rest came from the KV cache)
 
     @classmethod
     def from_done(cls, config: str, prompt: Prompt, rep: int, done: DoneEvent) -> "RunResult":
         s = done.stats
-        return cls(config, prompt.id, prompt.category, rep, s.n_generated, s.tokens_per_second,
+        c = tandem_counts(s.n_generated, done.reason == "eos", s.n_steps, s.t_prefill,
+                          s.t_decode)
+        return cls(config, prompt.id, prompt.category, rep, s.n_generated, c.tokens_per_second,
                    s.t_decode, s.drafted, s.accepted, s.n_steps, s.n_steps_drafted,
                    list(s.drafted_at), list(s.accepted_at), s.t_draft, s.t_verify, s.t_sample,
-                   done.reason, list(done.tokens), done.text, list(s.notes))
+                   done.reason, list(done.tokens), done.text, list(s.notes),
+                   tokens_per_second_own=s.tokens_per_second, t_prefill=s.t_prefill,
+                   t_e2e=c.t_e2e, step_s=c.step_s, n_prompt_eval=s.n_prompt_eval)
 
 
 @dataclass(frozen=True)
@@ -110,7 +122,9 @@ def run_bench(session, prompts: Sequence[Prompt], configs: Sequence[BenchConfig]
     for n, (rep, prompt, config) in enumerate(order, 1):
         if should_stop is not None and should_stop():
             return
-        done = _run_one(session, prompt_tokens(prompt), config, gen)
+        # cold: every run evaluates its whole prompt, as `tandem run` does, so that end-to-end
+        # times compare the same work (the previous configuration left this prompt cached)
+        done = _run_one(session, prompt_tokens(prompt), config, gen, cold=True)
         yield BenchProgress(n, total, RunResult.from_done(config.name, prompt, rep, done))
 
 
@@ -165,10 +179,15 @@ def asdict_gen(gen: GenParams) -> dict:
     return {f: getattr(gen, f) for f in gen.__dataclass_fields__}
 
 
-def _run_one(session, tokens: list[int], config: BenchConfig, gen: GenParams) -> DoneEvent:
+def _run_one(session, tokens: list[int], config: BenchConfig, gen: GenParams,
+             cold: bool = False) -> DoneEvent:
     session.configure(config.target_ctx or session.options.target_ctx,
                       config.draft_ctx or session.options.draft_ctx or config.target_ctx
                       or session.options.target_ctx, config.draft_model)
+    if cold:
+        for ctx in (getattr(session, "target_ctx", None), getattr(session, "draft_ctx", None)):
+            if ctx is not None:
+                ctx.truncate(0)
     done = None
     for ev in session.generate(tokens, gen, strategy=config.strategy, draft=config.draft):
         if isinstance(ev, DoneEvent):

@@ -120,6 +120,9 @@ class ChatSession:
         self._plain_tokens = 0  # plain-decoding tokens measured on this machine, this pair
         self._plain_time = 0.0
         self.plain_source = ""  # how the plain rate was measured
+        # the latest plain measurement alone, and when (time.perf_counter): the live view
+        # compares with it only while it is recent (chat/tui.py, PLAIN_FRESH_S)
+        self.latest_plain: tuple[float, str, float] | None = None  # (tok/s, source, when)
 
     # ----- state -----
     @property
@@ -219,6 +222,7 @@ class ChatSession:
     def _add_plain(self, n: int, seconds: float, source: str) -> None:
         self._plain_tokens += n
         self._plain_time += seconds
+        self.latest_plain = (n / seconds, source, time.perf_counter())
         if source not in self.plain_source:
             self.plain_source = f"{self.plain_source} + {source}" if self.plain_source else source
 

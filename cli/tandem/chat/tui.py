@@ -33,6 +33,13 @@ RATE_WINDOW = 1.0  # seconds of tokens behind the "now" rate
 NARROW = 60  # below this width the panel drops its box and its labels get short
 DRAFT_STYLE = "bold green"  # accepted draft tokens with --show-draft (bold survives NO_COLOR)
 TAIL_CHARS = 6000  # the live view renders only the end of a long answer
+# "vs plain" compares with plain decoding measured in similar conditions, or not at all: this
+# answer's own plain steps (auto decodes plainly where drafting does not pay; the fallback
+# guard does too), once there are this many...
+MIN_PLAIN_STEPS = 8
+# ...else a plain measurement (the start-up probe, a plain turn) at most this old: a shared
+# machine's load changes within a minute (issue 25: 2.64x, then 0.45x a minute later)
+PLAIN_FRESH_S = 30.0
 
 
 @dataclass
@@ -44,6 +51,7 @@ class LiveState:
     show_draft: bool = False
     plain_rate: float | None = None  # measured plain decoding tok/s for this pair, this machine
     plain_source: str = ""
+    plain_at: float | None = None  # when it was measured (the view's clock); None: unknown
     parts: list[tuple[str, bool]] = field(default_factory=list)  # (text, from_draft)
     steps: GenStats = field(default_factory=GenStats)  # tokens, drafts, acceptance so far
     draft_len: int | None = None  # draft length asked of the drafter at the latest step
@@ -56,6 +64,12 @@ class LiveState:
     status: str = "prefill"  # prefill | generating | done | interrupted
     reason: str = ""
     final: GenStats | None = None  # exact statistics once the engine reports them
+    # this answer's steps: all of them, and the plain ones (no draft, no draft model run),
+    # as (steps or tokens, seconds of draft + verify + sample)
+    step_tokens: int = 0
+    step_time: float = 0.0
+    plain_steps: int = 0
+    plain_time: float = 0.0
 
     # ----- updates -----
     def apply(self, ev, now: float) -> None:
@@ -78,6 +92,13 @@ class LiveState:
         elif isinstance(ev, StepEvent):
             if ev.n_max > 0:  # steps capped to 0 by max_tokens or the context say nothing
                 self.draft_len = ev.n_max
+            took = ev.t_draft + ev.t_verify + ev.t_sample
+            self.step_tokens += ev.accepted + 1
+            self.step_time += took
+            # a step with no draft whose drafter did not run a model either: a plain step
+            if ev.drafted == 0 and ev.t_draft <= 0.25 * ev.t_verify:
+                self.plain_steps += 1
+                self.plain_time += took
         elif isinstance(ev, DoneEvent):
             self.final = ev.stats
             self.reason = ev.reason
@@ -132,11 +153,25 @@ class LiveState:
     def by_position(self) -> list[float]:
         return self.steps.acceptance_by_position
 
+    def comparison(self) -> tuple[float, float, str] | None:
+        """(speedup, plain tok/s, what the plain rate is) against plain decoding measured in
+        similar conditions: this answer's own plain steps, else a recent plain measurement;
+        None when there is neither (no ratio is better than one against a stale rate)."""
+        if (self.plain_steps >= MIN_PLAIN_STEPS and self.plain_time > 0 and self.step_time > 0):
+            plain = self.plain_steps / self.plain_time
+            return ((self.step_tokens / self.step_time) / plain, plain,
+                    f"{self.plain_steps} plain steps of this answer")
+        if (self.plain_rate and self.plain_at is not None and self.avg_rate > 0
+                and 0 <= self.now - self.plain_at <= PLAIN_FRESH_S):
+            age = self.now - self.plain_at
+            source = f"{self.plain_source}, " if self.plain_source else ""
+            return self.avg_rate / self.plain_rate, self.plain_rate, f"{source}{age:.0f} s ago"
+        return None
+
     @property
     def speedup(self) -> float | None:
-        if not self.plain_rate or self.avg_rate <= 0:
-            return None
-        return self.avg_rate / self.plain_rate
+        cmp = self.comparison()
+        return cmp[0] if cmp else None
 
 
 # ----- pure rendering -----
@@ -192,29 +227,34 @@ def panel_lines(state: LiveState, width: int | None = None) -> list[Text]:
         rate.append(f" · {state.n_tokens} tokens")
     lines.append(rate)
     speed = Text()
+    cmp = state.comparison()
     if state.strategy == "none":
         speed.append("plain decoding (no drafts)")
-    elif state.speedup is not None:
-        speed.append(f"{state.speedup:.2f}×", style="bold")
+    elif cmp is not None:
+        speedup, plain, what = cmp
+        speed.append(f"{speedup:.2f}×", style="bold")
         if narrow:
-            speed.append(f" vs plain {_fmt_rate(state.plain_rate)} (measured)")
+            speed.append(f" vs plain {_fmt_rate(plain)} (measured)")
         else:
-            source = f": {state.plain_source}" if state.plain_source else ""
-            speed.append(f" vs plain {_fmt_rate(state.plain_rate)} tok/s (measured here{source})")
+            speed.append(f" vs plain {_fmt_rate(plain)} tok/s (measured here: {what})")
+    elif state.plain_rate:
+        speed.append(f"vs plain: no recent measurement (the last is over {PLAIN_FRESH_S:.0f} s "
+                     "old)" if not narrow else "vs plain: none recent")
     else:
         speed.append("speedup: no plain rate measured yet")
     lines.append(speed)
     draft_len = state.draft_len if state.draft_len is not None else state.n_max
     if state.strategy != "none":
         acc = Text()
+        limit = step_limit_label(state.strategy)
         if narrow:
             acc.append(f"acc {100 * state.acceptance_rate:.0f}% · len "
-                       f"{state.mean_accepted_length:.2f} · draft {draft_len}")
+                       f"{state.mean_accepted_length:.2f} · {limit} ≤ {draft_len}")
         else:
             acc.append(f"accepted {100 * state.acceptance_rate:.0f}%", style="bold")
             acc.append(f" ({state.accepted}/{state.drafted} drafted)"
                        f" · mean accepted length {state.mean_accepted_length:.2f}"
-                       f" · draft length {draft_len}")
+                       f" · {limit} ≤ {draft_len}")
         lines.append(acc)
         pos = Text()
         rates = state.by_position
@@ -235,6 +275,12 @@ def panel_lines(state: LiveState, width: int | None = None) -> list[Text]:
     return lines
 
 
+def step_limit_label(strategy: str) -> str:
+    """What limits a step's draft under `strategy` (the panel's per-step figure): auto and
+    hybrid draft past the model's length from the n-gram sources, whose cap it is."""
+    return {"draft": "model draft", "ngram": "n-gram draft"}.get(strategy, "n-gram draft")
+
+
 def sources_text(by_source: dict[str, list[int]], narrow: bool = False) -> str:
     """Where the drafts came from (GenStats.sources_text), labelled for the panel."""
     text = GenStats(by_source=by_source).sources_text()
@@ -244,11 +290,11 @@ def sources_text(by_source: dict[str, list[int]], narrow: bool = False) -> str:
 def summary_line(state: LiveState, width: int | None = None) -> str:
     """One line after an answer: rate, speedup against the measured plain rate, acceptance."""
     parts = [f"{_fmt_rate(state.avg_rate)} tok/s", f"{state.n_tokens} tokens"]
+    cmp = state.comparison()
     if state.strategy == "none":
         parts.append("plain decoding")
-    elif state.speedup is not None:
-        parts.append(f"{state.speedup:.2f}× vs plain {_fmt_rate(state.plain_rate)} tok/s "
-                     "(measured)")
+    elif cmp is not None:
+        parts.append(f"{cmp[0]:.2f}× vs plain {_fmt_rate(cmp[1])} tok/s (measured: {cmp[2]})")
     if state.strategy != "none" and state.drafted:
         parts.append(f"accepted {100 * state.acceptance_rate:.0f}% "
                      f"({state.accepted}/{state.drafted})")
@@ -273,8 +319,10 @@ def render_panel(state: LiveState, width: int | None = None) -> RenderableType:
     for line in lines:
         grid.add_row(line)
     title = f"tandem · {state.strategy}"
-    if state.strategy != "none":
-        title += f" · draft ≤ {state.n_max}"
+    if state.strategy == "ngram":
+        title += f" · n-gram draft ≤ {state.n_max}"
+    elif state.strategy != "none":
+        title += f" · model draft ≤ {state.n_max}"
     if state.status == "interrupted":
         title += " · stopped"
     return Panel(grid, title=title, title_align="left", border_style="blue", expand=False)
@@ -351,6 +399,7 @@ class ChatView:
         self.refresh_per_second = refresh_per_second
         self.plain_rate: float | None = None
         self.plain_source = ""
+        self.plain_at: float | None = None
         self.state: LiveState | None = None
         self._live: Live | None = None
 
@@ -377,16 +426,19 @@ class ChatView:
                 pass
         return input(prompt)
 
-    def set_plain_rate(self, rate: float | None, source: str = "") -> None:
-        self.plain_rate, self.plain_source = rate, source
+    def set_plain_rate(self, rate: float | None, source: str = "",
+                       at: float | None = None) -> None:
+        """The latest plain measurement and when it was taken (this view's clock)."""
+        self.plain_rate, self.plain_source, self.plain_at = rate, source, at
         if self.state is not None:
             self.state.plain_rate, self.state.plain_source = rate, source
+            self.state.plain_at = at
 
     # --- an answer ---
     def start_answer(self, strategy: str, n_max: int) -> None:
         self.state = LiveState(strategy=strategy, n_max=n_max, show_draft=self.show_draft,
                                plain_rate=self.plain_rate, plain_source=self.plain_source,
-                               now=self.clock())
+                               plain_at=self.plain_at, now=self.clock())
         if self.interactive:
             self._live = Live(console=self.console, transient=True, auto_refresh=True,
                               refresh_per_second=self.refresh_per_second,

@@ -122,7 +122,7 @@ def _chat(*, pair, system, model, model_draft, strategy, n_max, n_min, p_min,
         if plain_probe > 0 and chat.strategy != "none":
             with view.loading(f"Measuring plain decoding on this machine ({plain_probe} tokens)…"):
                 chat.measure_plain(plain_probe)
-        view.set_plain_rate(chat.plain_rate, chat.plain_source)
+        view.set_plain_rate(*(chat.latest_plain or (None, "", None)))
         lines = [f"strategy {chat.strategy} · draft ≤ {chat.draft.n_max} · context {chat.n_ctx} tokens"]
         if chat.plain_rate:
             lines.append(f"plain decoding measured here: {chat.plain_rate:.1f} tok/s")
@@ -181,7 +181,7 @@ def _loop(chat, view) -> None:
             view.abort()
             view.console.print()
             break
-        view.set_plain_rate(chat.plain_rate, chat.plain_source)
+        view.set_plain_rate(*(chat.latest_plain or (None, "", None)))
         armed = stopped
     view.goodbye()
 

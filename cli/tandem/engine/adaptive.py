@@ -4,8 +4,10 @@ Rule: keep, per draft position i, the acceptance rate a_i conditional on reachin
 exponential moving average over recent steps). Drafting k tokens then yields on average
 1 + a_0 + a_0 a_1 + ... tokens for k * c_draft + c_verify(k + 1) seconds, with the costs
 measured on this machine (CostModel). Each step drafts the k in {0, n_min..n_max} that
-maximises tokens per second; k = 0 is a plain step. Every so often a plain-looking choice is
-overridden by a short probe so that the acceptance estimates stay current.
+maximises tokens per second among those that beat plain decoding by the spread of the
+measured costs (LengthController); k = 0 is a plain step. Every so often a plain-looking
+choice is overridden by a short probe so that the acceptance estimates stay current; probes
+are priced and paid from the request's ProbeBudget (2% of its plain time).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ class AcceptanceTracker:
     accept: list[float] = field(default_factory=list)
     steps: int = 0
     deepest: int = 0  # positions < deepest have been reached at least once
+    start_steps: int = 0  # verdicts it started with (kept from earlier requests)
 
     def __post_init__(self):
         if not self.accept:
@@ -43,45 +46,148 @@ class AcceptanceTracker:
             self.accept[i] = self.accept[self.deepest - 1]
 
 
+# A probe is worth its price only if the draft could pay at the acceptance a good source
+# reaches (prompt lookup on summarization accepted 86%, docs/benchmarks.md section 0; the
+# draft model's 90% is auto's bar for it too): below that, no acceptance it could measure
+# would make drafting pay, and the probe would only cost
+PROBE_ACCEPT = 0.9
+# An estimate is trusted to choose drafts that pay once it has seen this many verdicts (its
+# own, or kept from earlier requests, engine/knowledge.py); before, every draft is a probe
+MIN_EVIDENCE = 3
+# Speculation's net cost may reach this share of the plain time of the tokens produced
+# (ProbeBudget): where nothing pays, auto stays within it of plain decoding
+PROBE_SHARE = 0.02
+
+
+@dataclass
+class ProbeBudget:
+    """The request's ledger of what speculation cost against plain decoding.
+
+    Every token produced earns `share` of its plain step's time; every speculative step is
+    charged what it cost beyond producing its tokens plainly (`time - tokens * plain`: a
+    step that gained pays in). A probe, any draft chosen without a trusted estimate, is made
+    only when the balance covers its worst case (nothing accepted), so the drafts taken to
+    learn never cost, in all, more than `share` of the request's plain time."""
+
+    share: float = PROBE_SHARE
+    balance: float = 0.0  # seconds
+    probes: int = 0
+    refused: int = 0  # probes the balance did not cover
+
+    def earn(self, tokens: int, plain: float) -> None:
+        self.balance += self.share * tokens * plain
+
+    def settle(self, seconds: float, tokens: int, plain: float) -> None:
+        self.balance -= seconds - tokens * plain
+
+
 @dataclass
 class LengthController:
+    """Decision rule: with c(n) the measured seconds of a verify batch of n tokens, d the
+    seconds of a draft token (0 for zero-cost drafts), a_i the acceptance of position i and
+    s(n) the relative spread of c(n) (CostModel.spread_of), a draft of k tokens is expected to
+    yield E(k) = 1 + a_0 + a_0 a_1 + ... tokens for C(k) = k d + c(k + 1) seconds, and is used
+    only where
+
+        E(k) / C(k) >= (1 + s(k + 1) + s(1)) / c(1)
+
+    (it beats plain decoding by the spread of the two timings it is compared with: their
+    ratio is uncertain by up to the sum); of those, the k with the highest E(k) / C(k).
+    None qualifying: a plain step. Every so often (an interval that doubles while probes
+    keep confirming plain decoding) a probe drafts a k that could pay at PROBE_ACCEPT and
+    whose worst case, k d + c(k + 1) - c(1), the request's ProbeBudget covers (of those,
+    the best rate at PROBE_ACCEPT; none: no probe). Until the tracker has MIN_EVIDENCE
+    verdicts its estimates are a prior, and every draft is such a probe."""
+
     costs: CostModel
     n_min: int = 0
     n_max: int = 8
     uses_model: bool = True  # drafting costs draft-model decodes (else: free, n-gram)
     probe_every: int = 12  # after this many plain choices, draft anyway to re-measure
-    probe_len: int = 2
+    probe_len: int = 2  # the shortest probe (a shorter one that cannot pay is never made)
     max_probe_every: int = 256  # probes that keep confirming "plain" back off up to this
     tracker: AcceptanceTracker = field(default_factory=AcceptanceTracker)
+    budget: ProbeBudget | None = None  # None: probes are not priced (a bare controller)
     _plain_run: int = 0
     _interval: int = 0  # current probe interval (0: not started, use probe_every)
     last_was_probe: bool = False  # the latest choice drafted only to re-measure acceptance
+
+    def margin(self, k: int) -> float:
+        """How much faster than plain a draft of k must be expected to be: the relative
+        spread of the two measured timings compared, c(k + 1) and c(1)."""
+        return self.costs.spread_of(k + 1) + self.costs.spread_of(1)
+
+    def _draft_cost(self) -> float | None:
+        return None if self.uses_model else 0.0
+
+    def pays(self, k: int, accept) -> bool:
+        plain = self.costs.plain
+        if plain <= 0:
+            return False
+        rate = self.costs.expected_rate(k, accept, self._draft_cost())
+        return rate * plain >= 1.0 + self.margin(k)
+
+    def probe_length(self, cap: int) -> int:
+        """The probe to make: of the drafts (from probe_len on) that could pay at
+        PROBE_ACCEPT and whose worst case the budget covers, the one with the best rate at
+        that acceptance (on a flat curve a longer probe costs nothing more and measures more
+        positions; on a steep one the budget allows the short ones first); 0: none."""
+        best_k, best = 0, 0.0
+        for k in range(max(self.n_min, self.probe_len, 1), cap + 1):
+            if not self.pays(k, [PROBE_ACCEPT] * k):
+                continue
+            if self.budget is not None and self.worst_loss(k) > self.budget.balance:
+                continue
+            rate = self.costs.expected_rate(k, [PROBE_ACCEPT] * k, self._draft_cost())
+            if rate > best * 1.0001:
+                best_k, best = k, rate
+        return best_k
+
+    def worst_loss(self, k: int) -> float:
+        """Seconds a draft of k loses against a plain step when nothing is accepted."""
+        per = self.costs.draft_token if self.uses_model else 0.0
+        return k * per + self.costs.verify_cost(k + 1) - self.costs.plain
+
+    @property
+    def informed(self) -> bool:
+        return self.tracker.steps >= MIN_EVIDENCE
 
     def choose(self, cap: int) -> int:
         cap = min(cap, self.n_max)
         self.last_was_probe = False
         if cap <= 0:
             return 0
-        draft_cost = None if self.uses_model else 0.0
-        best_k, best = 0, 1.0 / self.costs.plain if self.costs.plain > 0 else 0.0
-        for k in range(max(self.n_min, 1), cap + 1):
-            rate = self.costs.expected_rate(k, self.tracker.accept, draft_cost)
-            if rate > best * 1.0001:
-                best_k, best = k, rate
-        if best_k == 0:
-            self._plain_run += 1
-            interval = self._interval or self.probe_every
-            if self._plain_run >= interval:
-                # each probe costs more than a plain step when drafting does not pay, so
-                # probes that keep confirming plain decoding come less and less often
-                self._plain_run = 0
-                self._interval = min(interval * 2, self.max_probe_every)
-                self.last_was_probe = True
-                return min(max(self.probe_len, self.n_min), cap)
-        else:
+        best_k, best = 0, 0.0
+        if self.informed or self.budget is None:
+            for k in range(max(self.n_min, 1), cap + 1):
+                if not self.pays(k, self.tracker.accept):
+                    continue
+                rate = self.costs.expected_rate(k, self.tracker.accept, self._draft_cost())
+                if rate > best * 1.0001:
+                    best_k, best = k, rate
+        if best_k:
             self._plain_run = 0
             self._interval = 0
-        return best_k
+            return best_k
+        self._plain_run += 1
+        interval = self._interval or self.probe_every
+        spaced = self.informed or self.budget is None
+        if spaced and self._plain_run < interval:
+            return 0
+        # a probe: uninformed estimates are probed whenever the budget allows; informed ones
+        # that keep confirming plain decoding are probed less and less often
+        k = self.probe_length(cap)
+        if k <= 0:
+            if self.budget is not None:
+                self.budget.refused += 1
+            return 0
+        self._plain_run = 0
+        if spaced:
+            self._interval = min(interval * 2, self.max_probe_every)
+        self.last_was_probe = True
+        if self.budget is not None:
+            self.budget.probes += 1
+        return k
 
     def feedback(self, drafted: int, accepted: int) -> None:
         """The verdict on this controller's latest draft. A probe whose drafts were all

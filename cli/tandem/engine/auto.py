@@ -19,6 +19,7 @@ from tandem.engine.costs import MAX_BATCH, CostModel
 from tandem.engine.drafters import Draft, DraftModelDrafter, HybridDrafter
 from tandem.engine.events import StepEvent
 from tandem.engine.history import Library
+from tandem.engine.knowledge import MODEL, Knowledge
 from tandem.engine.suffix import MAX_MATCH, SuffixIndex
 
 # the draft model is used only where the calibrated costs predict at least this speedup at
@@ -55,7 +56,7 @@ class AutoDrafter(HybridDrafter):
     def __init__(self, model: DraftModelDrafter | None, costs: CostModel, *, n_min: int = 0,
                  n_max: int = 4, verify_limit: int = MAX_BATCH,
                  calibrated: CostModel | None = None, notes: Sequence[str] = (),
-                 library: Library | None = None):
+                 library: Library | None = None, knowledge: Knowledge | None = None):
         decided: list[str] = []
         if model is not None:
             gain = model_draft_gain(calibrated or costs, n_max, AUTO_MODEL_ACCEPT)
@@ -74,9 +75,41 @@ class AutoDrafter(HybridDrafter):
         self.source_len = {
             (src, b): LengthController(self.costs, 1, self.n_max, False, probe_every=4,
                                        probe_len=1, max_probe_every=32,
-                                       tracker=AcceptanceTracker(self.n_max, prior=PRIOR[src]))
+                                       tracker=AcceptanceTracker(self.n_max, prior=PRIOR[src]),
+                                       budget=self.budget)
             for src in ORDER for b in BUCKETS}
+        if knowledge is not None:
+            self.start_from(knowledge)
         self.step_sources: tuple[tuple[str, int, int], ...] = ()  # the latest step's, by source
+
+    def start_from(self, knowledge: Knowledge) -> None:
+        """Start from what earlier requests measured (engine/knowledge.py): the acceptance of
+        each source and match length and of the draft model, as estimates resting on that
+        many verdicts, and the verify timings' noise where this calibration has none."""
+        kept = [(self.source_len.get(key), rec) for key, rec in knowledge.sources.items()]
+        if knowledge.model is not None:
+            kept.append((self.model_len, knowledge.model))
+        verdicts = 0
+        for ctl, rec in kept:
+            if ctl is not None:
+                _seed(ctl.tracker, rec.accept, rec.n)
+                verdicts += rec.n
+        if verdicts:
+            self.notes.append(f"acceptance kept from earlier requests ({verdicts} verdicts)")
+        for n, v in knowledge.noise.items():
+            self.costs.spread.setdefault(n, v)
+
+    def learnt(self, knowledge: Knowledge) -> None:
+        """Add this request's verdicts to `knowledge` (the estimates that moved)."""
+        for key, ctl in self.source_len.items():
+            t = ctl.tracker
+            if t.steps > t.start_steps:
+                knowledge.learn(key, t.accept, t.steps - t.start_steps)
+        t = self.model_len.tracker
+        if self.model is not None and t.steps > t.start_steps:
+            knowledge.learn(MODEL, t.accept, t.steps - t.start_steps)
+        # a spread over 100% says the machine was busy, not more: kept as 100%
+        knowledge.noise.update({n: min(v, 1.0) for n, v in self.costs.spread.items()})
 
     def prefill(self, prompt: Sequence[int]) -> None:
         self.prompt.sync(prompt)
@@ -127,3 +160,12 @@ class AutoDrafter(HybridDrafter):
             sources.append((d.source, rest, max(step.accepted - n_model, 0)))
         self.step_sources = tuple(sources)
         super().observe(step)
+
+
+def _seed(tracker: AcceptanceTracker, accept: Sequence[float], n: int) -> None:
+    if not accept:
+        return
+    width = len(tracker.accept)
+    tracker.accept = [accept[min(i, len(accept) - 1)] for i in range(width)]
+    tracker.deepest = min(len(accept), width)
+    tracker.steps = tracker.start_steps = n

@@ -20,6 +20,12 @@ DRAFT_PROBE_TOKENS = 8  # single-token draft decodes timed by calibrate()
 # the cores once recorded 3.59 s per token for a 0.074 s step and slowed every later run)
 MAX_AGE_S = 7 * 24 * 3600
 DISAGREE = 2.5
+# The relative spread of a verify timing where nothing measured it (a cost file from before
+# spreads were kept, a guessed curve): about the median spread of the batch costs issue 25
+# measured on a steep host (2 rows 1.75-2.07, 3 rows 2.4-2.6, 4 rows 2.8-3.1, 8 rows 6.8-8.1
+# plain steps: 18%, 8%, 11%, 19%)
+UNKNOWN_SPREAD = 0.15
+SPREAD_WEIGHT = 0.2  # the observed noise's moving average (as observe_verify's own)
 
 
 @dataclass
@@ -29,6 +35,10 @@ class CostModel:
     source: str = "default"
     when: float = 0.0  # time.time() of the calibration (0: unknown)
     busy: float | None = None  # share of the CPU other processes used while it was measured
+    # batch size -> relative spread of its timing: (slowest - fastest) / fastest over the
+    # calibration's repetitions, then a moving average of |observed / expected - 1| per step.
+    # auto's margin over plain decoding is made of it (adaptive.LengthController.margin)
+    spread: dict[int, float] = field(default_factory=dict)
 
     @property
     def plain(self) -> float:
@@ -52,6 +62,23 @@ class CostModel:
         w = (n - lo) / (hi - lo)
         return self.verify[lo] * (1 - w) + self.verify[hi] * w
 
+    def spread_of(self, n: int) -> float:
+        """Relative spread of a verify batch of n tokens: measured, else the larger of the
+        nearest measured sizes' (an interpolated cost is no surer than its neighbours), else
+        UNKNOWN_SPREAD."""
+        if n in self.spread:
+            return self.spread[n]
+        if not self.spread:
+            return UNKNOWN_SPREAD
+        sizes = sorted(self.spread)
+        lo = max((s for s in sizes if s < n), default=sizes[0])
+        hi = min((s for s in sizes if s > n), default=sizes[-1])
+        return max(self.spread[lo], self.spread[hi])
+
+    def copy(self) -> "CostModel":
+        return CostModel(dict(self.verify), self.draft_token, self.source, self.when, self.busy,
+                         dict(self.spread))
+
     def scale(self, factor: float) -> None:
         """Every cost times `factor`: cached absolute timings made to agree with measured ones
         while keeping the curve's shape (entries never measured again stay consistent)."""
@@ -71,6 +98,13 @@ class CostModel:
 
     def observe_verify(self, n: int, seconds: float, weight: float = 0.2) -> None:
         old = self.verify.get(n)
+        if old is not None and old > 0 and seconds > 0:
+            # the timing's own noise, as it shows now (a busy machine widens it, and with it
+            # the margin auto asks of a draft)
+            dev = abs(seconds / old - 1.0)
+            prev = self.spread.get(n)
+            self.spread[n] = (dev if prev is None
+                              else (1 - SPREAD_WEIGHT) * prev + SPREAD_WEIGHT * dev)
         self.verify[n] = seconds if old is None else (1 - weight) * old + weight * seconds
 
     def observe_draft(self, n_tokens: int, seconds: float, weight: float = 0.2) -> None:
@@ -185,6 +219,7 @@ def calibrate(target, draft, tokens: Sequence[int], sizes: Sequence[int] = (1, 2
     filler = list(tokens[-1:]) * max(sizes)
     target.decode(filler[:1])  # warm-up: the first decode of a context pays for allocations
     target.truncate(base)
+    slowest: dict[int, float] = {}
     for _ in range(reps):
         for n in sizes:
             t0 = time.perf_counter()
@@ -192,7 +227,11 @@ def calibrate(target, draft, tokens: Sequence[int], sizes: Sequence[int] = (1, 2
             took = time.perf_counter() - t0
             # the best of the repetitions: interference only ever makes a decode slower
             model.verify[n] = min(model.verify.get(n, took), took)
+            slowest[n] = max(slowest.get(n, took), took)
             target.truncate(base)
+    if reps > 1:  # how far apart the repetitions were: the measurement's own spread
+        model.spread = {n: slowest[n] / model.verify[n] - 1.0 for n in sizes
+                        if model.verify[n] > 0}
     if draft is not None:
         draft.prefill(tokens)
         dbase = len(draft.tokens)

@@ -19,7 +19,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from tandem.engine.adaptive import AcceptanceTracker, FallbackGuard, LengthController
+from tandem.engine.adaptive import AcceptanceTracker, FallbackGuard, LengthController, ProbeBudget
 from tandem.engine.costs import DISAGREE, CostModel
 from tandem.engine.events import StepEvent
 from tandem.engine.llama import Context
@@ -213,13 +213,17 @@ class HybridDrafter:
         self.ngram_match = ngram_match
         self.costs = costs or CostModel()
         self.adaptive = adaptive
+        # what speculation cost this request against plain decoding: probes are paid from it
+        self.budget = ProbeBudget() if adaptive else None
         self.model_len = LengthController(self.costs, n_min, n_max, True,
-                                          tracker=AcceptanceTracker(max(n_max, 1)))
+                                          tracker=AcceptanceTracker(max(n_max, 1)),
+                                          budget=self.budget)
         # n-gram drafts cost no model time, so their probes are cheap: probe often
         self.ngram_len = {
             n: LengthController(self.costs, 1, self.n_max, False, probe_every=4,
                                 probe_len=1, max_probe_every=32,
-                                tracker=AcceptanceTracker(self.n_max, prior=0.6))
+                                tracker=AcceptanceTracker(self.n_max, prior=0.6),
+                                budget=self.budget)
             for n in range(min(ngram_match, ngram_n), ngram_n + 1)}
         self.guard = FallbackGuard() if guard else None
         self.notes: list[str] = []  # decisions a report may show (e.g. why the model is off)
@@ -296,17 +300,22 @@ class HybridDrafter:
         n_ng = step.drafted - n_model
         if n_ng and step.accepted >= n_model and self._last_ngram is not None:
             self._last_ngram.feedback(n_ng, step.accepted - n_model)
+        produced = step.accepted + 1
+        seconds = step.t_draft + step.t_verify + step.t_sample
+        if model_ran:
+            # re-reading tokens decoded while the model was off is the price of the pause,
+            # not of speculation: counted, it would make every resumption look slow
+            seconds -= self.model.last_sync_s
+        speculative = step.drafted > 0 or model_ran  # the model ran: its cost, drafts or not
+        if self.budget is not None:
+            plain = self.costs.plain
+            self.budget.earn(produced, plain)
+            if speculative:
+                self.budget.settle(seconds, produced, plain)
         # probes are exploration the length controllers pay for knowingly; the guard judges
         # the drafts that were chosen because they were predicted to pay
         if self.guard is not None and not self._probe:
-            produced = step.accepted + 1
-            seconds = step.t_draft + step.t_verify + step.t_sample
-            if model_ran:
-                # re-reading tokens decoded while the model was off is the price of the pause,
-                # not of speculation: counted, it would make every resumption look slow
-                seconds -= self.model.last_sync_s
-            # a step where the model ran but proposed nothing is speculation's cost too
-            self.guard.observe(produced, seconds, speculative=step.drafted > 0 or model_ran)
+            self.guard.observe(produced, seconds, speculative=speculative)
         # generate() skips propose() when no draft fits: that step must not look like this one
         self._last, self._last_ngram, self._model_ran, self._probe = Draft(), None, False, False
 

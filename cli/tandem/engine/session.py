@@ -11,10 +11,11 @@ from typing import Iterator, Sequence
 
 from tandem.config.schema import STRATEGIES
 from tandem.engine import template as chat_template
-from tandem.engine.auto import AutoDrafter
+from tandem.engine.auto import BUCKETS, ORDER, AutoDrafter
 from tandem.engine.costs import DISAGREE, CostModel, calibrate, disagreement
 from tandem.engine.events import DoneEvent, StepEvent
 from tandem.engine.history import HistoryStore, Library, read_context_file
+from tandem.engine.knowledge import Knowledge
 from tandem.engine.drafters import (
     Drafter,
     DraftModelDrafter,
@@ -164,6 +165,10 @@ class PairSession:
         self._contexts: dict[tuple, Context] = {}
         self._costs: dict[tuple, CostModel] = {}
         self._calibrated: dict[tuple, CostModel] = {}
+        self._knowledge: dict[tuple, Knowledge] = {}
+        # what paid is kept for the session's next request and, with knowledge_file, beside
+        # the cost cache for the next process (engine/knowledge.py)
+        self.knowledge_file = True
         self.cost_notes: list[str] = []  # what became of cached costs (for the run's notes)
         self.target_ctx: Context | None = None
         self.draft_ctx: Context | None = None
@@ -255,7 +260,39 @@ class PairSession:
         notes, self.cost_notes = self.cost_notes, []  # said once, on the request that found it
         return AutoDrafter(model, costs, n_min=draft.n_min, n_max=draft.n_max,
                            verify_limit=self.target_ctx.verify_limit, calibrated=calibrated,
-                           notes=notes, library=self.library)
+                           notes=notes, library=self.library,
+                           knowledge=self.knowledge())
+
+    def _costs_key(self) -> tuple:
+        return (self.target_ctx.params, self.draft_label,
+                self.draft_ctx.params if self.draft_ctx else None)
+
+    def knowledge(self) -> Knowledge:
+        """What earlier requests of the active configuration learnt: this session's, else
+        the file beside the cost cache (ignored when stale, of another version or invalid)."""
+        key = self._costs_key()
+        if key not in self._knowledge:
+            kept = (Knowledge.load(self._knowledge_path(), ORDER, BUCKETS)
+                    if self.knowledge_file else None)
+            self._knowledge[key] = kept if kept is not None else Knowledge()
+        return self._knowledge[key]
+
+    def _knowledge_path(self) -> Path:
+        path = self._costs_path()
+        return path.with_name(path.stem + ".knowledge.json")
+
+    def _learn(self, drafter) -> None:
+        """Keep what an auto request measured, in the session and on disk."""
+        if not isinstance(drafter, AutoDrafter):
+            return
+        knowledge = self.knowledge()
+        drafter.learnt(knowledge)
+        if not self.knowledge_file:
+            return
+        try:
+            knowledge.save(self._knowledge_path())
+        except OSError:
+            pass  # a read-only home: the next process starts from the priors again
 
     def costs(self, calibrated: bool = False) -> CostModel:
         """The active configuration's cost model on this machine: cached, else calibrated
@@ -265,8 +302,7 @@ class PairSession:
         during the session (never saved: a refined curve mixes contexts of every length);
         `calibrated=True` gives the calibration itself, whose figures were all measured under
         the same conditions."""
-        key = (self.target_ctx.params, self.draft_label,
-               self.draft_ctx.params if self.draft_ctx else None)
+        key = self._costs_key()
         if key not in self._costs:
             path = self._costs_path()
             probe = self.target.tokenize("def main():\n    print('calibrating')\n",
@@ -293,8 +329,7 @@ class PairSession:
                     except OSError:
                         pass  # a read-only home only costs a recalibration next time
             self._calibrated[key] = cached
-            self._costs[key] = CostModel(dict(cached.verify), cached.draft_token, cached.source,
-                                         cached.when, cached.busy)
+            self._costs[key] = cached.copy()
         return (self._calibrated if calibrated else self._costs)[key]
 
     def _costs_path(self) -> Path:
@@ -344,6 +379,7 @@ class PairSession:
                     ev.stats.by_source = sources.by_source
                     if record:
                         self.library.record(ev.tokens)
+                        self._learn(drafter)
                 yield ev
         finally:
             inner.close()
