@@ -9,6 +9,7 @@ uses it, on the draft model.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
