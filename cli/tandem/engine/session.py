@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from tandem.config.schema import STRATEGIES
+from tandem.config.schema import STRATEGIES, endpoints
 from tandem.engine import template as chat_template
 from tandem.engine.auto import AutoDrafter
 from tandem.engine.costs import DISAGREE, CostModel, calibrate, disagreement
@@ -75,6 +75,9 @@ class SessionOptions:
     # earlier answers of this pair on disk, drafted from by auto and added to after each
     # answer (engine/history.py); off: neither read nor written
     history: bool = False
+    # llama.cpp RPC servers (HOST:PORT) that hold the target's layers; the draft stays on
+    # this machine. Attaching aborts the process on a bad server: engine/worker.py runs it.
+    rpc: tuple[str, ...] = ()
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -97,10 +100,14 @@ class SessionOptions:
         else:
             layers = (gpu_layers_value(s.target_gpu_layers, s.backend),
                       gpu_layers_value(s.draft_gpu_layers, s.backend))
+        rpc = endpoints(getattr(s, "rpc", ""))
+        if rpc:  # the target's offloaded layers go to the servers: auto means all of them
+            layers = (gpu_layers_value(s.target_gpu_layers, "rpc"), layers[1])
         return cls(strategy=s.strategy, draft=DraftParams(s.n_max, s.n_min, s.p_min),
                    target_ctx=exact_context(ctx) if exact else ctx, draft_ctx=None,
                    target_gpu_layers=layers[0], draft_gpu_layers=layers[1], verbose=verbose,
-                   repack=not exact, history=s.history == "on", extra=dict(extra or {}))
+                   repack=not exact, history=s.history == "on", rpc=rpc,
+                   extra=dict(extra or {}))
 
 
 def gpu_layers_value(value: int | str, backend: str) -> int:
@@ -138,7 +145,8 @@ class PairSession:
 
     def __init__(self, target_path: str | Path,
                  draft_path: str | Path | Sequence[str | Path] | None,
-                 options: SessionOptions = SessionOptions()):
+                 options: SessionOptions = SessionOptions(), progress=None):
+        """`progress(what, fraction)`: called while the models load."""
         self.options = options
         self.target_path = Path(target_path)
         if draft_path is None:
@@ -152,14 +160,22 @@ class PairSession:
                              "pass --model-draft PATH, a pair name, or --strategy ngram")
         for p in paths:
             check_pair(self.target_path, p)
+        if options.rpc:
+            from tandem.engine.ggml import attach
+
+            attach(options.rpc)
+
+        def loading(label):
+            return None if progress is None else (lambda f: progress(label, f))
         self.target = Model(self.target_path, options.target_gpu_layers, verbose=options.verbose,
-                            repack=options.repack)
+                            repack=options.repack, progress=loading(self.target_path.name))
         self.drafts: dict[str, Model] = {}
         self.draft_paths: dict[str, Path] = {}
         for p in paths:
             label = p.name if p.name not in self.drafts else f"{p.name}#{len(self.drafts) + 1}"
             self.drafts[label] = Model(p, options.draft_gpu_layers, verbose=options.verbose,
-                                       repack=options.draft_repack)
+                                       repack=options.draft_repack,
+                                       local_only=bool(options.rpc), progress=loading(label))
             self.draft_paths[label] = p
         self._contexts: dict[tuple, Context] = {}
         self._costs: dict[tuple, CostModel] = {}
