@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from tandem.config.schema import endpoints
 from tandem.config.settings import Settings, resolve_settings
+from tandem.engine.rpc import check_all
 from tandem.engine.session import SessionOptions
 from tandem.machine.fit import plan_for_settings
 from tandem.machine.hardware import detect
@@ -62,7 +64,13 @@ def prepare_session(cli: Mapping[str, Any] | None, resolve_models, *, verbose: b
     settings = resolve_settings(cli, hardware=hardware or detect(), home=home,
                                 models=resolve_models)
     target, draft = settings.files
-    p = require_fit(plan_for_settings(settings, target, draft))
+    servers = endpoints(settings.rpc)
+    if servers:
+        # before llama.cpp sees them: it aborts the process on a server it cannot use
+        check_all(servers)
+    p = plan_for_settings(settings, target, draft)
+    if not servers:  # a remote target's layers do not count against this machine's memory
+        p = require_fit(p)
     return Prepared(settings, p, SessionOptions.from_settings(settings, p, verbose=verbose,
                                                               extra=extra),
                     Path(target), Path(draft) if draft is not None else None)

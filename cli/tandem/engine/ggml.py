@@ -191,3 +191,16 @@ def served_devices() -> list[Device]:
     all_ = devices()
     accel = [d for d in all_ if d.kind not in (DEV_CPU, DEV_ACCEL)]
     return accel or [d for d in all_ if d.kind == DEV_CPU][:1]
+
+
+def exit_on_abort() -> None:
+    """In a worker process: make abort() (GGML_ABORT on a broken RPC connection) end the
+    process at once with _exit(SIGABRT) instead of dumping core. _exit has exactly a signal
+    handler's signature, so libc's own function is the handler: no Python code runs in the
+    signal context."""
+    import signal
+
+    libc = ctypes.CDLL(None)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.signal(int(signal.SIGABRT), ctypes.cast(libc._exit, ctypes.c_void_p))

@@ -103,7 +103,7 @@ def _read(sock: socket.socket, n: int, endpoint: str, timeout: float, what: str)
                     "rpc-server, or one of another llama.cpp version (tandem speaks RPC "
                     f"protocol {_ver(PROTO)})",
                     "start the server with `tandem rpc-server` from this tandem version")
-            raise _not_rpc(endpoint, buf, what)
+            raise _not_rpc(endpoint, buf, what, sock)
         buf += chunk
     return buf
 
@@ -113,11 +113,30 @@ def _no_reply(endpoint: str, timeout: float, what: str) -> RemoteError:
                        f"{_SERIAL} Otherwise it is not an rpc-server, or the link stalls")
 
 
-def _not_rpc(endpoint: str, data: bytes, what: str) -> RemoteError:
+def _more(sock: socket.socket, data: bytes) -> bytes:
+    """A little more of a foreign answer, to say what it is."""
+    try:
+        sock.settimeout(0.5)
+        while len(data) < 512:
+            chunk = sock.recv(512 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except OSError:
+        pass
+    return data
+
+
+def _not_rpc(endpoint: str, data: bytes, what: str, sock: socket.socket | None = None) \
+        -> RemoteError:
+    if sock is not None:
+        data = _more(sock, data)
     shown = data[:24].decode("ascii", "replace")
     printable = all(32 <= b < 127 or b in (9, 10, 13) for b in data[:24])
-    looks = (f" (it begins {shown.splitlines()[0]!r}"
-             + (": an HTTP server)" if data.startswith(b"HTTP/") else ")")) if printable else ""
+    low = data.lower()
+    http = data.startswith(b"HTTP/") or b"<html" in low or b"<!doctype" in low
+    looks = (f" (it begins {shown.splitlines()[0]!r}" + (": an HTTP server)" if http else ")")
+             if printable else "")
     return RemoteError(f"{endpoint} does not speak llama.cpp's RPC protocol: its answer to "
                        f"{what} is malformed{looks}",
                        "point --rpc at a port where `tandem rpc-server` listens")
@@ -141,7 +160,7 @@ def _hello(sock: socket.socket, endpoint: str, timeout: float, last: bool) -> tu
     head = _read(sock, 8, endpoint, timeout, "the RPC handshake")
     (size,) = struct.unpack("<Q", head)
     if size != HELLO_REPLY:
-        raise _not_rpc(endpoint, head, "the RPC handshake")
+        raise _not_rpc(endpoint, head, "the RPC handshake", sock)
     body = _read(sock, size, endpoint, timeout, "the RPC handshake")
     version = (body[0], body[1], body[2])
     if version[0] != PROTO[0] or version[1] > PROTO[1]:
@@ -188,7 +207,7 @@ def server_info(endpoint: str, timeout: float = CONNECT_TIMEOUT) -> ServerInfo:
 def _reply(sock, size: int, endpoint: str, timeout: float, what: str) -> bytes:
     head = _read(sock, 8, endpoint, timeout, what)
     if struct.unpack("<Q", head)[0] != size:
-        raise _not_rpc(endpoint, head, what)
+        raise _not_rpc(endpoint, head, what, sock)
     return _read(sock, size, endpoint, timeout, what)
 
 

@@ -78,6 +78,7 @@ class SessionOptions:
     # llama.cpp RPC servers (HOST:PORT) that hold the target's layers; the draft stays on
     # this machine. Attaching aborts the process on a bad server: engine/worker.py runs it.
     rpc: tuple[str, ...] = ()
+    rpc_timeout: float = 60.0  # seconds without progress before a remote request is stalled
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -101,13 +102,25 @@ class SessionOptions:
             layers = (gpu_layers_value(s.target_gpu_layers, s.backend),
                       gpu_layers_value(s.draft_gpu_layers, s.backend))
         rpc = endpoints(getattr(s, "rpc", ""))
-        if rpc:  # the target's offloaded layers go to the servers: auto means all of them
-            layers = (gpu_layers_value(s.target_gpu_layers, "rpc"), layers[1])
+        if rpc:
+            # the offloaded layers go to the servers: all of them, unless the user chose a
+            # count (a profile's count describes this machine's GPU, not the servers)
+            chosen = s.target_gpu_layers if _source(s, "target_gpu_layers") not in (
+                "profile", "default", "detected") else "all"
+            layers = (gpu_layers_value(chosen, "rpc"), layers[1])
         return cls(strategy=s.strategy, draft=DraftParams(s.n_max, s.n_min, s.p_min),
                    target_ctx=exact_context(ctx) if exact else ctx, draft_ctx=None,
                    target_gpu_layers=layers[0], draft_gpu_layers=layers[1], verbose=verbose,
                    repack=not exact, history=s.history == "on", rpc=rpc,
+                   rpc_timeout=float(getattr(s, "rpc_timeout", 60.0)),
                    extra=dict(extra or {}))
+
+
+def _source(s, key: str) -> str:
+    try:
+        return s.source(key)
+    except (AttributeError, KeyError):
+        return "default"
 
 
 def gpu_layers_value(value: int | str, backend: str) -> int:

@@ -1,0 +1,306 @@
+"""The target over llama.cpp's RPC backend, on loopback only, with real `tandem rpc-server`
+processes started here and the tiny models: output identical to a local run in exact mode
+(all layers remote, and split local + remote), and every fault ending in a clean error with
+exit code 6 within a bounded time (nobody listening, an HTTP server, another protocol
+version, a server killed or stopped mid-generation)."""
+from __future__ import annotations
+
+import http.server
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from tandem.engine import rpc  # noqa: E402
+from tandem.errors import EXIT_OK, EXIT_REMOTE, EXIT_USAGE, RemoteError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(home: Path, **extra) -> dict:
+    env = {**os.environ, "TANDEM_HOME": str(home), "NO_COLOR": "1", "TANDEM_HISTORY": "off"}
+    env.update(extra)
+    return env
+
+
+class Server:
+    """A `tandem rpc-server` on 127.0.0.1 and a free port, up once it answers a handshake."""
+
+    def __init__(self, home: Path):
+        self.port = free_port()
+        self.endpoint = f"127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tandem", "rpc-server", "--port", str(self.port), "-t", "1"],
+            env=_env(home), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                self.info = rpc.check_endpoint(self.endpoint, timeout=2)
+                break
+            except RemoteError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"rpc-server did not come up: {self.proc.stderr.read()}")
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        self.proc.stderr.close()
+
+
+@pytest.fixture
+def home(tmp_path):
+    h = tmp_path / "home"
+    h.mkdir()
+    return h
+
+
+@pytest.fixture
+def server(home):
+    s = Server(home)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def tandem(tiny_models, home, tmp_path):
+    models = ["-m", str(tiny_models["target"]), "-md", str(tiny_models["draft"]), "-t", "1"]
+
+    def run(*args, env: dict | None = None, timeout: float = 120):
+        return subprocess.run([sys.executable, "-m", "tandem", "run", *models, *args],
+                              capture_output=True, env=_env(home, **(env or {})),
+                              cwd=tmp_path, timeout=timeout, stdin=subprocess.DEVNULL)
+
+    return run
+
+
+def out(res) -> str:
+    return res.stdout.decode()
+
+
+def err(res) -> str:
+    return res.stderr.decode()
+
+
+def test_handshake_matches_tandems_own_server(server):
+    """The protocol constants tandem checks against are the wheel's own: its server says so."""
+    assert server.info.version == rpc.PROTO
+    info = rpc.server_info(server.endpoint)
+    assert info.devices and info.devices[0].total > 0 and info.free > 0
+
+
+@pytest.mark.parametrize("strategy", ["none", "draft"])
+def test_exact_output_identical_to_local_all_remote_and_split(tandem, server, strategy):
+    args = ["--raw", "--exact", "-n", "48", "--strategy", strategy, "hello there"]
+    local = tandem(*args)
+    assert local.returncode == EXIT_OK, err(local)
+    remote = tandem(*args, "--rpc", server.endpoint, "--verbose")
+    assert remote.returncode == EXIT_OK, err(remote)
+    assert out(remote) == out(local) and len(out(local)) > 20
+    log = err(remote)
+    # every target layer and the output on the server; the draft never
+    assert log.count("assigned to device RPC0") == 3
+    assert f"RPC0[{server.endpoint}] model buffer size" in log
+    assert "offloaded 0/3 layers" in log or strategy == "none"
+    split = tandem(*args, "--rpc", server.endpoint, "--verbose",
+                   env={"TANDEM_GPU_LAYERS": "2"})  # layer 1 + output
+    assert split.returncode == EXIT_OK, err(split)
+    assert out(split) == out(local)
+    log = err(split)
+    assert "layer   1 assigned to device RPC0" in log
+    assert "layer   0 assigned to device CPU" in log
+
+
+def _no_debris(home: Path, cwd: Path) -> None:
+    assert not list(home.rglob("*.tmp")), list(home.rglob("*.tmp"))
+    assert not list(cwd.glob("core*"))
+
+
+def test_nobody_listening(tandem, home, tmp_path):
+    port = free_port()
+    t0 = time.monotonic()
+    res = tandem("--raw", "-n", "8", "--rpc", f"127.0.0.1:{port}", "hi", timeout=60)
+    assert res.returncode == EXIT_REMOTE
+    assert f"Error: nobody is listening on 127.0.0.1:{port}" in err(res)
+    assert "Hint: " in err(res) and "Traceback" not in err(res) and out(res) == ""
+    assert time.monotonic() - t0 < 60
+    _no_debris(home, tmp_path)
+
+
+def test_a_port_that_speaks_http(tandem, home, tmp_path):
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        ep = f"127.0.0.1:{httpd.server_address[1]}"
+        res = tandem("--raw", "-n", "8", "--rpc", ep, "hi", timeout=60)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert res.returncode == EXIT_REMOTE, err(res)
+    assert f"Error: {ep} does not speak llama.cpp's RPC protocol" in err(res)
+    assert "HTTP server" in err(res) and "Traceback" not in err(res)
+    _no_debris(home, tmp_path)
+
+
+def _fake_server(reply: bytes):
+    """Answers each connection's first 33 bytes (a HELLO) with `reply`."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(4)
+    stop = threading.Event()
+
+    def serve():
+        sock.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                got = b""
+                try:
+                    while len(got) < 33:
+                        chunk = conn.recv(33 - len(got))
+                        if not chunk:
+                            break
+                        got += chunk
+                    if got[:1] == bytes([14]) and struct.unpack("<Q", got[1:9])[0] == 24:
+                        conn.sendall(reply)
+                except OSError:
+                    pass
+        sock.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"127.0.0.1:{sock.getsockname()[1]}", stop
+
+
+def test_wrong_protocol_version(tandem, home, tmp_path):
+    ep, stop = _fake_server(struct.pack("<Q", 28) + bytes([6, 1, 0, 0]) + bytes(24))
+    try:
+        res = tandem("--raw", "-n", "8", "--rpc", ep, "hi", timeout=60)
+    finally:
+        stop.set()
+    assert res.returncode == EXIT_REMOTE, err(res)
+    assert f"Error: the rpc-server at {ep} speaks RPC protocol 6.1.0" in err(res)
+    assert f"speaks {'.'.join(map(str, rpc.PROTO))}" in err(res)
+    _no_debris(home, tmp_path)
+
+
+def _run_until_text(tiny_models, home, tmp_path, ep, *extra):
+    """`tandem run` streaming a long answer over `ep`; returns the process once it has
+    printed some text, and what it printed so far."""
+    cmd = [sys.executable, "-m", "tandem", "run", "-m", str(tiny_models["target"]), "-md",
+           str(tiny_models["draft"]), "-t", "1", "--raw", "-n", "8000", "-c", "8192",
+           "--strategy", "draft", "--rpc", ep, *extra, "hello there"]
+    proc = subprocess.Popen(cmd, env=_env(home), cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    got = b""
+    deadline = time.monotonic() + 90
+    while len(got) < 40:
+        assert time.monotonic() < deadline, "no text streamed"
+        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+        if ready:
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            assert chunk, proc.stderr.read()
+            got += chunk
+    return proc, got
+
+
+def _finish(proc, got: bytes, limit: float):
+    t0 = time.monotonic()
+    try:
+        rest, errs = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(f"tandem did not end within {limit} s of the fault")
+    return got + rest, errs.decode(), time.monotonic() - t0
+
+
+def test_server_killed_mid_generation(tiny_models, home, tmp_path, server):
+    proc, got = _run_until_text(tiny_models, home, tmp_path, server.endpoint)
+    server.proc.kill()  # kill -9
+    text, errs, took = _finish(proc, got, 60)
+    assert proc.returncode == EXIT_REMOTE, errs
+    assert f"Error: the RPC link to {server.endpoint} failed" in errs
+    assert "Hint: " in errs and "Traceback" not in errs and "GGML" not in errs
+    assert len(text) >= 40 and text.endswith(b"\n") and len(text) < 8000
+    _no_debris(home, tmp_path)
+
+
+def test_server_stalled_mid_generation(tiny_models, home, tmp_path, server):
+    proc, got = _run_until_text(tiny_models, home, tmp_path, server.endpoint,
+                                "--rpc-timeout", "3")
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        text, errs, took = _finish(proc, got, 60)
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    assert proc.returncode == EXIT_REMOTE, errs
+    assert f"Error: the RPC link to {server.endpoint} failed" in errs
+    assert "sent nothing for 3 s" in errs and "--rpc-timeout" in errs
+    assert text.endswith(b"\n") and "Traceback" not in errs
+    _no_debris(home, tmp_path)
+
+
+@pytest.mark.parametrize("how", [("--rpc", "localhost"), ("--rpc", "127.0.0.1:0"),
+                                 ("--rpc", "127.0.0.1:70000"), ("--rpc", "a:1,a:1")])
+def test_bad_endpoints_are_usage_errors(tandem, how):
+    res = tandem("--raw", "-n", "4", *how, "hi", timeout=60)
+    assert res.returncode == EXIT_USAGE, err(res)
+    assert "RPC servers" in err(res) and "HOST:PORT" in err(res) or "twice" in err(res)
+
+
+def test_rpc_from_env_and_config(tandem, home, server, tiny_models):
+    base = ["--raw", "--exact", "-n", "16", "--strategy", "none", "hello"]
+    local = out(tandem(*base))
+    via_env = tandem(*base, env={"TANDEM_RPC": server.endpoint})
+    assert via_env.returncode == EXIT_OK, err(via_env)
+    assert out(via_env) == local
+    (home / "config.yaml").write_text(f"rpc:\n  - {server.endpoint}\nrpc_timeout: 30\n")
+    via_cfg = tandem(*base, "--verbose")
+    assert via_cfg.returncode == EXIT_OK, err(via_cfg)
+    assert out(via_cfg) == local and "assigned to device RPC0" in err(via_cfg)
+    bad = tandem(*base, env={"TANDEM_RPC": "nohost"})
+    assert bad.returncode == EXIT_USAGE and "TANDEM_RPC" in err(bad)
+
+
+def test_rpc_server_refuses_open_addresses_and_busy_ports(home, server):
+    def serve(*args):
+        return subprocess.run([sys.executable, "-m", "tandem", "rpc-server", *args],
+                              capture_output=True, env=_env(home), timeout=60,
+                              stdin=subprocess.DEVNULL)
+
+    res = serve("--host", "0.0.0.0", "--port", str(free_port()))
+    assert res.returncode == EXIT_USAGE and "--allow-remote" in res.stderr.decode()
+    res = serve("--port", str(server.port))
+    assert res.returncode == EXIT_USAGE and "already in use" in res.stderr.decode()
+
+
+def test_rpc_server_stops_cleanly_on_ctrl_c(home):
+    s = Server(home)
+    try:
+        s.proc.send_signal(signal.SIGINT)
+        assert s.proc.wait(30) == 0
+        assert "rpc-server stopped." in s.proc.stderr.read().decode()
+    finally:
+        s.stop()
