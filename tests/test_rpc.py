@@ -304,3 +304,54 @@ def test_rpc_server_stops_cleanly_on_ctrl_c(home):
         assert "rpc-server stopped." in s.proc.stderr.read().decode()
     finally:
         s.stop()
+
+
+def _chat(tiny_models, home, script: str, *args, timeout: float = 120):
+    return subprocess.run(
+        [sys.executable, "-m", "tandem", "chat", "-m", str(tiny_models["target"]), "-md",
+         str(tiny_models["draft"]), "-t", "1", "-n", "16", "--exact", "--plain-probe", "0",
+         "--strategy", "draft", *args],
+        input=script, capture_output=True, text=True, env=_env(home, COLUMNS="100"),
+        timeout=timeout)
+
+
+def _answers(out: str) -> list[str]:
+    """The chat's answers (after the prompt) and its context figures (KV reuse)."""
+    return [ln for ln in out.splitlines()
+            if ln.startswith(">>> ") or ln.startswith(("context ", "last prompt"))]
+
+
+def test_chat_over_rpc_answers_as_locally(tiny_models, home, server):
+    script = "hello there\nsecond turn\n/stats\n"
+    local = _chat(tiny_models, home, script)
+    remote = _chat(tiny_models, home, script, "--rpc", server.endpoint)
+    assert local.returncode == EXIT_OK and remote.returncode == EXIT_OK, remote.stderr
+    assert _answers(remote.stdout) == _answers(local.stdout)
+    assert len(_answers(local.stdout)) >= 4 and "rest from the KV cache" in remote.stdout
+    assert "Error:" not in remote.stderr
+
+
+def test_chat_ends_with_exit_6_when_the_server_dies(tiny_models, home, server):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tandem", "chat", "-m", str(tiny_models["target"]), "-md",
+         str(tiny_models["draft"]), "-t", "1", "-n", "16", "--plain-probe", "0",
+         "--rpc", server.endpoint], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, env=_env(home, COLUMNS="100"), text=True)
+    try:
+        proc.stdin.write("hello there\n")
+        proc.stdin.flush()
+        deadline = time.monotonic() + 90
+        seen = ""
+        while "tok/s" not in seen:  # the first answer is complete
+            assert time.monotonic() < deadline
+            seen += proc.stdout.readline()
+        server.proc.kill()
+        server.proc.wait(10)
+        out, errs = proc.communicate("second turn\n", timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == EXIT_REMOTE, errs
+    assert f"Error: the RPC link to {server.endpoint} failed" in errs
+    assert "Traceback" not in errs
+    assert not list(home.rglob("*.tmp"))

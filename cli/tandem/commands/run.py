@@ -145,16 +145,16 @@ def _events(target_path, draft_path, opts, contexts, messages, gen, raw):
     process (llama.cpp aborts the process that holds a broken RPC connection; see
     engine/worker.py)."""
     if opts.rpc:
-        from tandem.engine.worker import Job, run_supervised
+        from tandem.engine.worker import RemotePair
         from tandem.models.store import tandem_home
 
-        job = Job(target_path, draft_path, opts, tuple(messages), gen, raw,
-                  tuple(contexts), home=str(tandem_home()))
-        yield from run_supervised(job, stall=opts.rpc_timeout)
-        return
-    from tandem.engine.session import PairSession
+        session = RemotePair(target_path, draft_path, opts, stall=opts.rpc_timeout,
+                             home=str(tandem_home()))
+    else:
+        from tandem.engine.session import PairSession
 
-    with PairSession(target_path, draft_path, opts) as session:
+        session = PairSession(target_path, draft_path, opts)
+    with session:
         for path, text in contexts:
             session.add_context_file(path, text)
         tokens = session.prompt_tokens(messages, raw=raw)

@@ -31,69 +31,183 @@ BEAT_EVERY = 0.5
 
 @dataclass(frozen=True)
 class Job:
-    """What one supervised request needs: the pair, the session options, the request."""
+    """What the worker loads: the pair and the session options (with .rpc)."""
 
     target: Path
     draft: Path | None
-    options: Any  # engine.session.SessionOptions (with .rpc)
-    messages: tuple[dict, ...]
-    gen: Any  # engine.speculative.GenParams
-    raw: bool = False
-    contexts: tuple[tuple[Path, str], ...] = ()
+    options: Any  # engine.session.SessionOptions
     home: str | None = None  # TANDEM_HOME for the worker's files (costs, history)
 
 
-@dataclass(frozen=True)
-class LoadedEvent:
-    """The worker has both models loaded and the request's prompt tokenized."""
+@dataclass
+class _Ctx:
+    """What callers read of the worker's target context (PairSession.target_ctx)."""
 
-    n_prompt: int
+    n_ctx: int = 0
+    tokens: tuple[int, ...] = ()
+    verify_limit: int = 1
 
 
-def run_supervised(job: Job, stall: float = 60.0) -> Iterator[Any]:
-    """generate()'s events from a worker process (plus one LoadedEvent). Raises RemoteError
-    when the worker dies or stalls, and the worker's own TandemError when it fails cleanly."""
-    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited llama.cpp state
-    receiver, sender = ctx.Pipe(duplex=False)
-    log = tempfile.NamedTemporaryFile(prefix="tandem-worker-", suffix=".log", delete=False)
-    log.close()
-    proc = ctx.Process(target=_worker_main, args=(sender, job, log.name), daemon=True,
-                       name="tandem-rpc-worker")
-    started = time.time()
-    proc.start()
-    sender.close()  # the worker holds the only writing end: its death is EOF here
-    finished = False
-    try:
-        while True:
-            if not receiver.poll(stall):
-                raise _failure(job, proc, log.name, f"sent nothing for {stall:g} s", stalled=True)
+@dataclass
+class _Library:
+    file_names: tuple[str, ...] = ()
+
+
+class RemotePair:
+    """The part of PairSession that `run` and `chat` use, served by a worker process that
+    holds the pair (the target on RPC servers). Each call waits at most `stall` seconds for
+    progress; a worker that dies or stalls is killed and the call raises RemoteError naming
+    the endpoint(s). After that, every call raises it again."""
+
+    def __init__(self, target: Path, draft: Path | None, options: Any, stall: float = 60.0,
+                 home: str | None = None):
+        self.options, self.target_path, self.stall = options, Path(target), stall
+        self.draft_path = Path(draft) if draft is not None else None
+        self.target_ctx, self.library = _Ctx(), _Library()
+        self._job = Job(self.target_path, self.draft_path, options, home)
+        self._dead: RemoteError | None = None
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter, no inherited state
+        self._conn, child = ctx.Pipe(duplex=True)
+        log = tempfile.NamedTemporaryFile(prefix="tandem-worker-", suffix=".log", delete=False)
+        log.close()
+        self._log = log.name
+        self._proc = ctx.Process(target=_worker_main, args=(child, self._job, self._log),
+                                 daemon=True, name="tandem-rpc-worker")
+        self._started = time.time()
+        self._proc.start()
+        child.close()  # the worker holds the only other end: its death is EOF here
+        try:
+            self._wait_reply()  # loaded (model loading sends heartbeats)
+        except BaseException:
+            self.close()
+            raise
+
+    # ----- what PairSession offers
+
+    def prompt_tokens(self, messages, raw: bool = False) -> list[int]:
+        return self._call("prompt_tokens", list(messages), raw)
+
+    def add_context_file(self, path, text: str | None = None) -> int:
+        return self._call("add_context_file", str(path), text)
+
+    def drafter(self, strategy: str | None = None, draft: Any = None) -> None:
+        """Checks that the strategy can run (raises its UsageError); the drafter itself lives
+        in the worker."""
+        self._call("drafter", strategy, draft)
+
+    def generate(self, prompt, gen, strategy: str | None = None, draft: Any = None,
+                 record: bool = True) -> Iterator[Any]:
+        self._send(("generate", (list(prompt), gen, strategy, draft, record)))
+        finished = False
+        try:
+            while True:
+                try:
+                    kind, payload = self._receive()
+                except TandemError:
+                    finished = True  # the worker's error ended the generation (or the worker)
+                    raise
+                if kind == "event":
+                    yield payload
+                elif kind == "reply":
+                    self._state(payload[1])
+                    finished = True
+                    return
+        finally:
+            if not finished and self._dead is None:
+                self._stop_generation()
+
+    def close(self) -> None:
+        proc = getattr(self, "_proc", None)
+        if proc is None:
+            return
+        if proc.is_alive() and self._dead is None:
             try:
-                kind, payload = receiver.recv()
-            except (EOFError, OSError):
-                proc.join(2)
-                raise _failure(job, proc, log.name, _how_it_ended(proc)) from None
-            if kind == "event":
-                yield payload
-            elif kind == "error":
-                cls, message, hint, code = payload
-                err = TandemError(message, hint)
-                err.exit_code = code
-                raise err
-            elif kind == "end":
-                finished = True
-                return
-            # "beat": loading progress, only resets the stall clock
-    finally:
+                self._conn.send(("quit", None))
+                proc.join(5)
+            except (OSError, ValueError):
+                pass
         if proc.is_alive():
             proc.kill()
         proc.join(5)
-        receiver.close()
-        if not finished:
-            _remove_partial_files(job, proc.pid, started)
+        self._conn.close()
+        if self._dead is not None or proc.exitcode not in (0, None):
+            _remove_partial_files(self._job, proc.pid, self._started)
         try:
-            os.unlink(log.name)
+            os.unlink(self._log)
         except OSError:
             pass
+        self._proc = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ----- the pipe
+
+    def _call(self, name: str, *args):
+        self._send((name, args))
+        return self._wait_reply()
+
+    def _send(self, msg) -> None:
+        if self._dead is not None:
+            raise self._dead
+        try:
+            self._conn.send(msg)
+        except (OSError, ValueError):
+            raise self._fail(_how_it_ended(self._proc)) from None
+
+    def _wait_reply(self):
+        while True:
+            kind, payload = self._receive()
+            if kind == "reply":
+                value, state = payload
+                self._state(state)
+                return value
+
+    def _receive(self):
+        """The next message that is not a heartbeat; RemoteError if none comes in time."""
+        if self._dead is not None:
+            raise self._dead
+        while True:
+            if not self._conn.poll(self.stall):
+                raise self._fail(f"sent nothing for {self.stall:g} s", stalled=True)
+            try:
+                kind, payload = self._conn.recv()
+            except (EOFError, OSError):
+                self._proc.join(2)
+                raise self._fail(_how_it_ended(self._proc)) from None
+            if kind == "error":
+                _, message, hint, code = payload
+                err = RemoteError(message, hint) if code == RemoteError.exit_code else \
+                    TandemError(message, hint)
+                err.exit_code = code
+                raise err
+            if kind != "beat":
+                return kind, payload
+
+    def _stop_generation(self) -> None:
+        """The caller stopped reading (Ctrl-C, a stop in the chat): the worker finishes the
+        step it is in and stops; its events until then are dropped."""
+        try:
+            self._conn.send(("stop", None))
+            while True:
+                kind, payload = self._receive()
+                if kind == "reply":
+                    self._state(payload[1])
+                    return
+        except RemoteError:
+            pass
+
+    def _state(self, state) -> None:
+        if state:
+            self.target_ctx = _Ctx(**state["ctx"])
+            self.library = _Library(tuple(state["files"]))
+
+    def _fail(self, what: str, stalled: bool = False) -> RemoteError:
+        self._dead = _failure(self._job, self._proc, self._log, what, stalled)
+        return self._dead
 
 
 def _how_it_ended(proc) -> str:
@@ -178,7 +292,7 @@ def _worker_main(conn, job: Job, log_path: str) -> None:
     """In the worker process: quiet, no core files, an abort ends it at once."""
     import signal
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and kills it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
     try:
         import resource
 
@@ -197,17 +311,21 @@ def _worker_main(conn, job: Job, log_path: str) -> None:
     exit_on_abort()
     try:
         _serve(conn, job)
-        conn.send(("end", None))
-    except TandemError as exc:
-        conn.send(("error", (type(exc).__name__, exc.message, exc.hint, exc.exit_code)))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, not printed
-        conn.send(("error", (type(exc).__name__, f"unexpected {type(exc).__name__}: {exc}",
-                             "rerun with TANDEM_DEBUG=1 and --verbose, and report it", 1)))
+    except (EOFError, OSError):
+        pass  # the parent went away
     finally:
         conn.close()
 
 
+def _error(exc: BaseException) -> tuple:
+    if isinstance(exc, TandemError):
+        return ("error", (type(exc).__name__, exc.message, exc.hint, exc.exit_code))
+    return ("error", (type(exc).__name__, f"unexpected {type(exc).__name__}: {exc}",
+                      "rerun with TANDEM_DEBUG=1 and --verbose, and report it", 1))
+
+
 def _serve(conn, job: Job) -> None:
+    """Load the pair, then answer calls until "quit" (or the parent's end of the pipe)."""
     from tandem.engine.session import PairSession
 
     last = [0.0]
@@ -218,12 +336,52 @@ def _serve(conn, job: Job) -> None:
             last[0] = now
             conn.send(("beat", (what, fraction)))
 
-    with PairSession(job.target, job.draft, job.options, progress=beat) as session:
-        for path, text in job.contexts:
-            session.add_context_file(path, text)
-        tokens = session.prompt_tokens(list(job.messages), raw=job.raw)
-        conn.send(("event", LoadedEvent(len(tokens))))
-        for ev in session.generate(tokens, job.gen):
+    try:
+        session = PairSession(job.target, job.draft, job.options, progress=beat)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, never printed
+        conn.send(_error(exc))
+        return
+
+    def state() -> dict:
+        ctx = session.target_ctx
+        return {"ctx": {"n_ctx": ctx.n_ctx, "tokens": tuple(ctx.tokens),
+                        "verify_limit": ctx.verify_limit},
+                "files": tuple(session.library.file_names)}
+
+    with session:
+        conn.send(("reply", (None, state())))
+        while True:
+            name, args = conn.recv()
+            if name == "quit":
+                return
+            try:
+                if name == "generate":
+                    _generate(conn, session, *args)
+                    value = None
+                elif name == "prompt_tokens":
+                    value = session.prompt_tokens(*args)
+                elif name == "add_context_file":
+                    value = session.add_context_file(*args)
+                elif name == "drafter":
+                    session.drafter(*args)
+                    value = None
+                elif name == "stop":
+                    continue  # it came after its generation ended: that one has its reply
+                else:
+                    raise ValueError(f"unknown call {name!r}")
+            except Exception as exc:  # noqa: BLE001 - reported to the parent
+                conn.send(_error(exc))
+                continue
+            conn.send(("reply", (value, state())))
+
+
+def _generate(conn, session, prompt, gen, strategy, draft, record) -> None:
+    inner = session.generate(prompt, gen, strategy, draft, record=record)
+    try:
+        for ev in inner:
             conn.send(("event", ev))
-
-
+            if conn.poll():  # the only message that can come now: stop
+                conn.recv()
+                break
+    finally:
+        inner.close()
