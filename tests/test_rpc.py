@@ -355,3 +355,51 @@ def test_chat_ends_with_exit_6_when_the_server_dies(tiny_models, home, server):
     assert f"Error: the RPC link to {server.endpoint} failed" in errs
     assert "Traceback" not in errs
     assert not list(home.rglob("*.tmp"))
+
+
+def test_two_servers_placement_matches_the_plan(tandem, tiny_models, home):
+    """llama.cpp splits the offloaded layers by the servers' free memory; `tandem hw --rpc`
+    predicts the same devices per layer, and the output is still identical."""
+    import json
+    import re
+
+    a, b = Server(home), Server(home)
+    try:
+        eps = f"{a.endpoint},{b.endpoint}"
+        args = ["--raw", "--exact", "-n", "32", "--strategy", "draft", "hello there"]
+        local = tandem(*args)
+        remote = tandem(*args, "--rpc", eps, "--verbose")
+        assert remote.returncode == EXIT_OK, err(remote)
+        assert out(remote) == out(local)
+        placed = {}
+        for il, dev in re.findall(r"layer +(\d+) assigned to device (\w+)", err(remote)):
+            placed.setdefault(int(il), dev)  # the target loads first
+        hw = subprocess.run([sys.executable, "-m", "tandem", "hw", "-m",
+                             str(tiny_models["target"]), "--rpc", eps, "--json"],
+                            capture_output=True, env=_env(home), timeout=120)
+        assert hw.returncode == EXIT_OK, hw.stderr.decode()
+        plan = json.loads(hw.stdout)["remote_target"]
+        predicted = {}
+        for d in plan["devices"]:
+            for il in d["layers"]:
+                predicted[il] = d["device"]
+            if d["output"]:
+                predicted[len(placed) - 1] = d["device"]
+        assert predicted == placed
+        assert {"RPC0", "RPC1"} <= set(placed.values())
+        assert [d["endpoint"] for d in plan["devices"]] == ["", a.endpoint, b.endpoint]
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_hw_shows_the_layers_on_the_remote_device(tiny_models, home, server):
+    res = subprocess.run([sys.executable, "-m", "tandem", "hw", "-m", str(tiny_models["target"]),
+                          "-md", str(tiny_models["draft"]), "--rpc", server.endpoint],
+                         capture_output=True, env=_env(home, COLUMNS="160"), timeout=120)
+    assert res.returncode == EXIT_OK, res.stderr.decode()
+    text = res.stdout.decode()
+    assert "Target over RPC" in text
+    row = next(ln for ln in text.splitlines() if "RPC0" in ln)
+    assert server.endpoint in row and "2/2: 0-1 + output" in row
+    assert "Across the link per token" in text
