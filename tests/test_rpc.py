@@ -403,3 +403,22 @@ def test_hw_shows_the_layers_on_the_remote_device(tiny_models, home, server):
     row = next(ln for ln in text.splitlines() if "RPC0" in ln)
     assert server.endpoint in row and "2/2: 0-1 + output" in row
     assert "Across the link per token" in text
+
+
+def test_auto_measures_its_costs_over_the_link(tandem, home, server):
+    """A remote target's costs are keyed by the endpoints (not the local ones) and the run's
+    notes say how the link was priced."""
+    import json
+
+    args = ["--raw", "-n", "24", "--strategy", "auto", "--json", "hello there"]
+    local = tandem(*args)
+    assert local.returncode == EXIT_OK, err(local)
+    before = set((home / "costs").glob("*.json"))
+    remote = tandem(*args, "--rpc", server.endpoint)
+    assert remote.returncode == EXIT_OK, err(remote)
+    after = set((home / "costs").glob("*.json"))
+    assert len(after - before) == 1  # its own calibration, not the local one
+    saved = json.loads((after - before).pop().read_text())
+    assert saved["source"] == f"measured over RPC {server.endpoint}"
+    notes = " ".join(json.loads(out(remote))["stats"].get("notes", []))
+    assert f"costs: measured over RPC {server.endpoint}" in notes

@@ -311,6 +311,8 @@ class PairSession:
                     cached = None
             if cached is None:
                 cached = calibrate(self.target_ctx, self.draft_ctx, probe)
+                if self.options.rpc:  # the link's round trips are in every figure
+                    cached.source = f"measured over RPC {','.join(self.options.rpc)}"
                 if cached.busy is not None and cached.busy > BUSY_SHARE:
                     self.cost_notes.append(
                         f"machine busy while calibrating (other processes used "
@@ -334,6 +336,8 @@ class PairSession:
 
         parts = [platform.node(), platform.machine(), repr(self.target_ctx.params),
                  str(self.options.target_gpu_layers), str(self.options.draft_gpu_layers)]
+        if self.options.rpc:  # a remote target's costs are the link's, not this machine's
+            parts.append("rpc=" + ",".join(self.options.rpc))
         if self.draft_ctx is not None:
             parts.append(repr(self.draft_ctx.params))
         for p in (self.target_path, self.draft_path):
