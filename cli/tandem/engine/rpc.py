@@ -14,6 +14,7 @@ GET_DEVICE_MEMORY (11) takes a uint32 device and answers free and total as uint6
 """
 from __future__ import annotations
 
+import select
 import socket
 import struct
 import time
@@ -153,8 +154,12 @@ def _hello(sock: socket.socket, endpoint: str, timeout: float, last: bool) -> tu
     answers at once instead of waiting for more."""
     sock.sendall(_command(CMD_HELLO, bytes(CAPS)))
     if last:
+        # an rpc-server answers at once; what is silent after a moment gets the end of the
+        # stream (only then: a proxy that cannot half-close would cut the answer short)
         try:
-            sock.shutdown(socket.SHUT_WR)
+            ready, _, _ = select.select([sock], [], [], min(1.0, timeout))
+            if not ready:
+                sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass
     head = _read(sock, 8, endpoint, timeout, "the RPC handshake")
