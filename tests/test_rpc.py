@@ -42,11 +42,12 @@ def _env(home: Path, **extra) -> dict:
 class Server:
     """A `tandem rpc-server` on 127.0.0.1 and a free port, up once it answers a handshake."""
 
-    def __init__(self, home: Path):
+    def __init__(self, home: Path, *args: str):
         self.port = free_port()
         self.endpoint = f"127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tandem", "rpc-server", "--port", str(self.port), "-t", "1"],
+            [sys.executable, "-m", "tandem", "rpc-server", "--port", str(self.port), "-t", "1",
+             *args],
             env=_env(home), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 60
         while True:
@@ -358,12 +359,13 @@ def test_chat_ends_with_exit_6_when_the_server_dies(tiny_models, home, server):
 
 
 def test_two_servers_placement_matches_the_plan(tandem, tiny_models, home):
-    """llama.cpp splits the offloaded layers by the servers' free memory; `tandem hw --rpc`
-    predicts the same devices per layer, and the output is still identical."""
+    """llama.cpp splits the offloaded layers by the servers' free memory (here as --mem
+    says: 1 to 3); `tandem hw --rpc` predicts the same devices per layer, and the output is
+    still identical."""
     import json
     import re
 
-    a, b = Server(home), Server(home)
+    a, b = Server(home, "--mem", "100"), Server(home, "--mem", "300")
     try:
         eps = f"{a.endpoint},{b.endpoint}"
         args = ["--raw", "--exact", "-n", "32", "--strategy", "draft", "hello there"]
@@ -386,7 +388,8 @@ def test_two_servers_placement_matches_the_plan(tandem, tiny_models, home):
             if d["output"]:
                 predicted[len(placed) - 1] = d["device"]
         assert predicted == placed
-        assert {"RPC0", "RPC1"} <= set(placed.values())
+        assert placed == {0: "RPC0", 1: "RPC1", 2: "RPC1"}  # equal memory would give 0, 0, 1
+        assert [d["free"] for d in plan["devices"][1:]] == [100 << 20, 300 << 20]
         assert [d["endpoint"] for d in plan["devices"]] == ["", a.endpoint, b.endpoint]
     finally:
         a.stop()
@@ -422,3 +425,16 @@ def test_auto_measures_its_costs_over_the_link(tandem, home, server):
     assert saved["source"] == f"measured over RPC {server.endpoint}"
     notes = " ".join(json.loads(out(remote))["stats"].get("notes", []))
     assert f"costs: measured over RPC {server.endpoint}" in notes
+
+
+def test_a_server_too_small_for_its_share_is_refused(tandem, home):
+    from tandem.errors import EXIT_MODEL
+
+    small = Server(home, "--mem", "1")
+    try:
+        res = tandem("--raw", "-n", "4", "--rpc", small.endpoint, "hi", timeout=60)
+    finally:
+        small.stop()
+    assert res.returncode == EXIT_MODEL, err(res)
+    assert "does not fit over these RPC servers" in err(res) and "RPC0" in err(res)
+    assert "reports 1 MiB free" in err(res)

@@ -8,7 +8,7 @@ import os
 import socket
 import sys
 import threading
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -37,6 +37,7 @@ def rpc_server(
     host: Annotated[str, typer.Option("--host", "-H", help="Address to listen on (default: loopback only).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", "-p", help="TCP port.")] = 50052,
     threads: Annotated[int, typer.Option("--threads", "-t", help="CPU threads for the computations (0: half the cores, as llama.cpp's rpc-server).")] = 0,
+    mem: Annotated[Optional[int], typer.Option("--mem", help="MiB this server offers (reported to clients as its free memory, which llama.cpp places layers by; default: what the device has free).")] = None,
     cache: Annotated[bool, typer.Option("--cache", "-c", help="Keep received tensors in llama.cpp's local file cache (faster reloads of the same model).")] = False,
     allow_remote: Annotated[bool, typer.Option("--allow-remote", help="Allow a --host other than loopback (the protocol is unauthenticated).")] = False,
 ):
@@ -47,7 +48,7 @@ def rpc_server(
 
       tandem rpc-server                                  # 127.0.0.1:50052, for a local test
 
-      tandem rpc-server --host 192.168.1.20 --allow-remote --port 50052
+      tandem rpc-server --host 192.168.1.20 --allow-remote --port 50052 --mem 20000
 
       # then, on the machine that runs tandem:
       tandem run --rpc 192.168.1.20:50052 "Write a quicksort in C"
@@ -57,6 +58,9 @@ def rpc_server(
 
     if not 1 <= port <= 65535:
         raise UsageError(f"--port must be in 1..65535, got {port}", "pick a free TCP port")
+    if mem is not None and mem < 1:
+        raise UsageError(f"--mem must be at least 1 (MiB), got {mem}", "omit it to offer "
+                         "what the device has free")
     if threads < 0:
         raise UsageError(f"--threads must be >= 0, got {threads}", "0 picks half the cores")
     endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -76,7 +80,9 @@ def rpc_server(
         cache_dir = tandem_home() / "rpc-cache"
         cache_dir.mkdir(parents=True, exist_ok=True)
     served = ggml.served_devices()
-    shown = ", ".join(f"{d.name} ({d.description}, {d.free >> 20} MiB free)" for d in served)
+    shown = ", ".join(f"{d.name} ({d.description}, "
+                      f"{min(d.free >> 20, mem) if mem else d.free >> 20} MiB offered)"
+                      for d in served)
     print(f"tandem rpc-server: llama.cpp RPC protocol {'.'.join(map(str, PROTO))} on "
           f"{endpoint}, serving {shown}, {n_threads} threads; Ctrl-C stops it", file=sys.stderr)
     # llama.cpp's server logs with printf: onto stderr with everything else that is no result
@@ -86,7 +92,8 @@ def rpc_server(
 
     def serve():
         try:
-            ggml.serve(endpoint, n_threads, str(cache_dir) if cache_dir else None)
+            ggml.serve(endpoint, n_threads, str(cache_dir) if cache_dir else None,
+                       mem=mem << 20 if mem else None)
         finally:
             done.set()
 

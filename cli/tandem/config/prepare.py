@@ -12,7 +12,7 @@ from tandem.config.settings import Settings, resolve_settings
 from tandem.engine.rpc import server_info
 from tandem.engine.session import SessionOptions
 from tandem.machine.fit import plan_for_settings, remote_plan_for_settings
-from tandem.machine.hardware import detect
+from tandem.machine.hardware import detect, fmt_bytes
 from tandem.machine.planner import PlanError, require_fit
 
 
@@ -83,9 +83,9 @@ def require_remote_fit(local, remote) -> None:
     problems = list(remote.problems)
     here = remote.devices[0].total + (local.draft.total if local.draft else 0)
     if here > local.ram_budget:
-        problems.append(f"this machine needs {here / 2**30:.2f} GiB (the draft and "
+        problems.append(f"this machine needs {fmt_bytes(here)} (the draft and "
                         f"{len(remote.devices[0].layers)} target layers) of "
-                        f"{local.ram_budget / 2**30:.2f} GiB available")
+                        f"{fmt_bytes(local.ram_budget)} available")
     if problems:
         raise PlanError("the target does not fit over these RPC servers: " + "; ".join(problems),
                         "add a server to --rpc, lower --ctx-size, or choose a smaller pair; "

@@ -162,7 +162,33 @@ def local_offload_devices():
     return (ctypes.c_void_p * (len(mine) + 1))(*mine, None)
 
 
-def serve(endpoint: str, n_threads: int, cache_dir: str | None = None) -> None:
+_GET_MEMORY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                               ctypes.POINTER(ctypes.c_size_t))
+_IFACE_GET_MEMORY = 2  # ggml_backend_device_i: get_name, get_description, get_memory, ...
+_keep: list = []
+
+
+def _limit_memory(dev: int, limit: int) -> None:
+    """Make the device report at most `limit` bytes (free and total) to RPC clients, which
+    place layers by it. ggml has no setting for this (rpc-server.cpp has no memory option in
+    this llama.cpp), so the device's get_memory entry (ggml-backend-impl.h: struct
+    ggml_backend_device starts with its interface, get_memory third) is replaced in this
+    process; the server asks it through ggml_backend_dev_memory for each GET_DEVICE_MEMORY."""
+    slots = ctypes.cast(ctypes.c_void_p(dev), ctypes.POINTER(ctypes.c_void_p))
+    real = ctypes.cast(ctypes.c_void_p(slots[_IFACE_GET_MEMORY]), _GET_MEMORY)
+
+    def get_memory(d, free, total):
+        real(d, free, total)
+        free[0] = min(free[0], limit)
+        total[0] = min(total[0], limit)
+
+    fn = _GET_MEMORY(get_memory)
+    _keep.extend([real, fn])
+    slots[_IFACE_GET_MEMORY] = ctypes.cast(fn, ctypes.c_void_p).value
+
+
+def serve(endpoint: str, n_threads: int, cache_dir: str | None = None,
+          mem: int | None = None) -> None:
     """llama.cpp's RPC server on this process's libggml (so client and server always speak
     the same protocol), serving the devices its rpc-server picks: the accelerators, else the
     CPU (tools/rpc/rpc-server.cpp, get_devices). Blocks for good; returns only when the
@@ -181,6 +207,9 @@ def serve(endpoint: str, n_threads: int, cache_dir: str | None = None) -> None:
         devs = [cpu]
     if not devs:
         raise ModelError("llama.cpp found no device to serve", None)
+    if mem:
+        for dev in devs:
+            _limit_memory(dev, mem)
     arr = (ctypes.c_void_p * len(devs))(*devs)
     start(endpoint.encode(), cache_dir.encode() if cache_dir else None, max(1, n_threads),
           len(devs), arr)

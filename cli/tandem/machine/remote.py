@@ -18,6 +18,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from tandem.machine.hardware import fmt_bytes
 from tandem.machine.placement import F32, ContextSpec, place
 from tandem.machine.shapes import ModelShape, row_bytes
 
@@ -145,6 +146,6 @@ def plan_remote(shape: ModelShape, ctx: ContextSpec, gpu_layers: int,
     if out_dev >= 0:
         down += F32 * shape.n_vocab  # the logits row comes back
         crossings += 1
-    problems = tuple(f"{d.device} ({d.endpoint}) needs {d.total / 2**30:.2f} GiB but reports "
-                     f"{d.free / 2**30:.2f} GiB free" for d in plans if not d.fits)
+    problems = tuple(f"{d.device} ({d.endpoint}) needs {fmt_bytes(d.total)} but reports "
+                     f"{fmt_bytes(d.free)} free" for d in plans if not d.fits)
     return RemotePlan(gpu_layers, tuple(plans), crossings, up, down, problems)
