@@ -438,3 +438,39 @@ def test_a_server_too_small_for_its_share_is_refused(tandem, home):
     assert res.returncode == EXIT_MODEL, err(res)
     assert "does not fit over these RPC servers" in err(res) and "RPC0" in err(res)
     assert "reports 1 MiB free" in err(res)
+
+
+def test_ctrl_c_stops_a_remote_run_and_frees_the_server(tiny_models, home, tmp_path, server):
+    cmd = [sys.executable, "-m", "tandem", "run", "-m", str(tiny_models["target"]), "-md",
+           str(tiny_models["draft"]), "-t", "1", "--raw", "-n", "8000", "-c", "8192",
+           "--strategy", "draft", "--rpc", server.endpoint, "hello there"]
+    proc = subprocess.Popen(cmd, env=_env(home), cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    got = b""
+    deadline = time.monotonic() + 90
+    while len(got) < 40:
+        assert time.monotonic() < deadline
+        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+        if ready:
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            assert chunk, proc.stderr.read()
+            got += chunk
+    proc.send_signal(signal.SIGINT)
+    text, errs, _ = _finish(proc, got, 60)
+    assert proc.returncode == 130, errs
+    assert "Interrupted." in errs and "Traceback" not in errs
+    assert text.endswith(b"\n") and len(text) < 8000
+    # the worker is gone with its connection: the server (one client at a time) answers again
+    assert rpc.check_endpoint(server.endpoint, timeout=10).version == rpc.PROTO
+
+
+def test_spec_bench_over_rpc(tiny_models, home, tmp_path, server):
+    res = subprocess.run(
+        [sys.executable, "-m", "tandem", "spec-bench", "-m", str(tiny_models["target"]), "-md",
+         str(tiny_models["draft"]), "-t", "1", "--quick", "--strategies", "none,draft", "-n",
+         "8", "--rpc", server.endpoint, "--verbose"], capture_output=True, env=_env(home),
+        cwd=tmp_path, timeout=300, stdin=subprocess.DEVNULL)
+    assert res.returncode == EXIT_OK, err(res)[-2000:]
+    assert "| draft |" in out(res)
+    assert "assigned to device RPC0" in err(res)
