@@ -300,7 +300,11 @@ class Context:
         limit = min(params.n_outputs_max, self.n_batch)
         if params.exact and not model.fully_on_gpu:
             limit = min(limit, EXACT_BATCH)
-        elif params.exact:
+        if params.exact and model.remote:
+            self.notes.append("exact mode with the target on RPC servers: bit-identity is "
+                              "tested with CPU rpc-servers (unrepacked weights there); GPU "
+                              "servers' kernels were not measured")
+        elif params.exact and model.fully_on_gpu:
             self.notes.append("exact mode on a GPU target: batch invariance of GPU kernels was "
                               "not measured, so greedy output may differ from plain decoding "
                               "at near ties")
