@@ -474,3 +474,29 @@ def test_spec_bench_over_rpc(tiny_models, home, tmp_path, server):
     assert res.returncode == EXIT_OK, err(res)[-2000:]
     assert "| draft |" in out(res)
     assert "assigned to device RPC0" in err(res)
+
+
+@pytest.mark.parametrize("value,expect", [
+    ("127.0.0.1:50052", "127.0.0.1:50052"), (" a:1 , b.example:65535 ", "a:1,b.example:65535"),
+    (["h1:2", "h2:3"], "h1:2,h2:3"), ("", ""), (None, "")])
+def test_endpoint_setting_normalizes(value, expect):
+    from tandem.config.schema import FIELDS_BY_KEY
+
+    assert FIELDS_BY_KEY["rpc"].check(value) == (expect, None)
+
+
+@pytest.mark.parametrize("value,problem", [
+    ("host", "not HOST:PORT"), ("h:0", "1..65535"), ("h:x", "1..65535"), ("[::1]:5", "IPv6"),
+    ("a:1,a:1", "twice"), (5, "HOST:PORT"), (",".join(f"h{i}:1" for i in range(17)), "16")])
+def test_endpoint_setting_refuses(value, problem):
+    from tandem.config.schema import FIELDS_BY_KEY
+
+    good, why = FIELDS_BY_KEY["rpc"].check(value)
+    assert good is None and problem in why
+
+
+def test_bad_rpc_in_config_names_file_and_line(tandem, home):
+    (home / "config.yaml").write_text("context: 1024\nrpc: localhost\n")
+    res = tandem("--raw", "-n", "4", "hi", timeout=60)
+    assert res.returncode == EXIT_USAGE, err(res)
+    assert "config.yaml, line 2: key 'rpc'" in err(res) and "HOST:PORT" in err(res)

@@ -103,12 +103,13 @@ MAX_RPC_SERVERS = 16  # GGML_RPC_MAX_SERVERS (ggml-rpc.h)
 
 
 def split_endpoint(endpoint: str) -> tuple[str, int]:
-    """HOST:PORT (or [IPv6]:PORT) -> (host, port); ValueError saying what is wrong."""
+    """HOST:PORT -> (host, port); ValueError saying what is wrong."""
     host, sep, port = endpoint.strip().rpartition(":")
     if not sep or not host or not port:
         raise ValueError(f"{endpoint!r} is not HOST:PORT")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
+    if ":" in host:  # llama.cpp's client splits HOST:PORT at the first ':' (parse_endpoint)
+        raise ValueError(f"{endpoint!r}: llama.cpp's RPC client takes a host name or an IPv4 "
+                         "address, not an IPv6 one")
     if not port.isdigit() or not 1 <= int(port) <= 65535:
         raise ValueError(f"the port of {endpoint!r} must be a number in 1..65535")
     if any(c.isspace() for c in host) or "," in host or not host:
