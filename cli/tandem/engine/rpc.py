@@ -216,10 +216,6 @@ def _reply(sock, size: int, endpoint: str, timeout: float, what: str) -> bytes:
     return _read(sock, size, endpoint, timeout, what)
 
 
-def check_all(endpoints: Sequence[str], timeout: float = CONNECT_TIMEOUT) -> list[ServerInfo]:
-    return [check_endpoint(ep, timeout) for ep in endpoints]
-
-
 def broken(endpoints: Sequence[str], timeout: float = 2.0) -> list[tuple[str, str]]:
     """After a failure: which endpoints do not answer a handshake now, and why."""
     out = []

@@ -1,5 +1,5 @@
-"""A generation whose target sits on llama.cpp RPC servers, run in a worker process that the
-caller supervises.
+"""A pair whose target sits on llama.cpp RPC servers, held by a worker process that the caller
+supervises (RemotePair: the PairSession calls run and chat make, over a pipe).
 
 Why a process: llama.cpp ends the whole process with GGML_ABORT when an RPC connection breaks
 (ggml-rpc.cpp: RPC_STATUS_ASSERT in rpc_dispatcher::work) and waits forever on a server that
@@ -21,7 +21,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 from tandem.errors import RemoteError, TandemError
 
