@@ -215,6 +215,8 @@ def render(r: dict, console=None) -> None:
     title = f"Plan for {r['pair']}" if r["pair"] else "Plan"
     exact = all(m.exact for m in plan.models)
     title += " (GGUF files on disk)" if exact else " (sizes from the catalog, estimated)"
+    if r.get("remote") is not None:
+        title += ", all on this machine (with --rpc: see Target over RPC below)"
     pt = Table(title=title, title_justify="left",
                caption=f"target: {target_label}" + (f", draft: {draft_label}" if draft_label
                                                      else ""), caption_justify="left")
@@ -300,8 +302,8 @@ def _render_remote(rp, console) -> None:
                   _b(d.weights), _b(d.kv), _b(d.compute), _b(d.total),
                   _b(d.free) if d.free is not None else "")
     console.print(t)
-    console.print("With --rpc, this machine holds the draft (plan above) and the CPU row here, "
-                  "not the target's rows above.")
+    console.print("With --rpc, this machine holds the draft (its row above) and the CPU row "
+                  "here.")
     console.print(f"Across the link per token: {rp.crossings} transfer(s), "
                   f"{_small(rp.link_up)} up and {_small(rp.link_down)} down (hidden states"
                   + (" and the logits row, once per verified token" if any(
