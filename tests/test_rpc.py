@@ -500,3 +500,22 @@ def test_bad_rpc_in_config_names_file_and_line(tandem, home):
     res = tandem("--raw", "-n", "4", "hi", timeout=60)
     assert res.returncode == EXIT_USAGE, err(res)
     assert "config.yaml, line 2: key 'rpc'" in err(res) and "HOST:PORT" in err(res)
+
+
+def test_a_port_that_never_answers_times_out(tandem, home, tmp_path):
+    """A listener that accepts connections and says nothing (a busy rpc-server serving
+    another client looks the same): a bounded wait, then exit 6 naming it."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)  # never accepted: the kernel completes the connection, nobody reads
+    ep = f"127.0.0.1:{silent.getsockname()[1]}"
+    t0 = time.monotonic()
+    try:
+        res = tandem("--raw", "-n", "4", "--rpc", ep, "hi", timeout=60)
+    finally:
+        silent.close()
+    assert res.returncode == EXIT_REMOTE, err(res)
+    assert f"Error: no answer from {ep} to the RPC handshake within" in err(res)
+    assert "one client at a time" in err(res)
+    assert time.monotonic() - t0 < 60
+    _no_debris(home, tmp_path)
