@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build llama.cpp's native tools (llama-speculative-simple, llama-bench, llama-simple, llama-server,
-# llama-completion: plain decoding with a thread count, llama-quantize: synthetic GGUFs)
+# llama-completion: plain decoding with a thread count, llama-quantize: synthetic GGUFs,
+# ggml-rpc-server: llama.cpp's own RPC server, needs -DGGML_RPC=ON as in cmake_flags.py)
 # from the llama.cpp source that the pinned llama-cpp-python sdist vendors, with the same CMake
 # flags as our wheel, so benchmarks compare tandem against the very same kernels.
 #   scripts/build_native.sh            # prints the bin directory on stdout
@@ -10,7 +11,7 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 ARGS="${CMAKE_ARGS:-$(python3 "$ROOT/scripts/cmake_flags.py")}"
 KEY="$(printf '%s|%s' "$LLAMA_VERSION" "$ARGS" | sha256sum | cut -c1-16)"
 OUT="${TANDEM_CACHE_DIR:-$HOME/.cache/tandem}/native/$KEY"
-TARGETS="llama-speculative-simple llama-bench llama-simple llama-server llama-completion llama-quantize"
+TARGETS="llama-speculative-simple llama-bench llama-simple llama-server llama-completion llama-quantize ggml-rpc-server"
 built=1
 for t in $TARGETS; do [ -x "$OUT/bin/$t" ] || built=0; done
 if [ "$built" = 1 ]; then

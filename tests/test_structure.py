@@ -89,6 +89,9 @@ def _importers(top: str) -> set[str]:
 
 def test_dependency_rules():
     assert _importers("llama_cpp") == {"tandem.engine.llama"}
+    # native calls: llama.cpp through the binding (llama), ggml's registry for RPC devices
+    # and the RPC server, which the binding does not cover (ggml)
+    assert _importers("ctypes") == {"tandem.engine.llama", "tandem.engine.ggml"}
     ui = _importers("typer") | _importers("rich")
     assert all(m.startswith("tandem.commands.") or m == "tandem.chat.tui" for m in ui), ui
     # the HTTP stack only where `tandem serve` runs it (tandem run never loads it)

@@ -11,6 +11,7 @@ EXIT_USAGE = 2  # bad flags or parameter values
 EXIT_MODEL = 3  # model file missing, truncated, not GGUF, incompatible pair
 EXIT_DOWNLOAD = 4  # download, mirror, checksum, disk problems
 EXIT_CONTEXT = 5  # prompt does not fit the context
+EXIT_REMOTE = 6  # an RPC server or the link to it failed (refused, foreign, version, died, stalled)
 EXIT_INTERRUPTED = 130
 
 
@@ -53,6 +54,13 @@ class ChecksumError(DownloadError):
 
 class ContextOverflowError(TandemError):
     exit_code = EXIT_CONTEXT
+
+
+class RemoteError(TandemError):
+    """An RPC server (--rpc) cannot be used or failed: nobody listening, a port speaking
+    something else, another protocol version, a server that died or stalled mid-request."""
+
+    exit_code = EXIT_REMOTE
 
 
 class RemoteNotFoundError(DownloadError):

@@ -49,9 +49,9 @@ def _root(
 
 def _register_commands() -> None:
     """Each command lives in its own module with a register(app)."""
-    from tandem.commands import bench, chat, history, hw, pairs, run, serve
+    from tandem.commands import bench, chat, history, hw, pairs, rpc_server, run, serve
 
-    for module in (run, pairs, hw, chat, serve, bench, history):
+    for module in (run, pairs, hw, chat, serve, bench, history, rpc_server):
         module.register(app)
 
 

@@ -25,6 +25,8 @@ from tandem.commands.options import (
     ModelOpt,
     OptCtxOpt,
     OptThreadsOpt,
+    RpcOpt,
+    RpcTimeoutOpt,
     VerboseOpt,
 )
 from tandem.errors import UsageError
@@ -82,6 +84,8 @@ def spec_bench(
     n_ctx: OptCtxOpt = None,
     n_threads: OptThreadsOpt = None,
     exact: ExactOpt = False,
+    rpc: RpcOpt = None,
+    rpc_timeout: RpcTimeoutOpt = None,
     verbose: VerboseOpt = False,
 ):
     """Measure plain decoding against speculative strategies on a workload, side by side.
@@ -128,7 +132,14 @@ def spec_bench(
     target_path, draft_path, planned = app_module.load_plan(
         pair, model, model_draft, app_module.setting_flags(
             exact, strategy="none", n_max=n_max, n_min=n_min, p_min=p_min, n_ctx=n_ctx,
-            n_threads=n_threads), verbose)
+            n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout), verbose)
+    if planned.rpc:
+        # benchmarks drive the session in this process (no worker): a server that dies
+        # mid-benchmark ends it with llama.cpp's message and exit 6, never a core dump
+        from tandem.engine.ggml import exit_on_abort
+
+        os.environ["GGML_NO_BACKTRACE"] = "1"
+        exit_on_abort()
     draft_paths = [_fetch(ref) for ref in drafts] if drafts else ([draft_path] if draft_path else [])
     bench = BenchSession(request, target_path, draft_paths, planned, items, grid, conversations)
     err = Console(stderr=True, no_color=bool(os.environ.get("NO_COLOR")) or None)

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from tandem.errors import TandemError, UsageError
+from tandem.errors import RemoteError, TandemError, UsageError
 
 
 def register(app: typer.Typer) -> None:
@@ -29,6 +29,8 @@ def register(app: typer.Typer) -> None:
         OptCtxOpt,
         OptThreadsOpt,
         RepeatPenaltyOpt,
+        RpcOpt,
+        RpcTimeoutOpt,
         SeedOpt,
         StrategyOpt,
         SystemOpt,
@@ -62,6 +64,8 @@ def register(app: typer.Typer) -> None:
         exact: ExactOpt = False,
         context_file: ContextFileOpt = None,
         no_history: NoHistoryOpt = False,
+        rpc: RpcOpt = None,
+        rpc_timeout: RpcTimeoutOpt = None,
         verbose: VerboseOpt = False,
     ):
         """Chat in the terminal, with live tokens/s, draft acceptance and speedup.
@@ -74,19 +78,22 @@ def register(app: typer.Typer) -> None:
           tandem chat
 
           tandem chat -m target.gguf -md draft.gguf --draft-max 6 --show-draft
+
+          tandem chat --rpc 192.168.1.20:50052     # the target's layers on that rpc-server
         """
         _chat(pair=pair, system=system, model=model, model_draft=model_draft, strategy=strategy,
               n_max=n_max, n_min=n_min, p_min=p_min,
               max_tokens=max_tokens, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
               repeat_penalty=repeat_penalty, seed=seed, n_ctx=n_ctx, n_threads=n_threads,
               show_draft=show_draft, plain_probe=plain_probe, verbose=verbose, exact=exact,
-              context_file=context_file, no_history=no_history)
+              context_file=context_file, no_history=no_history, rpc=rpc,
+              rpc_timeout=rpc_timeout)
 
 
 def _chat(*, pair, system, model, model_draft, strategy, n_max, n_min, p_min,
           max_tokens, temp, top_k, top_p, min_p, repeat_penalty, seed, n_ctx, n_threads,
           show_draft, plain_probe, verbose, exact=False, context_file=None,
-          no_history=False) -> None:
+          no_history=False, rpc=None, rpc_timeout=None) -> None:
     from tandem.chat.session import ChatSession
     from tandem.chat.tui import ChatView, make_console
     from tandem.commands import options as _app
@@ -109,11 +116,18 @@ def _chat(*, pair, system, model, model_draft, strategy, n_max, n_min, p_min,
     target_path, draft_path, opts = _app.load_plan(
         pair, model, model_draft, _app.setting_flags(
             exact, no_history, strategy=strategy, n_max=n_max, n_min=n_min, p_min=p_min, n_ctx=n_ctx,
-            n_threads=n_threads), verbose)
+            n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout), verbose)
     gen = GenParams(max_tokens=max_tokens, sampling=sampling)
     names = target_path.name + (f" + {Path(draft_path).name}" if draft_path else "")
     with view.loading(f"Loading {names}…"):
-        session = PairSession(target_path, draft_path, opts)
+        if opts.rpc:  # a worker holds the pair: a broken link must not abort the chat
+            from tandem.engine.worker import RemotePair
+            from tandem.models.store import tandem_home
+
+            session = RemotePair(target_path, draft_path, opts, stall=opts.rpc_timeout,
+                                 home=str(tandem_home()))
+        else:
+            session = PairSession(target_path, draft_path, opts)
     with session:
         for path, text in contexts:
             session.add_context_file(path, text)
@@ -173,6 +187,9 @@ def _loop(chat, view) -> None:
                 view.notice("(empty message: type some text, or /help)")
                 continue
             stopped = _answer(chat, view, text)
+        except RemoteError:
+            view.abort()  # the worker is gone with the link: the chat cannot go on
+            raise
         except TandemError as exc:
             view.abort()
             view.error(exc.message, exc.hint)

@@ -20,6 +20,7 @@ def register(app: typer.Typer) -> None:
         ctx_size: Annotated[Optional[int], typer.Option("--ctx-size", "-c", help="Plan for this context size.")] = None,
         force_profile: Annotated[bool, typer.Option("--force-profile", help="Use --profile even if it does not match this machine.")] = False,
         as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+        rpc: Annotated[Optional[str], typer.Option("--rpc", help="Also plan the target over these llama.cpp RPC servers, HOST:PORT[,HOST:PORT...] (asks each for its free memory).")] = None,
     ):
         """Show the detected hardware, the chosen profile and the offload/memory plan.
 
@@ -33,9 +34,11 @@ def register(app: typer.Typer) -> None:
           tandem hw --pair qwen2.5-coder-7b --ctx-size 16384
 
           tandem hw --profile rtx-4090 --force-profile --json
+
+          tandem hw --rpc 192.168.1.20:50052    # layers and bytes per device, link traffic
         """
         report = build_report(profile=profile, pair=pair, model=model, model_draft=model_draft,
-                              ctx_size=ctx_size, force_profile=force_profile)
+                              ctx_size=ctx_size, force_profile=force_profile, rpc=rpc)
         if as_json:
             print(json.dumps(report_json(report), indent=2))
         else:
@@ -46,7 +49,7 @@ def register(app: typer.Typer) -> None:
 
 
 def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size=None,
-                 force_profile=False, hardware=None) -> dict:
+                 force_profile=False, hardware=None, rpc=None) -> dict:
     """Everything `tandem hw` shows, as objects (the renderers only format)."""
     from tandem.config.settings import resolve_settings
     from tandem.errors import UsageError
@@ -81,13 +84,21 @@ def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size
                           label=(spec.target.name, spec.draft.name))
         return _files_on_disk(store, chosen["target"], chosen["draft"])
 
-    settings = resolve_settings({"profile": profile, "pair": pair, "n_ctx": ctx_size},
+    settings = resolve_settings({"profile": profile, "pair": pair, "n_ctx": ctx_size, "rpc": rpc},
                                 hardware=hw, force_profile=force_profile or None, models=files)
     target, draft, pair_name, label = (chosen["target"], chosen["draft"], chosen["name"],
                                        chosen["label"])
     plan = plan_for_settings(settings, target, draft, store=store)
+    remote = None
+    if settings.rpc:
+        from tandem.config.schema import endpoints
+        from tandem.engine.rpc import server_info
+        from tandem.machine.fit import remote_plan_for_settings
+
+        servers = [server_info(ep) for ep in endpoints(settings.rpc)]
+        remote = remote_plan_for_settings(settings, target, servers, store=store)
     return {"hardware": hw, "settings": settings, "pair": pair_name, "labels": label,
-            "plan": plan, "recommended": recommended_pairs(settings, store)}
+            "plan": plan, "recommended": recommended_pairs(settings, store), "remote": remote}
 
 
 def _files_on_disk(store, target, draft):
@@ -117,6 +128,7 @@ def report_json(r: dict) -> dict:
         "settings": s.to_dict(),
         "pair": r["pair"],
         "plan": plan.to_dict(),
+        "remote_target": r["remote"].to_dict() if r.get("remote") else None,
         "recommended_pairs": [{"name": a.name, "status": a.status, "note": a.note,
                                "exact": a.exact,
                                "total": _needs(a.plan)}
@@ -203,6 +215,8 @@ def render(r: dict, console=None) -> None:
     title = f"Plan for {r['pair']}" if r["pair"] else "Plan"
     exact = all(m.exact for m in plan.models)
     title += " (GGUF files on disk)" if exact else " (sizes from the catalog, estimated)"
+    if r.get("remote") is not None:
+        title += ", all on this machine (with --rpc: see Target over RPC below)"
     pt = Table(title=title, title_justify="left",
                caption=f"target: {target_label}" + (f", draft: {draft_label}" if draft_label
                                                      else ""), caption_justify="left")
@@ -236,6 +250,8 @@ def render(r: dict, console=None) -> None:
         for a in plan.advice:
             console.print(f"  - {a}")
     console.print()
+    if r.get("remote") is not None:
+        _render_remote(r["remote"], console)
 
     if r["recommended"]:
         rt = Table(title=f"Recommended pairs for {prof.name}", title_justify="left")
@@ -252,3 +268,47 @@ def render(r: dict, console=None) -> None:
         console.print(f"[yellow]Warning:[/yellow] {w}")
     for n in hw.notes:
         console.print(f"Note: {n}")
+
+
+def _layer_span(layers, output: bool) -> str:
+    """0-13, 20 (+output): a device's layers, compactly."""
+    parts, run = [], []
+    for il in list(layers) + [None]:
+        if run and (il is None or il != run[-1] + 1):
+            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        if il is not None:
+            run.append(il)
+    text = ", ".join(parts) or "-"
+    return text + (" + output" if output else "")
+
+
+def _small(n: int) -> str:
+    return f"{n} B" if n < 10240 else _b(n)
+
+
+def _render_remote(rp, console) -> None:
+    from rich.table import Table
+
+    n_layers = sum(len(d.layers) for d in rp.devices)
+    t = Table(title="Target over RPC", title_justify="left",
+              caption="the draft model and its KV cache stay on this machine",
+              caption_justify="left")
+    for col in ("Device", "Where", "Layers", "Weights", "KV cache", "Compute", "Total", "Free"):
+        t.add_column(col, justify="left" if col in ("Device", "Where", "Layers") else "right")
+    for d in rp.devices:
+        t.add_row(d.device, d.endpoint or "this machine",
+                  f"{len(d.layers)}/{n_layers}: {_layer_span(d.layers, d.output)}",
+                  _b(d.weights), _b(d.kv), _b(d.compute), _b(d.total),
+                  _b(d.free) if d.free is not None else "")
+    console.print(t)
+    console.print("With --rpc, this machine holds the draft (its row above) and the CPU row "
+                  "here.")
+    console.print(f"Across the link per token: {rp.crossings} transfer(s), "
+                  f"{_small(rp.link_up)} up and {_small(rp.link_down)} down (hidden states"
+                  + (" and the logits row, once per verified token" if any(
+                      d.output and d.endpoint for d in rp.devices) else "")
+                  + "; llama.cpp's graph messages come on top)")
+    for p in rp.problems:
+        console.print(f"  - [red]{p}[/red]")
+    console.print()

@@ -29,6 +29,8 @@ VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cp
 ExactOpt = Annotated[bool, typer.Option("--exact", help="Exact mode: output bit-identical to plain decoding (unrepacked weights, q8_0 KV, verify batches of <= 7 tokens on a CPU; slower). Default (fast): llama.cpp's own kernels, greedy output equal to plain decoding up to floating-point rounding (a near-tie may flip).")]
 NoHistoryOpt = Annotated[bool, typer.Option("--no-history", help="Do not draft from earlier answers kept on disk, nor keep this one (config: `history: off`, env TANDEM_HISTORY=off).")]
 ContextFileOpt = Annotated[Optional[list[Path]], typer.Option("--context-file", readable=False, help="A text file auto may draft from (repeatable): code or notes the answer will quote.")]
+RpcOpt = Annotated[Optional[str], typer.Option("--rpc", help="llama.cpp RPC servers for the target's layers, HOST:PORT[,HOST:PORT...] (start one with `tandem rpc-server`); the draft stays on this machine. Config `rpc:`, env TANDEM_RPC.")]
+RpcTimeoutOpt = Annotated[Optional[float], typer.Option("--rpc-timeout", help="Seconds without progress over --rpc before the request ends with exit 6 (default 60; config `rpc_timeout:`, env TANDEM_RPC_TIMEOUT).")]
 SystemOpt = Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.")]
 TempOpt = Annotated[float, typer.Option("--temp", help="Temperature; 0 is greedy.")]
 TopKOpt = Annotated[int, typer.Option("--top-k", help="Top-k (0: off).")]

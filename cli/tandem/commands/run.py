@@ -20,6 +20,8 @@ from tandem.commands.options import (
     OptCtxOpt,
     OptThreadsOpt,
     RepeatPenaltyOpt,
+    RpcOpt,
+    RpcTimeoutOpt,
     SeedOpt,
     StrategyOpt,
     SystemOpt,
@@ -36,7 +38,7 @@ from tandem.commands.options import (
     setting_flags,
     split_pair_and_prompt,
 )
-from tandem.errors import UsageError
+from tandem.errors import RemoteError, UsageError
 
 
 def register(app: typer.Typer) -> None:
@@ -69,6 +71,8 @@ def run(
     exact: ExactOpt = False,
     context_file: ContextFileOpt = None,
     no_history: NoHistoryOpt = False,
+    rpc: RpcOpt = None,
+    rpc_timeout: RpcTimeoutOpt = None,
     verbose: VerboseOpt = False,
 ):
     """Generate a completion; text on stdout, statistics on stderr.
@@ -82,9 +86,10 @@ def run(
       tandem run -m target.gguf -md draft.gguf --draft-max 8 "hello"
 
       tandem run --context-file app.py "Add logging to the load() function in app.py"
+
+      tandem run --rpc 192.168.1.20:50052 "hello"     # the target's layers on that server
     """
     from tandem.engine.events import DoneEvent, TokenEvent
-    from tandem.engine.session import PairSession
     from tandem.engine.speculative import GenParams
 
     pair, prompt = split_pair_and_prompt(args or [])
@@ -101,23 +106,27 @@ def run(
     gen = GenParams(max_tokens=max_tokens, sampling=sampling, stop=tuple(stop or ()))
     contexts = read_context_files(context_file)
     flags = setting_flags(exact, no_history, strategy=strategy, n_max=n_max, n_min=n_min, p_min=p_min,
-                          n_ctx=n_ctx, n_threads=n_threads)
+                          n_ctx=n_ctx, n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout)
     target_path, draft_path, opts = load_plan(pair, model, model_draft, flags, verbose)
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt}]
     show_stats = sys.stderr.isatty() if stats is None else stats
     done = None
-    with PairSession(target_path, draft_path, opts) as session:
-        for path, text in contexts:
-            session.add_context_file(path, text)
-        tokens = session.prompt_tokens(messages, raw=raw)
-        out = sys.stdout
-        for ev in session.generate(tokens, gen):
+    out = sys.stdout
+    wrote = ""  # the last text streamed: a failure mid-answer still ends its line
+    try:
+        for ev in _events(target_path, draft_path, opts, contexts, messages, gen, raw):
             if isinstance(ev, TokenEvent) and not as_json and not no_stream and ev.text:
                 out.write(ev.text)
                 out.flush()
+                wrote = ev.text
             elif isinstance(ev, DoneEvent):
                 done = ev
+    except RemoteError:
+        if wrote and not wrote.endswith("\n"):
+            out.write("\n")
+            out.flush()
+        raise
     if as_json:
         print(json.dumps({"text": done.text, "finish_reason": done.reason,
                           "stats": done.stats.to_dict()}, ensure_ascii=False))
@@ -129,3 +138,24 @@ def run(
         out.flush()
     if show_stats:
         print(done.stats.summary(), file=sys.stderr)
+
+
+def _events(target_path, draft_path, opts, contexts, messages, gen, raw):
+    """generate()'s events: in this process, or, with --rpc, from a supervised worker
+    process (llama.cpp aborts the process that holds a broken RPC connection; see
+    engine/worker.py)."""
+    if opts.rpc:
+        from tandem.engine.worker import RemotePair
+        from tandem.models.store import tandem_home
+
+        session = RemotePair(target_path, draft_path, opts, stall=opts.rpc_timeout,
+                             home=str(tandem_home()))
+    else:
+        from tandem.engine.session import PairSession
+
+        session = PairSession(target_path, draft_path, opts)
+    with session:
+        for path, text in contexts:
+            session.add_context_file(path, text)
+        tokens = session.prompt_tokens(messages, raw=raw)
+        yield from session.generate(tokens, gen)

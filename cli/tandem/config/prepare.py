@@ -7,11 +7,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from tandem.config.schema import endpoints
 from tandem.config.settings import Settings, resolve_settings
+from tandem.engine.rpc import server_info
 from tandem.engine.session import SessionOptions
-from tandem.machine.fit import plan_for_settings
-from tandem.machine.hardware import detect
-from tandem.machine.planner import require_fit
+from tandem.machine.fit import plan_for_settings, remote_plan_for_settings
+from tandem.machine.hardware import detect, fmt_bytes
+from tandem.machine.planner import PlanError, require_fit
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,29 @@ def prepare_session(cli: Mapping[str, Any] | None, resolve_models, *, verbose: b
     settings = resolve_settings(cli, hardware=hardware or detect(), home=home,
                                 models=resolve_models)
     target, draft = settings.files
-    p = require_fit(plan_for_settings(settings, target, draft))
+    servers = endpoints(settings.rpc)
+    p = plan_for_settings(settings, target, draft)
+    if servers:
+        # before llama.cpp sees them: it aborts the process on a server it cannot use
+        infos = [server_info(ep) for ep in servers]
+        require_remote_fit(p, remote_plan_for_settings(settings, target, infos))
+    else:
+        p = require_fit(p)
     return Prepared(settings, p, SessionOptions.from_settings(settings, p, verbose=verbose,
                                                               extra=extra),
                     Path(target), Path(draft) if draft is not None else None)
+
+
+def require_remote_fit(local, remote) -> None:
+    """A remote target: each server's share within its free memory, and this machine's share
+    of the target plus the draft within its RAM; else PlanError (exit 3) saying where."""
+    problems = list(remote.problems)
+    here = remote.devices[0].total + (local.draft.total if local.draft else 0)
+    if here > local.ram_budget:
+        problems.append(f"this machine needs {fmt_bytes(here)} (the draft and "
+                        f"{len(remote.devices[0].layers)} target layers) of "
+                        f"{fmt_bytes(local.ram_budget)} available")
+    if problems:
+        raise PlanError("the target does not fit over these RPC servers: " + "; ".join(problems),
+                        "add a server to --rpc, lower --ctx-size, or choose a smaller pair; "
+                        "`tandem hw --rpc ...` shows the plan")

@@ -34,7 +34,7 @@ class Field:
     key: str
     path: tuple[str, ...]
     env: str
-    kind: str  # int | float | choice | layers
+    kind: str  # int | float | choice | layers | endpoints
     default: Any
     lo: float | None = None
     hi: float | None = None
@@ -53,6 +53,8 @@ class Field:
     def parse(self, text: str) -> tuple[Any, str | None]:
         """A value written as text (environment, flags): (value, None) or (None, problem)."""
         raw, text = text, text.strip()
+        if self.kind == "endpoints":
+            return self.check(text)
         try:
             if self.kind == "int" or (self.kind == "layers" and text.lower() not in ("auto", "all")):
                 return self.check(int(text))
@@ -66,6 +68,8 @@ class Field:
 
     def check(self, value: Any) -> tuple[Any, str | None]:
         """(normalized value, None) or (None, what is wrong)."""
+        if self.kind == "endpoints":
+            return check_endpoints(value)
         if self.kind == "choice":
             if isinstance(value, bool) and "on" in self.choices:
                 value = "on" if value else "off"  # YAML 1.1 reads bare on/off as booleans
@@ -93,6 +97,54 @@ class Field:
         if self.lo is not None and value < self.lo or self.hi is not None and value > self.hi:
             return None, f"must be in {num(self.lo)}..{num(self.hi)}, got {value}"
         return value, None
+
+
+MAX_RPC_SERVERS = 16  # GGML_RPC_MAX_SERVERS (ggml-rpc.h)
+
+
+def split_endpoint(endpoint: str) -> tuple[str, int]:
+    """HOST:PORT -> (host, port); ValueError saying what is wrong."""
+    host, sep, port = endpoint.strip().rpartition(":")
+    if not sep or not host or not port:
+        raise ValueError(f"{endpoint!r} is not HOST:PORT")
+    if ":" in host:  # llama.cpp's client splits HOST:PORT at the first ':' (parse_endpoint)
+        raise ValueError(f"{endpoint!r}: llama.cpp's RPC client takes a host name or an IPv4 "
+                         "address, not an IPv6 one")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"the port of {endpoint!r} must be a number in 1..65535")
+    if any(c.isspace() for c in host) or "," in host or not host:
+        raise ValueError(f"{endpoint!r} has no usable host")
+    return host, int(port)
+
+
+def check_endpoints(value: Any) -> tuple[Any, str | None]:
+    """llama.cpp's --rpc value: HOST:PORT[,HOST:PORT...] (a YAML list is fine too), normalized
+    to the comma-separated string; empty: no RPC server (everything local)."""
+    if value is None or value is False:
+        return "", None
+    if isinstance(value, (list, tuple)):
+        if not all(isinstance(v, str) for v in value):
+            return None, f"must be a list of HOST:PORT strings, got {show(value)}"
+        parts = [v.strip() for v in value]
+    elif isinstance(value, str):
+        parts = [v.strip() for v in value.split(",")] if value.strip() else []
+    else:
+        return None, f"must be HOST:PORT[,HOST:PORT...], got {show(value)}"
+    for part in parts:
+        try:
+            split_endpoint(part)
+        except ValueError as exc:
+            return None, f"must be HOST:PORT[,HOST:PORT...]: {exc}"
+    if len(set(parts)) != len(parts):
+        return None, "names a server twice"
+    if len(parts) > MAX_RPC_SERVERS:
+        return None, f"names {len(parts)} servers; llama.cpp takes at most {MAX_RPC_SERVERS}"
+    return ",".join(parts), None
+
+
+def endpoints(value: str) -> tuple[str, ...]:
+    """The normalized setting as a tuple of HOST:PORT."""
+    return tuple(p for p in (value or "").split(",") if p)
 
 
 def num(x: float | None) -> str:
@@ -141,6 +193,12 @@ SETTING_FIELDS: tuple[Field, ...] = (
       label="draft history", flag="--no-history"),
     F("gpu_reserve_mb", ("offload", "reserve_mb"), "TANDEM_GPU_RESERVE_MB", "int", 512, 0,
       1 << 20, label="GPU reserve (MiB)"),
+    # llama.cpp RPC servers holding the target's layers (the draft stays local)
+    F("rpc", ("rpc",), "TANDEM_RPC", "endpoints", "", label="RPC servers", flag="--rpc"),
+    # seconds without any progress from a generation over RPC before the link is declared
+    # stalled (the worker is stopped, exit 6); model loading gets rpc_load_timeout
+    F("rpc_timeout", ("rpc_timeout",), "TANDEM_RPC_TIMEOUT", "float", 60.0, 0.1, 86400.0,
+      label="RPC stall timeout (s)", flag="--rpc-timeout"),
 )
 FIELDS_BY_KEY: Mapping[str, Field] = MappingProxyType({f.key: f for f in SETTING_FIELDS})
 FIELDS_BY_PATH: Mapping[tuple[str, ...], Field] = MappingProxyType(

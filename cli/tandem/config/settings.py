@@ -69,6 +69,8 @@ class Settings:
     draft_gpu_layers: int | str
     history: str
     gpu_reserve_mb: int
+    rpc: str  # HOST:PORT,... of llama.cpp RPC servers for the target ("": all local)
+    rpc_timeout: float
     sources: Mapping[str, Setting] = field(repr=False, default_factory=dict)
     profile_obj: Any = None  # tandem.machine.profiles.Profile
     profile_reason: str = ""

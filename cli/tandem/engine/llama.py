@@ -64,7 +64,18 @@ def init_backend(verbose: bool = False) -> None:
 
 
 def supports_gpu_offload() -> bool:
-    return bool(_lc.llama_supports_gpu_offload())
+    """Whether this machine has an accelerator llama.cpp can offload to. Not
+    llama_supports_gpu_offload(): it also says yes for any build with the RPC backend,
+    which would take a CPU-only machine (or a target on a CPU rpc-server) for a GPU."""
+    from tandem.engine.ggml import local_offload_devices
+
+    return bool(_lc.llama_supports_gpu_offload()) and len(local_offload_devices()) > 1
+
+
+def _rpc_attached() -> bool:
+    from tandem.engine.ggml import attached
+
+    return bool(attached())
 
 
 def system_info() -> str:
@@ -96,7 +107,11 @@ class Model:
     """A loaded GGUF model and its vocabulary."""
 
     def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, use_mmap: bool = True,
-                 verbose: bool = False, repack: bool = False):
+                 verbose: bool = False, repack: bool = False, local_only: bool = False,
+                 progress: Callable[[float], None] | None = None):
+        """`local_only`: this machine's devices only, never an attached RPC server (the
+        draft next to a remote target); `progress`: called during the load (a worker's
+        heartbeat while weights go over the link)."""
         init_backend(verbose)
         self.path = Path(path)
         if not self.path.is_file():
@@ -112,7 +127,20 @@ class Model:
         # with flash attention, q8_0 KV) the CPU backend gives bit-identical rows for batches
         # of up to EXACT_BATCH tokens.
         params.use_extra_bufts = repack
+        keep = None
+        if local_only:
+            from tandem.engine.ggml import local_offload_devices
+
+            keep = local_offload_devices()  # llama.cpp copies the list during the load
+            params.devices = ctypes.addressof(keep)
+        if progress is not None:
+            def report(value, user_data):  # noqa: ARG001 - ctypes signature
+                progress(value)
+                return True
+            keep = (keep, _lc.llama_progress_callback(report))
+            params.progress_callback = keep[1]
         ptr = _lc.llama_model_load_from_file(str(self.path).encode(), params)
+        del keep
         if not ptr:
             raise ModelError(f"llama.cpp could not load {self.path.name}",
                              "the file may be truncated or of an unsupported architecture; "
@@ -124,6 +152,11 @@ class Model:
         # every layer and the output on the GPU (llama.cpp offloads the output layer only when
         # n_gpu_layers exceeds n_layer); a partial offload still runs CPU kernels
         self.fully_on_gpu = gpu and (n_gpu_layers < 0 or n_gpu_layers > self.n_layer)
+        # layers on RPC servers run kernels tandem has not measured (a CPU server's are the
+        # unrepacked CPU ones): exact mode keeps its batch cap for them
+        self.remote = not local_only and n_gpu_layers != 0 and _rpc_attached()
+        if self.remote:
+            self.fully_on_gpu = False
         self.n_ctx_train = _lc.llama_model_n_ctx_train(ptr)
         self.bos = _lc.llama_vocab_bos(self.vocab)
         self.eos = _lc.llama_vocab_eos(self.vocab)
@@ -267,7 +300,11 @@ class Context:
         limit = min(params.n_outputs_max, self.n_batch)
         if params.exact and not model.fully_on_gpu:
             limit = min(limit, EXACT_BATCH)
-        elif params.exact:
+        if params.exact and model.remote:
+            self.notes.append("exact mode with the target on RPC servers: bit-identity is "
+                              "tested with CPU rpc-servers (unrepacked weights there); GPU "
+                              "servers' kernels were not measured")
+        elif params.exact and model.fully_on_gpu:
             self.notes.append("exact mode on a GPU target: batch invariance of GPU kernels was "
                               "not measured, so greedy output may differ from plain decoding "
                               "at near ties")

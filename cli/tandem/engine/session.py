@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from tandem.config.schema import STRATEGIES
+from tandem.config.schema import STRATEGIES, endpoints
 from tandem.engine import template as chat_template
 from tandem.engine.auto import BUCKETS, ORDER, AutoDrafter
 from tandem.engine.costs import DISAGREE, CostModel, calibrate, disagreement
@@ -76,6 +76,10 @@ class SessionOptions:
     # earlier answers of this pair on disk, drafted from by auto and added to after each
     # answer (engine/history.py); off: neither read nor written
     history: bool = False
+    # llama.cpp RPC servers (HOST:PORT) that hold the target's layers; the draft stays on
+    # this machine. Attaching aborts the process on a bad server: engine/worker.py runs it.
+    rpc: tuple[str, ...] = ()
+    rpc_timeout: float = 60.0  # seconds without progress before a remote request is stalled
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -98,10 +102,26 @@ class SessionOptions:
         else:
             layers = (gpu_layers_value(s.target_gpu_layers, s.backend),
                       gpu_layers_value(s.draft_gpu_layers, s.backend))
+        rpc = endpoints(getattr(s, "rpc", ""))
+        if rpc:
+            # the offloaded layers go to the servers: all of them, unless the user chose a
+            # count (a profile's count describes this machine's GPU, not the servers)
+            chosen = s.target_gpu_layers if _source(s, "target_gpu_layers") not in (
+                "profile", "default", "detected") else "all"
+            layers = (gpu_layers_value(chosen, "rpc"), layers[1])
         return cls(strategy=s.strategy, draft=DraftParams(s.n_max, s.n_min, s.p_min),
                    target_ctx=exact_context(ctx) if exact else ctx, draft_ctx=None,
                    target_gpu_layers=layers[0], draft_gpu_layers=layers[1], verbose=verbose,
-                   repack=not exact, history=s.history == "on", extra=dict(extra or {}))
+                   repack=not exact, history=s.history == "on", rpc=rpc,
+                   rpc_timeout=float(getattr(s, "rpc_timeout", 60.0)),
+                   extra=dict(extra or {}))
+
+
+def _source(s, key: str) -> str:
+    try:
+        return s.source(key)
+    except (AttributeError, KeyError):
+        return "default"
 
 
 def gpu_layers_value(value: int | str, backend: str) -> int:
@@ -139,7 +159,8 @@ class PairSession:
 
     def __init__(self, target_path: str | Path,
                  draft_path: str | Path | Sequence[str | Path] | None,
-                 options: SessionOptions = SessionOptions()):
+                 options: SessionOptions = SessionOptions(), progress=None):
+        """`progress(what, fraction)`: called while the models load."""
         self.options = options
         self.target_path = Path(target_path)
         if draft_path is None:
@@ -153,14 +174,22 @@ class PairSession:
                              "pass --model-draft PATH, a pair name, or --strategy ngram")
         for p in paths:
             check_pair(self.target_path, p)
+        if options.rpc:
+            from tandem.engine.ggml import attach
+
+            attach(options.rpc)
+
+        def loading(label):
+            return None if progress is None else (lambda f: progress(label, f))
         self.target = Model(self.target_path, options.target_gpu_layers, verbose=options.verbose,
-                            repack=options.repack)
+                            repack=options.repack, progress=loading(self.target_path.name))
         self.drafts: dict[str, Model] = {}
         self.draft_paths: dict[str, Path] = {}
         for p in paths:
             label = p.name if p.name not in self.drafts else f"{p.name}#{len(self.drafts) + 1}"
             self.drafts[label] = Model(p, options.draft_gpu_layers, verbose=options.verbose,
-                                       repack=options.draft_repack)
+                                       repack=options.draft_repack,
+                                       local_only=bool(options.rpc), progress=loading(label))
             self.draft_paths[label] = p
         self._contexts: dict[tuple, Context] = {}
         self._costs: dict[tuple, CostModel] = {}
@@ -318,6 +347,8 @@ class PairSession:
                     cached = None
             if cached is None:
                 cached = calibrate(self.target_ctx, self.draft_ctx, probe)
+                if self.options.rpc:  # the link's round trips are in every figure
+                    cached.source = f"measured over RPC {','.join(self.options.rpc)}"
                 if cached.busy is not None and cached.busy > BUSY_SHARE:
                     self.cost_notes.append(
                         f"machine busy while calibrating (other processes used "
@@ -340,6 +371,8 @@ class PairSession:
 
         parts = [platform.node(), platform.machine(), repr(self.target_ctx.params),
                  str(self.options.target_gpu_layers), str(self.options.draft_gpu_layers)]
+        if self.options.rpc:  # a remote target's costs are the link's, not this machine's
+            parts.append("rpc=" + ",".join(self.options.rpc))
         if self.draft_ctx is not None:
             parts.append(repr(self.draft_ctx.params))
         for p in (self.target_path, self.draft_path):

@@ -125,3 +125,17 @@ def recommended_pairs(settings, store: Any = None) -> list[PairAdvice]:
                               suggest_pairs=False)
         out.append(PairAdvice(canonical, p.status, p, exact=p.target.exact))
     return out
+
+
+def remote_plan_for_settings(settings, target: Any, servers, *, store: Any = None):
+    """Where the target's layers go over the RPC servers `servers` (engine.rpc.ServerInfo,
+    in --rpc order), with the layer count the engine will use: all, unless the user set
+    one (a profile's count describes this machine's GPU)."""
+    from tandem.machine.remote import plan_remote
+
+    layers = settings.target_gpu_layers
+    if settings.source("target_gpu_layers") in ("profile", "default") or layers in ("auto", "all"):
+        layers = -1
+    return plan_remote(_shape_of(target, store, "target"), context_spec(settings, "target"),
+                       int(layers), [(s.endpoint, [(d.free, d.total) for d in s.devices])
+                                     for s in servers])

@@ -1,0 +1,387 @@
+"""A pair whose target sits on llama.cpp RPC servers, held by a worker process that the caller
+supervises (RemotePair: the PairSession calls run and chat make, over a pipe).
+
+Why a process: llama.cpp ends the whole process with GGML_ABORT when an RPC connection breaks
+(ggml-rpc.cpp: RPC_STATUS_ASSERT in rpc_dispatcher::work) and waits forever on a server that
+stops answering (its socket has no timeout). Neither can be caught in-process. The worker
+loads the pair and streams generate()'s events over a pipe; the caller sees them as they come.
+If the worker dies, or sends nothing for `stall` seconds (model loading reports progress, so a
+slow upload of weights is not a stall), it is killed and a RemoteError names the endpoint(s)
+that no longer answer. The text already streamed stays with the caller.
+
+Nothing is left half-written: the worker writes its files (costs, history) through a
+temporary file and os.replace, and a temporary file of a killed worker is removed here; the
+worker's core dumps are off and llama.cpp's abort() ends it with _exit (no core file).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from tandem.errors import RemoteError, TandemError
+
+# model loading calls back once per tensor; a heartbeat at most this often
+BEAT_EVERY = 0.5
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the worker loads: the pair and the session options (with .rpc)."""
+
+    target: Path
+    draft: Path | None
+    options: Any  # engine.session.SessionOptions
+    home: str | None = None  # TANDEM_HOME for the worker's files (costs, history)
+
+
+@dataclass
+class _Ctx:
+    """What callers read of the worker's target context (PairSession.target_ctx)."""
+
+    n_ctx: int = 0
+    tokens: tuple[int, ...] = ()
+    verify_limit: int = 1
+
+
+@dataclass
+class _Library:
+    file_names: tuple[str, ...] = ()
+
+
+class RemotePair:
+    """The part of PairSession that `run` and `chat` use, served by a worker process that
+    holds the pair (the target on RPC servers). Each call waits at most `stall` seconds for
+    progress; a worker that dies or stalls is killed and the call raises RemoteError naming
+    the endpoint(s). After that, every call raises it again."""
+
+    def __init__(self, target: Path, draft: Path | None, options: Any, stall: float = 60.0,
+                 home: str | None = None):
+        self.options, self.target_path, self.stall = options, Path(target), stall
+        self.draft_path = Path(draft) if draft is not None else None
+        self.target_ctx, self.library = _Ctx(), _Library()
+        self._job = Job(self.target_path, self.draft_path, options, home)
+        self._dead: RemoteError | None = None
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter, no inherited state
+        self._conn, child = ctx.Pipe(duplex=True)
+        log = tempfile.NamedTemporaryFile(prefix="tandem-worker-", suffix=".log", delete=False)
+        log.close()
+        self._log = log.name
+        self._proc = ctx.Process(target=_worker_main, args=(child, self._job, self._log),
+                                 daemon=True, name="tandem-rpc-worker")
+        self._started = time.time()
+        self._proc.start()
+        child.close()  # the worker holds the only other end: its death is EOF here
+        try:
+            self._wait_reply()  # loaded (model loading sends heartbeats)
+        except BaseException:
+            self.close()
+            raise
+
+    # ----- what PairSession offers
+
+    def prompt_tokens(self, messages, raw: bool = False) -> list[int]:
+        return self._call("prompt_tokens", list(messages), raw)
+
+    def add_context_file(self, path, text: str | None = None) -> int:
+        return self._call("add_context_file", str(path), text)
+
+    def drafter(self, strategy: str | None = None, draft: Any = None) -> None:
+        """Checks that the strategy can run (raises its UsageError); the drafter itself lives
+        in the worker."""
+        self._call("drafter", strategy, draft)
+
+    def generate(self, prompt, gen, strategy: str | None = None, draft: Any = None,
+                 record: bool = True) -> Iterator[Any]:
+        self._send(("generate", (list(prompt), gen, strategy, draft, record)))
+        finished = False
+        try:
+            while True:
+                try:
+                    kind, payload = self._receive()
+                except TandemError:
+                    finished = True  # the worker's error ended the generation (or the worker)
+                    raise
+                if kind == "event":
+                    yield payload
+                elif kind == "reply":
+                    self._state(payload[1])
+                    finished = True
+                    return
+        finally:
+            if not finished and self._dead is None:
+                self._stop_generation()
+
+    def close(self) -> None:
+        proc = getattr(self, "_proc", None)
+        if proc is None:
+            return
+        if proc.is_alive() and self._dead is None:
+            try:
+                self._conn.send(("quit", None))
+                proc.join(5)
+            except (OSError, ValueError):
+                pass
+        if proc.is_alive():
+            proc.kill()
+        proc.join(5)
+        self._conn.close()
+        if self._dead is not None or proc.exitcode not in (0, None):
+            _remove_partial_files(self._job, proc.pid, self._started)
+        try:
+            os.unlink(self._log)
+        except OSError:
+            pass
+        self._proc = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ----- the pipe
+
+    def _call(self, name: str, *args):
+        self._send((name, args))
+        return self._wait_reply()
+
+    def _send(self, msg) -> None:
+        if self._dead is not None:
+            raise self._dead
+        try:
+            self._conn.send(msg)
+        except (OSError, ValueError):
+            raise self._fail(_how_it_ended(self._proc)) from None
+
+    def _wait_reply(self):
+        while True:
+            kind, payload = self._receive()
+            if kind == "reply":
+                value, state = payload
+                self._state(state)
+                return value
+
+    def _receive(self):
+        """The next message that is not a heartbeat; RemoteError if none comes in time."""
+        if self._dead is not None:
+            raise self._dead
+        while True:
+            if not self._conn.poll(self.stall):
+                raise self._fail(f"sent nothing for {self.stall:g} s", stalled=True)
+            try:
+                kind, payload = self._conn.recv()
+            except (EOFError, OSError):
+                self._proc.join(2)
+                raise self._fail(_how_it_ended(self._proc)) from None
+            if kind == "error":
+                _, message, hint, code = payload
+                err = RemoteError(message, hint) if code == RemoteError.exit_code else \
+                    TandemError(message, hint)
+                err.exit_code = code
+                raise err
+            if kind != "beat":
+                return kind, payload
+
+    def _stop_generation(self) -> None:
+        """The caller stopped reading (Ctrl-C, a stop in the chat): the worker finishes the
+        step it is in and stops; its events until then are dropped."""
+        try:
+            self._conn.send(("stop", None))
+            while True:
+                kind, payload = self._receive()
+                if kind == "reply":
+                    self._state(payload[1])
+                    return
+        except RemoteError:
+            pass
+
+    def _state(self, state) -> None:
+        if state:
+            self.target_ctx = _Ctx(**state["ctx"])
+            self.library = _Library(tuple(state["files"]))
+
+    def _fail(self, what: str, stalled: bool = False) -> RemoteError:
+        self._dead = _failure(self._job, self._proc, self._log, what, stalled)
+        return self._dead
+
+
+def _how_it_ended(proc) -> str:
+    code = proc.exitcode
+    if code is None:
+        return "closed its pipe"
+    if code == 6 or code == -6:
+        return "was aborted by llama.cpp (a broken RPC connection)"
+    if code < 0:
+        import signal
+
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _failure(job: Job, proc, log_path: str, what: str, stalled: bool = False) -> RemoteError:
+    """Which endpoint failed: the ones that no longer answer a handshake (after the worker is
+    gone, a healthy server is free again), else all of them."""
+    from tandem.engine.rpc import broken
+
+    if proc.is_alive():
+        proc.kill()
+        proc.join(5)
+    eps = tuple(job.options.rpc)
+    bad = broken(eps, timeout=2.0)
+    names = ", ".join(ep for ep, _ in bad) or ", ".join(eps)
+    said = _llama_said(log_path)
+    why = f"; now: {bad[0][1]}" if bad else ""
+    message = (f"the RPC link to {names} failed during the request: the engine "
+               f"{what}{why}" + (f" (llama.cpp: {said})" if said else ""))
+    if stalled:
+        hint = ("the server or the network stopped answering; check it, or raise the stall "
+                "limit (--rpc-timeout, TANDEM_RPC_TIMEOUT) for a slow link")
+    else:
+        hint = "restart the server there (`tandem rpc-server`) and run the request again"
+    return RemoteError(message, hint)
+
+
+def _llama_said(log_path: str) -> str:
+    """llama.cpp's last error line from the worker's stderr (GGML_ABORT's message)."""
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as fh:
+            lines = [ln.strip() for ln in fh.read()[-4000:].splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        if "GGML_ABORT" in line or "error" in line.lower() or "failed" in line.lower() or \
+                "crashed" in line.lower():
+            return line.split(": ", 1)[-1][:200] if ".cpp:" in line else line[:200]
+    return ""
+
+
+def _remove_partial_files(job: Job, pid: int | None, started: float) -> None:
+    """A worker killed mid-write leaves its temporary file (never a half-written real one):
+    remove those it may have made."""
+    if pid is None:
+        return
+    home = Path(job.home) if job.home else None
+    if home is None:
+        from tandem.models.store import tandem_home
+
+        home = tandem_home()
+    for pattern, where in ((f"*.{pid}.tmp", "history"), ("*.tmp", "costs")):
+        folder = home / where
+        if not folder.is_dir():
+            continue
+        for path in folder.glob(pattern):
+            try:
+                if path.stat().st_mtime >= started - 1:
+                    path.unlink()
+            except OSError:
+                pass
+
+
+# ------------------------------------------------------------------------------ the worker
+
+
+def _worker_main(conn, job: Job, log_path: str) -> None:
+    """In the worker process: quiet, no core files, an abort ends it at once."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    except (ImportError, ValueError, OSError):
+        pass
+    os.environ["GGML_NO_BACKTRACE"] = "1"  # ggml would otherwise run gdb on abort
+    if job.home:
+        os.environ["TANDEM_HOME"] = job.home
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+    if not job.options.verbose:
+        os.dup2(fd, 2)  # llama.cpp's abort message: read back by the parent
+    os.close(fd)
+    from tandem.engine.ggml import exit_on_abort
+
+    exit_on_abort()
+    try:
+        _serve(conn, job)
+    except (EOFError, OSError):
+        pass  # the parent went away
+    finally:
+        conn.close()
+
+
+def _error(exc: BaseException) -> tuple:
+    if isinstance(exc, TandemError):
+        return ("error", (type(exc).__name__, exc.message, exc.hint, exc.exit_code))
+    return ("error", (type(exc).__name__, f"unexpected {type(exc).__name__}: {exc}",
+                      "rerun with TANDEM_DEBUG=1 and --verbose, and report it", 1))
+
+
+def _serve(conn, job: Job) -> None:
+    """Load the pair, then answer calls until "quit" (or the parent's end of the pipe)."""
+    from tandem.engine.session import PairSession
+
+    last = [0.0]
+
+    def beat(what: str, fraction: float) -> None:
+        now = time.monotonic()
+        if now - last[0] >= BEAT_EVERY:
+            last[0] = now
+            conn.send(("beat", (what, fraction)))
+
+    try:
+        session = PairSession(job.target, job.draft, job.options, progress=beat)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, never printed
+        conn.send(_error(exc))
+        return
+
+    def state() -> dict:
+        ctx = session.target_ctx
+        return {"ctx": {"n_ctx": ctx.n_ctx, "tokens": tuple(ctx.tokens),
+                        "verify_limit": ctx.verify_limit},
+                "files": tuple(session.library.file_names)}
+
+    with session:
+        conn.send(("reply", (None, state())))
+        while True:
+            name, args = conn.recv()
+            if name == "quit":
+                return
+            try:
+                if name == "generate":
+                    _generate(conn, session, *args)
+                    value = None
+                elif name == "prompt_tokens":
+                    value = session.prompt_tokens(*args)
+                elif name == "add_context_file":
+                    value = session.add_context_file(*args)
+                elif name == "drafter":
+                    session.drafter(*args)
+                    value = None
+                elif name == "stop":
+                    continue  # it came after its generation ended: that one has its reply
+                else:
+                    raise ValueError(f"unknown call {name!r}")
+            except Exception as exc:  # noqa: BLE001 - reported to the parent
+                conn.send(_error(exc))
+                continue
+            conn.send(("reply", (value, state())))
+
+
+def _generate(conn, session, prompt, gen, strategy, draft, record) -> None:
+    inner = session.generate(prompt, gen, strategy, draft, record=record)
+    try:
+        for ev in inner:
+            conn.send(("event", ev))
+            if conn.poll():  # the only message that can come now: stop
+                conn.recv()
+                break
+    finally:
+        inner.close()
