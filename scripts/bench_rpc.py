@@ -77,7 +77,7 @@ def start_rpc_server(tandem: list[str], threads: int, env: dict) -> tuple[Proc, 
         except RemoteError:
             if srv.proc.poll() is not None or time.monotonic() > deadline:
                 srv.stop()
-                raise SystemExit(f"Error: tandem rpc-server did not start on port {port}")
+                raise SystemExit(f"Error: tandem rpc-server did not start on port {port}") from None
             time.sleep(0.2)
 
 

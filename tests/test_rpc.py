@@ -6,6 +6,7 @@ version, a server killed or stopped mid-generation)."""
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import select
 import signal
@@ -57,7 +58,7 @@ class Server:
             except RemoteError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"rpc-server did not come up: {self.proc.stderr.read()}")
+                    raise RuntimeError(f"rpc-server did not come up: {self.proc.stderr.read()}") from None
                 time.sleep(0.2)
 
     def stop(self) -> None:
@@ -233,7 +234,7 @@ def _finish(proc, got: bytes, limit: float):
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        raise AssertionError(f"tandem did not end within {limit} s of the fault")
+        raise AssertionError(f"tandem did not end within {limit} s of the fault") from None
     return got + rest, errs.decode(), time.monotonic() - t0
 
 
@@ -362,7 +363,6 @@ def test_two_servers_placement_matches_the_plan(tandem, tiny_models, home):
     """llama.cpp splits the offloaded layers by the servers' free memory (here as --mem
     says: 1 to 3); `tandem hw --rpc` predicts the same devices per layer, and the output is
     still identical."""
-    import json
     import re
 
     a, b = Server(home, "--mem", "100"), Server(home, "--mem", "300")
@@ -411,7 +411,6 @@ def test_hw_shows_the_layers_on_the_remote_device(tiny_models, home, server):
 def test_auto_measures_its_costs_over_the_link(tandem, home, server):
     """A remote target's costs are keyed by the endpoints (not the local ones) and the run's
     notes say how the link was priced."""
-    import json
 
     args = ["--raw", "-n", "24", "--strategy", "auto", "--json", "hello there"]
     local = tandem(*args)
@@ -522,3 +521,34 @@ def test_a_port_that_never_answers_times_out(tandem, home, tmp_path):
     assert "one client at a time" in err(res)
     assert time.monotonic() - t0 < 60
     _no_debris(home, tmp_path)
+
+
+def test_serve_over_rpc_answers_as_locally_and_a_dead_server_is_a_502(tiny_models, home,
+                                                                      tmp_path, server):
+    """`tandem serve --rpc`: the pair in a supervised worker, so a server that dies answers
+    the request with a 502 JSON error instead of aborting the HTTP server."""
+    pytest.importorskip("openai")
+    from test_serve import Server as Serve
+
+    args = ["-m", str(tiny_models["target"]), "-md", str(tiny_models["draft"]), "-t", "1",
+            "--exact", "--strategy", "draft", "--max-tokens", "16"]
+    local = Serve(args, tmp_path / "local-home")
+    try:
+        want = local.client().chat.completions.create(
+            model="t", messages=[{"role": "user", "content": "hello there"}], temperature=0)
+    finally:
+        local.stop()
+    remote = Serve([*args, "--rpc", server.endpoint], home)
+    try:
+        got = remote.client().chat.completions.create(
+            model="t", messages=[{"role": "user", "content": "hello there"}], temperature=0)
+        assert got.choices[0].message.content == want.choices[0].message.content
+        server.stop()  # kill -9: llama.cpp would abort the process holding the connection
+        status, body, _ = remote.raw("POST", "/v1/chat/completions", json.dumps(
+            {"model": "t", "messages": [{"role": "user", "content": "write a loop"}]}))
+        assert status == 502, body
+        assert server.endpoint in body["error"]["message"]
+        assert remote.health()["status"] == "ok"  # the HTTP server is still up
+    finally:
+        remote.stop()
+    assert "Traceback" not in "".join(remote.log), "".join(remote.log)

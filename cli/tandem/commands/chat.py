@@ -97,7 +97,7 @@ def _chat(*, pair, system, model, model_draft, strategy, n_max, n_min, p_min,
     from tandem.chat.session import ChatSession
     from tandem.chat.tui import ChatView, make_console
     from tandem.commands import options as _app
-    from tandem.engine.session import PairSession
+    from tandem.commands.engine import open_pair
     from tandem.engine.speculative import GenParams
 
     if pair is not None and model is not None:
@@ -120,14 +120,8 @@ def _chat(*, pair, system, model, model_draft, strategy, n_max, n_min, p_min,
     gen = GenParams(max_tokens=max_tokens, sampling=sampling)
     names = target_path.name + (f" + {Path(draft_path).name}" if draft_path else "")
     with view.loading(f"Loading {names}…"):
-        if opts.rpc:  # a worker holds the pair: a broken link must not abort the chat
-            from tandem.engine.worker import RemotePair
-            from tandem.models.store import tandem_home
-
-            session = RemotePair(target_path, draft_path, opts, stall=opts.rpc_timeout,
-                                 home=str(tandem_home()))
-        else:
-            session = PairSession(target_path, draft_path, opts)
+        # with --rpc a worker holds the pair: a broken link must not abort the chat
+        session = open_pair(target_path, draft_path, opts)
     with session:
         for path, text in contexts:
             session.add_context_file(path, text)

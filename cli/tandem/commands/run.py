@@ -144,16 +144,9 @@ def _events(target_path, draft_path, opts, contexts, messages, gen, raw):
     """generate()'s events: in this process, or, with --rpc, from a supervised worker
     process (llama.cpp aborts the process that holds a broken RPC connection; see
     engine/worker.py)."""
-    if opts.rpc:
-        from tandem.engine.worker import RemotePair
-        from tandem.models.store import tandem_home
+    from tandem.commands.engine import open_pair
 
-        session = RemotePair(target_path, draft_path, opts, stall=opts.rpc_timeout,
-                             home=str(tandem_home()))
-    else:
-        from tandem.engine.session import PairSession
-
-        session = PairSession(target_path, draft_path, opts)
+    session = open_pair(target_path, draft_path, opts)
     with session:
         for path, text in contexts:
             session.add_context_file(path, text)

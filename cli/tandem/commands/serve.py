@@ -24,6 +24,8 @@ from tandem.commands.options import (
     OptCtxOpt,
     OptThreadsOpt,
     RepeatPenaltyOpt,
+    RpcOpt,
+    RpcTimeoutOpt,
     StrategyOpt,
     TempOpt,
     TopKOpt,
@@ -65,6 +67,8 @@ def serve(
     exact: ExactOpt = False,
     context_file: ContextFileOpt = None,
     no_history: NoHistoryOpt = False,
+    rpc: RpcOpt = None,
+    rpc_timeout: RpcTimeoutOpt = None,
     verbose: VerboseOpt = False,
 ):
     """Serve the OpenAI API (chat/completions, completions, models) on the local pair.
@@ -79,9 +83,11 @@ def serve(
 
       TANDEM_API_KEY=secret tandem serve --host 0.0.0.0
 
+      tandem serve --rpc 192.168.1.20:50052      # the target's layers on that server
+
     Then point a client at http://127.0.0.1:8080/v1 (any API key unless --api-key is set).
     """
-    from tandem.engine.session import PairSession
+    from tandem.commands.engine import open_pair
 
     if not 0 <= port <= 65535:
         raise UsageError(f"--port must be in 0..65535, got {port}", "8080 is the default")
@@ -93,7 +99,8 @@ def serve(
     sampling = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, None)
     contexts = read_context_files(context_file)
     flags = setting_flags(exact, no_history, strategy=strategy, n_max=n_max, n_min=n_min,
-                          p_min=p_min, n_ctx=n_ctx, n_threads=n_threads)
+                          p_min=p_min, n_ctx=n_ctx, n_threads=n_threads, rpc=rpc,
+                          rpc_timeout=rpc_timeout)
     target_path, draft_path, opts = load_plan(pair, model, model_draft, flags, verbose)
 
     from tandem.serve import app as server  # Starlette and uvicorn: only now
@@ -104,7 +111,7 @@ def serve(
         server.warn(f"listening on {host} without --api-key: anyone who can reach this "
                     "machine can use it")
     try:
-        with PairSession(target_path, draft_path, opts) as session:
+        with open_pair(target_path, draft_path, opts) as session:
             for path, text in contexts:
                 session.add_context_file(path, text)
             worker = EngineWorker(session, strategy=opts.strategy, draft=opts.draft,

@@ -24,7 +24,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from tandem.errors import ContextOverflowError, TandemError, UsageError
+from tandem.errors import ContextOverflowError, RemoteError, TandemError, UsageError
 from tandem.serve import protocol
 from tandem.serve.protocol import ApiError
 from tandem.serve.worker import Defaults, EngineWorker, Job, QueueFull, prepare
@@ -215,6 +215,9 @@ def _raise_failure(item) -> None:
         if isinstance(value, (UsageError, ContextOverflowError)):
             message = value.message + (f" ({value.hint})" if value.hint else "")
             raise ApiError(400, message, code=code or "invalid_value")
+        if isinstance(value, RemoteError):  # the target's RPC server is gone: a bad gateway
+            raise ApiError(502, f"{value.message} ({value.hint})", type="server_error",
+                           code="remote_unavailable")
         raise ApiError(500, value.message, type="server_error")
     if what == "failed":
         raise ApiError(500, f"internal error ({type(value).__name__}); the server logged it",
