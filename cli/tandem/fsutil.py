@@ -1,8 +1,9 @@
 """Writing tandem's own files safely, and saying clearly why a file system refused.
 
 Every file tandem writes goes through `atomic_write_text` (a temporary file next to the target,
-then os.replace), so a full disk or a killed process never leaves a half-written file nor a
-stray `*.tmp`. `storage_error` turns the OSError of a failed read or write into a StorageError
+then os.replace), so a full disk never leaves a half-written file nor a stray `*.tmp`. A killed
+process can leave its temporary file: it is named `<file>.<pid>.tmp`, and `sweep_stale_tmp`
+(run by each store before it writes) removes those of processes that are gone. `storage_error` turns the OSError of a failed read or write into a StorageError
 whose message names the path that is in the way and whose hint says what to change.
 """
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
+import time
 from pathlib import Path
 
 from tandem.errors import StorageError
@@ -18,11 +21,62 @@ _FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 _DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
+def tmp_name(path: Path) -> Path:
+    """This process's temporary file for `path`: `<name>.<pid>.tmp`, so that two processes
+    never share one and a sweep can tell whose it is."""
+    path = Path(path)
+    return path.with_name(f"{path.name}.{os.getpid()}.tmp")
+
+
+# <name>.<pid>.tmp (atomic_write_text), .registry.<pid>.<random>.tmp (the model registry)
+_TMP_PID = re.compile(r"^(?:\.registry\.(\d+)\..*|.*\.(\d+))\.tmp$")
+LEGACY_TMP_AGE_S = 3600  # a *.tmp without a pid (older versions) this old is surely stale
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return pid > 0 and not isinstance(pid, bool)  # exists, someone else's
+    return True
+
+
+def sweep_stale_tmp(folder: Path) -> int:
+    """Remove the `*.tmp` files in `folder` left by processes that are gone (killed mid-write:
+    SIGKILL, a power cut); those without a pid only once over an hour old. How many went.
+    Never raises: a sweep that cannot remove something leaves it for the next one."""
+    n = 0
+    try:
+        names = [p for p in Path(folder).iterdir() if p.name.endswith(".tmp")]
+    except OSError:
+        return 0
+    now = time.time()
+    for p in names:
+        m = _TMP_PID.match(p.name)
+        try:
+            if not p.is_file() or p.is_symlink():
+                continue
+            if m:
+                if _alive(int(m.group(1) or m.group(2))):
+                    continue
+            elif now - p.stat().st_mtime < LEGACY_TMP_AGE_S:
+                continue
+            p.unlink()
+            n += 1
+        except (OSError, ValueError):
+            continue
+    return n
+
+
 def atomic_write_text(path: Path, text: str, tmp: Path | None = None) -> Path:
-    """Write `text` to `path` through `tmp` (default `<path>.tmp`); on any failure the
+    """Write `text` to `path` through `tmp` (default `<path>.<pid>.tmp`); on any failure the
     temporary file is removed and the exception propagates (the old `path` is untouched)."""
     path = Path(path)
-    tmp = Path(tmp) if tmp is not None else path.with_name(path.name + ".tmp")
+    tmp = Path(tmp) if tmp is not None else tmp_name(path)
     try:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)

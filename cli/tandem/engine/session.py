@@ -177,7 +177,7 @@ class PairSession:
     def _history_store(self) -> HistoryStore:
         from tandem.models.store import tandem_home
 
-        return HistoryStore(tandem_home(), self.target_path)
+        return HistoryStore(tandem_home(), self.target_path, n_vocab=self.target.n_vocab)
 
     def add_context_file(self, path: str | Path, text: str | None = None) -> int:
         """Index a text file for drafting (--context-file, chat /add); its token count.

@@ -41,7 +41,7 @@ from tandem.errors import (
     StorageError,
     TandemWarning,
 )
-from tandem.fsutil import blocking_file, storage_error
+from tandem.fsutil import blocking_file, storage_error, sweep_stale_tmp
 
 from .catalog import ModelSpec
 from .transfer import (FetchResult, ProgressFn, Source, partial_path, remove_quietly, sha256_file)
@@ -218,7 +218,10 @@ class Store:
 
     def _write_registry(self, doc: dict) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.home, prefix=".registry.", suffix=".tmp")
+        sweep_stale_tmp(self.home)  # registries of killed processes
+        # the pid in the name: a later sweep removes it if this process is killed mid-write
+        fd, tmp = tempfile.mkstemp(dir=self.home, prefix=f".registry.{os.getpid()}.",
+                                   suffix=".tmp")
         try:
             os.fchmod(fd, _file_mode())
             with os.fdopen(fd, "w", encoding="utf-8") as f:
