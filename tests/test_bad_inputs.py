@@ -461,6 +461,27 @@ def test_ctrl_c_prints_interrupted_and_exits_130(sandbox, tiny_models):
     assert out.endswith("\n")  # the partial answer's line is ended
 
 
+def test_sigterm_is_handled_like_ctrl_c_and_exits_143(sandbox, tiny_models):
+    """`kill PID` mid-answer: the partial answer's line is ended, `Terminated.` on stderr,
+    exit 143 (128 + SIGTERM), no traceback, no stray temporary file."""
+    home, work = sandbox
+    env = {**os.environ, "TANDEM_HOME": str(home), "TANDEM_STRATEGY": "draft"}
+    proc = subprocess.Popen([sys.executable, "-m", "tandem", "run", *_args(TINY, tiny_models),
+                             "--raw", "-n", "4000", "-c", "4096", "hello"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, cwd=work,
+                            preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    first = proc.stdout.read(1)
+    assert first, proc.stderr.read().decode()
+    proc.send_signal(signal.SIGTERM)
+    rest, err = proc.communicate(timeout=120)
+    out, err = (first + rest).decode(errors="replace"), err.decode()
+    assert proc.returncode == errors.EXIT_TERMINATED == 143, err
+    assert err.rstrip("\n").endswith("Terminated.") and "Traceback" not in err, err
+    assert out.endswith("\n")
+    assert leftovers(home) == []
+
+
 def _args(args, models):
     return [a.format(T=models["target"], D=models["draft"]) for a in args]
 

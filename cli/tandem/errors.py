@@ -12,6 +12,7 @@ EXIT_MODEL = 3  # model file missing, truncated, not GGUF, incompatible pair
 EXIT_DOWNLOAD = 4  # download, mirror, checksum, disk problems
 EXIT_CONTEXT = 5  # prompt does not fit the context
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # SIGTERM (128 + 15), as shells report it
 
 
 class TandemError(Exception):
