@@ -126,6 +126,14 @@ def _fifo(home, work, models):
     os.mkfifo(work / "fifo.gguf")
 
 
+def _fifo_txt(home, work, models):
+    os.mkfifo(work / "fifo.txt")
+
+
+def _big_text(home, work, models):
+    (work / "big.txt").write_bytes(b"word " * ((4 << 20) // 5 + 10))
+
+
 def _truncated(home, work, models):
     data = models["target"].read_bytes()
     (work / "cut.gguf").write_bytes(data[: len(data) // 3])
@@ -212,6 +220,21 @@ CASES = [
          stdin=b"ELF\x00\x01"),
     Case("stdin-not-utf8", ["run", *TINY, "hi"], EXIT_USAGE, "stdin is not UTF-8",
          stdin=b"caf\xe9"),
+    # --- text inputs: kind and size checked before a byte is read --------------------------
+    Case("context-file-fifo", ["run", *TINY, "--context-file", "{W}/fifo.txt", "hi"],
+         EXIT_USAGE, "is a named pipe (FIFO)", setup=_fifo_txt),
+    Case("context-file-dev-zero", ["run", *TINY, "--context-file", "/dev/zero", "hi"],
+         EXIT_USAGE, "/dev/zero is a device"),
+    Case("context-file-over-4mib", ["run", *TINY, "--context-file", "{W}/big.txt", "hi"],
+         EXIT_USAGE, "the limit is 4 MiB", setup=_big_text),
+    Case("chat-context-file-fifo", ["chat", *TINY, "--context-file", "{W}/fifo.txt"],
+         EXIT_USAGE, "is a named pipe", setup=_fifo_txt),
+    Case("stdin-50mb", ["run", *TINY, "hi"], EXIT_USAGE, "stdin holds over 4 MiB",
+         stdin=b"many words " * (50_000_000 // 11)),
+    Case("bench-prompts-fifo", [*BENCH_BASE, "--prompts", "{W}/fifo.txt"], EXIT_USAGE,
+         "prompts file", setup=_fifo_txt),
+    Case("bench-prompts-dev-zero", [*BENCH_BASE, "--prompts", "/dev/zero"], EXIT_USAGE,
+         "is a device"),
     # --- run: pairs and model files -----------------------------------------------------------
     Case("pair-unknown-looking", ["run", "no-such-pair-xyz", "hi"], EXIT_USAGE,
          "unknown pair 'no-such-pair-xyz'"),
@@ -586,6 +609,21 @@ def test_chat_refuses_a_non_utf8_line_and_goes_on(sandbox, tiny_models):
     assert res.returncode == EXIT_OK, err
     assert "that line is not valid UTF-8" in out
     assert "Loading" not in out and "Finding" not in out  # notes are not chat output
+    assert "tok/s" in out  # the next line was answered
+
+
+def test_chat_refuses_add_of_a_fifo_and_goes_on(sandbox, tiny_models):
+    """/add of a named pipe once blocked forever (Ctrl-C then ended the whole chat)."""
+    home, work = sandbox
+    os.mkfifo(work / "fifo.txt")
+    res = run_cli(["chat", *TINY, "-n", "4", "--plain-probe", "0"], home=home, work=work,
+                  models=tiny_models, stdin=b"/add fifo.txt\n/add /dev/zero\nhello\n/exit\n",
+                  timeout=60)
+    out, err = res.stdout.decode(errors="replace"), res.stderr.decode()
+    assert res.returncode == EXIT_OK, err
+    assert "fifo.txt is a named pipe (FIFO)" in out + err, out + err
+    assert "/dev/zero is a device" in out + err, out + err
+    assert "Traceback" not in err
     assert "tok/s" in out  # the next line was answered
 
 

@@ -100,6 +100,71 @@ def decode_text(raw: bytes, what: str, binary_hint: str, encoding_hint: str) -> 
         raise UsageError(f"{what} is not UTF-8 text (byte {exc.start})", encoding_hint) from None
 
 
+TEXT_INPUT_MAX_BYTES = 4 << 20  # a prompt, stdin, a context file: far beyond any context
+
+
+def check_input_file(path: Path, what: str, limit: int = TEXT_INPUT_MAX_BYTES) -> os.stat_result:
+    """The stat of `path`, a regular file of at most `limit` bytes, or a UsageError naming it:
+    a FIFO would block forever and /dev/zero never ends, so both are refused before a byte is
+    read (and before any model loads)."""
+    import stat as _stat
+
+    from tandem.errors import UsageError
+
+    path = Path(path)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise UsageError(f"{what} not found: {path}", "check the path") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read {what} {path}: {exc.strerror or exc}",
+                         "check the path and its permissions") from None
+    if _stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"{what} {path} is a directory", "name a text file")
+    if not _stat.S_ISREG(st.st_mode):
+        kind = ("a named pipe (FIFO)" if _stat.S_ISFIFO(st.st_mode) else
+                "a device" if _stat.S_ISCHR(st.st_mode) or _stat.S_ISBLK(st.st_mode) else
+                "a socket" if _stat.S_ISSOCK(st.st_mode) else "not a regular file")
+        raise UsageError(f"{what} {path} is {kind}, not a regular file",
+                         "name a regular text file (to pass piped text, save it to a file "
+                         "first, or pipe it on stdin)")
+    if st.st_size > limit:
+        raise UsageError(f"{what} {path} is {st.st_size / (1 << 20):.1f} MiB; the limit is "
+                         f"{limit >> 20} MiB", "name the parts that matter, not a whole tree")
+    return st
+
+
+def read_input_file(path: Path, what: str, limit: int = TEXT_INPUT_MAX_BYTES) -> bytes:
+    """The bytes of a text input file, checked by `check_input_file` and read with a bound
+    (a file that grew past `limit` since the check is refused too)."""
+    from tandem.errors import UsageError
+
+    check_input_file(path, what, limit)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(limit + 1)
+    except OSError as exc:
+        raise UsageError(f"cannot read {what} {path}: {exc.strerror or exc}",
+                         "check the path and its permissions") from None
+    if len(raw) > limit:
+        raise UsageError(f"{what} {path} is over {limit >> 20} MiB",
+                         "name the parts that matter, not a whole tree")
+    return raw
+
+
+def read_stream(stream, what: str, limit: int = TEXT_INPUT_MAX_BYTES) -> bytes:
+    """At most `limit` bytes of a binary stream (stdin), or a UsageError once it holds more:
+    50 MB piped in are refused after reading `limit` + 1 bytes, not all of them."""
+    from tandem.errors import UsageError
+
+    raw = stream.read(limit + 1)
+    if len(raw) > limit:
+        raise UsageError(f"{what} holds over {limit >> 20} MiB of text; the limit is "
+                         f"{limit >> 20} MiB", "pipe only the part that matters (a context "
+                         "of that size would not fit any model)")
+    return raw
+
+
 def blocking_file(path: Path) -> Path | None:
     """The first existing ancestor of `path` (or `path` itself) that is not a directory:
     the file that makes `path` impossible to create."""

@@ -23,13 +23,19 @@ from typing import Sequence
 
 from tandem.engine.suffix import SuffixIndex
 from tandem.errors import TandemWarning, UsageError
-from tandem.fsutil import atomic_write_text, decode_text, sweep_stale_tmp
+from tandem.fsutil import (
+    TEXT_INPUT_MAX_BYTES,
+    atomic_write_text,
+    decode_text,
+    read_input_file,
+    sweep_stale_tmp,
+)
 
 HISTORY_DIR = "history"
 HISTORY_MAX_TOKENS = 100_000  # ~0.6 MB of JSON, ~25 MB of index in memory (docs/benchmarks.md)
 HISTORY_MAX_ENTRIES = 500
 HISTORY_MIN_TOKENS = 8  # shorter answers predict nothing worth a file write
-CONTEXT_FILE_MAX_BYTES = 4 << 20
+CONTEXT_FILE_MAX_BYTES = TEXT_INPUT_MAX_BYTES
 FORMAT = 1
 
 
@@ -211,22 +217,11 @@ def clear_histories(home: Path) -> int:
 
 
 def read_context_file(path: Path) -> str:
-    """A file the user names for drafting (--context-file, chat /add): UTF-8 text only."""
+    """A file the user names for drafting (--context-file, chat /add): a regular file of UTF-8
+    text, at most CONTEXT_FILE_MAX_BYTES, checked before a byte is read (a FIFO blocked
+    forever, /dev/zero was read until memory ran out)."""
     path = Path(path).expanduser()
-    try:
-        if path.is_dir():
-            raise UsageError(f"context file {path} is a directory",
-                             "name a text file (for several, repeat --context-file)")
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise UsageError(f"context file not found: {path}", "check the path") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read context file {path}: {exc.strerror or exc}",
-                         "check the path and its permissions") from None
-    if len(raw) > CONTEXT_FILE_MAX_BYTES:
-        raise UsageError(f"context file {path} is {len(raw) >> 20} MiB; the limit is "
-                         f"{CONTEXT_FILE_MAX_BYTES >> 20} MiB",
-                         "name the files that matter, not a whole tree")
+    raw = read_input_file(path, "context file", CONTEXT_FILE_MAX_BYTES)
     return decode_text(raw, f"context file {path}",
                        "name text files: source code, notes, documents",
                        "convert it first, e.g. with iconv")
