@@ -181,6 +181,10 @@ PROMPT_FILE = _write("p.txt", "hello there\n")
 PULL_TINY = ["pull", "--no-check", "--target", "org/tiny-GGUF/target.gguf",
              "--draft", "org/tiny-GGUF/draft.gguf"]
 DEEP = "[" * 100_000 + "]" * 100_000
+# billion laughs: nine levels of ten aliases each, 10^9 "lol"s when expanded
+LAUGHS = "a: &a [lol,lol,lol,lol,lol,lol,lol,lol,lol,lol]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [" + ",".join([f"*{chr(97 + i)}"] * 10) + "]\n"
+    for i in range(8)) + "pair: *i\n"
 
 CASES = [
     # --- run: option values -----------------------------------------------------------------
@@ -273,6 +277,13 @@ CASES = [
          setup=_write("~/config.yaml", DEEP + "\n")),
     Case("config-bad-yaml", ["run", *TINY, "hi"], EXIT_USAGE, "YAML syntax error",
          setup=_write("~/config.yaml", "speculative: [\n")),
+    Case("config-alias-bomb", ["run", *TINY, "hi"], EXIT_USAGE,
+         "uses more than 16 YAML aliases", setup=_write("~/config.yaml", LAUGHS)),
+    Case("config-is-a-directory", ["run", *TINY, "hi"], EXIT_USAGE,
+         "is a directory, not a config file", setup=lambda h, w, m: (h / "config.yaml").mkdir()),
+    Case("profile-alias-bomb", ["hw", "--profile", "mine", "--force-profile"], EXIT_USAGE,
+         "uses more than 16 YAML aliases", setup=_write("~/profiles/mine.yaml",
+                                                         "extends: cpu\n" + LAUGHS)),
     Case("config-p-min-nan", ["run", *TINY, "hi"], EXIT_USAGE, "finite",
          setup=_write("~/config.yaml", "speculative:\n  p_min: .nan\n")),
     Case("profile-tier-nan", ["hw", "--profile", "mine", "--force-profile"], EXIT_USAGE,
@@ -523,6 +534,20 @@ def test_config_unknown_key_lists_the_config_keys(tmp_path):
         load_user_config(path)
     assert "force_profile" in exc.value.message and "speculative" in exc.value.message
     assert "recommended_pairs" not in exc.value.message and "tiers" not in exc.value.message
+
+
+def test_an_alias_bomb_is_refused_without_expanding_it(sandbox, tiny_models):
+    """Refused while composing, so it ends at once (it once took 49 s and 5.5 GB, then a Python
+    fatal error) and the message shows no expanded value."""
+    home, work = sandbox
+    (home / "config.yaml").write_text(LAUGHS)
+    res = run_cli(["run", *TINY, "hi"], home=home, work=work, models=tiny_models, timeout=30)
+    check_error(res, EXIT_USAGE, "config.yaml, line 3")  # the 17th alias
+    assert "lol" not in res.stderr.decode()
+    (home / "config.yaml").write_text("a: &x 2\nthreads: *x\n")  # a few aliases are fine
+    from tandem.config.files import load_yaml
+
+    assert load_yaml(home / "config.yaml") == {"a": 2, "threads": 2}
 
 
 def test_seed_minus_one_means_random(sandbox, tiny_models):

@@ -137,6 +137,11 @@ def config_path(home: Path | None = None) -> Path:
 def load_user_config(path: Path) -> tuple[dict[str, Located], dict[str, Located]]:
     """(setting values, config-only values: profile, pair, force_profile) from config.yaml.
     A missing or empty file is no configuration; anything invalid names file, line and key."""
+    if path.exists() and not path.is_file():
+        # once silently ignored; a FIFO there would have blocked every run
+        kind = "a directory" if path.is_dir() else "not a regular file"
+        raise ProfileError(path, None, None, f"is {kind}, not a config file",
+                           f"move {path} out of the way (the config file is a YAML file)")
     doc = load_yaml(path) if path.is_file() else None
     if doc is None:
         return {}, {}
