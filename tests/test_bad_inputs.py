@@ -173,6 +173,16 @@ def _fake_hub_env(hub_url: str, hf_home: Path) -> dict:
             "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
 
 
+def _gpu_check_json(**change) -> str:
+    """scripts/gpu_check.sh's result (schema 1) for the tiny pair, with `change` applied."""
+    shape = {"decode_ms": 2.0, "host_draft_top_us": 50.0,
+             "verify": {"ratio": {"1": 1.0, "2": 1.1, "4": 1.3}}}
+    data = {"schema": 1, "backend": "cpu", "pair": {"target_shape": "tiny",
+                                                   "draft_shape": "tiny"},
+            "shapes": {"tiny": {**shape, **change}}}
+    return json.dumps(data)
+
+
 TINY = ["-m", "{T}", "-md", "{D}", "-t", "1"]
 BENCH_BASE = ["spec-bench", *TINY, "-n", "4", "--no-cost-curve", "--no-warmup",
               "--strategies", "draft", "-c", "256"]
@@ -348,6 +358,20 @@ CASES = [
          setup=_write("p.jsonl", '{"prompt": "hi", "category": 5}\n')),
     Case("bench-jsonl-deep", [*BENCH_BASE, "--prompts", "{W}/p.jsonl"], EXIT_USAGE,
          "nested too deeply", setup=_write("p.jsonl", DEEP + "\n")),
+    Case("bench-predict-costs-list", [*BENCH, "--predict-costs", "{W}/gc.json"], EXIT_USAGE,
+         "not a scripts/gpu_check.py result",
+         setup=lambda h, w, m: (PROMPT_FILE(h, w, m), _write("gc.json", "[]")(h, w, m))[1]),
+    Case("bench-predict-costs-zero", [*BENCH, "--predict-costs", "{W}/gc.json"], EXIT_USAGE,
+         "decode_ms of tiny must be a finite number > 0",
+         setup=lambda h, w, m: (PROMPT_FILE(h, w, m),
+                                _write("gc.json", _gpu_check_json(decode_ms=0))(h, w, m))[1]),
+    Case("bench-predict-costs-types", [*BENCH, "--predict-costs", "{W}/gc.json"], EXIT_USAGE,
+         "verify ratio for 2 tokens",
+         setup=lambda h, w, m: (PROMPT_FILE(h, w, m), _write("gc.json", _gpu_check_json(
+             verify={"ratio": {"1": 1.0, "2": "fast"}}))(h, w, m))[1]),
+    Case("bench-predict-costs-shape-a-list", [*BENCH, "--predict-costs", "{W}/gc.json"],
+         EXIT_USAGE, "no measured shape", setup=lambda h, w, m: (PROMPT_FILE(h, w, m), _write(
+             "gc.json", '{"schema": 1, "shapes": {"tiny": [1, 2]}}')(h, w, m))[1]),
     # --- spec-bench: a full disk after the benchmark ----------------------------------------
     Case("bench-report-disk-full", [*BENCH, "--out", "{W}/out"], EXIT_DOWNLOAD,
          "disk full while writing the benchmark report", setup=PROMPT_FILE,
@@ -593,6 +617,30 @@ def test_nested_tuned_file_is_skipped_with_a_warning(sandbox, tiny_models):
     err = res.stderr.decode()
     assert res.returncode == EXIT_OK, err
     assert "Warning: ignored tuned settings" in err and "nested too deeply" in err
+
+
+@pytest.mark.parametrize("overall,why", [
+    ({"strategy": "draft", "n_min": 9, "n_max": 3}, "n_min must not exceed"),
+    ({"strategy": "draft", "n_max": -4}, "n_max"),
+    ({"strategy": "warp"}, "strategy"),
+    ({"strategy": "draft", "p_min": "high"}, "p_min"),
+    ({"strategy": "draft", "target_ctx": {"n_batch": 8, "n_ubatch": 64}}, "n_ubatch"),
+], ids=["n-min-over-n-max", "n-max-negative", "strategy-unknown", "p-min-text",
+        "ubatch-over-batch"])
+def test_an_invalid_tuned_file_is_ignored_with_a_warning(overall, why, sandbox, tiny_models):
+    """The docs promise that a tuned result never stops `tandem run`."""
+    from tandem.config.tuned import tuned_path
+
+    home, work = sandbox
+    path = tuned_path(home, tiny_models["target"], tiny_models["draft"], 1)  # the run's -t 1
+    path.parent.mkdir()
+    path.write_text(json.dumps({"overall": overall}))
+    res = run_cli(["run", *TINY, "--raw", "-n", "2", "hi"], home=home, work=work,
+                  models=tiny_models)
+    err = res.stderr.decode()
+    assert res.returncode == EXIT_OK, err
+    warned = [line for line in err.splitlines() if line.startswith("Warning: ignored tuned")]
+    assert len(warned) == 1 and why in warned[0], err
 
 
 def test_full_disk_for_the_cost_cache_leaves_no_tmp(sandbox, tiny_models):

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tandem.config.files import Located, ProfileError, parse_setting_sections
+from tandem.config.schema import broken_rules
 from tandem.fsutil import atomic_write_text, machine_key, sweep_stale_tmp
 
 TUNED_DIR = "tuned"
@@ -80,6 +81,11 @@ def tuned_values(home: Path, models: tuple[Any, Any] | None, threads: int
         values = parse_setting_sections(_sections(data["overall"]), path) if data else {}
     except ProfileError as exc:
         problem = exc.message
+    if not problem:
+        # values valid alone but not together (n_min 9 > n_max 3) once stopped every run of
+        # the pair with a hint about flags the user never passed
+        plain = {k: v.value for k, v in values.items()}
+        problem = "; ".join(f"{r.key} {r.problem(plain)}" for r in broken_rules(plain))
     if problem:
         return {}, None, [f"ignored tuned settings {path}: {problem}"]
     return {k: Located(v.value, str(path), None) for k, v in values.items()}, path, []
