@@ -221,6 +221,12 @@ CASES = [
     Case("strategy-unknown", ["run", *TINY, "--strategy", "warp", "hi"], EXIT_USAGE,
          "unknown strategy"),
     Case("threads-negative", ["run", *TINY, "-t", "-1", "hi"], EXIT_USAGE, "threads"),
+    Case("threads-1000", ["run", *TINY[:4], "-t", "1000", "hi"], EXIT_USAGE,
+         "threads 1000 (cli: --threads) is far above this machine's"),
+    Case("env-threads-1000", ["run", *TINY[:4], "hi"], EXIT_USAGE, "TANDEM_THREADS",
+         setup=lambda h, w, m: {"TANDEM_THREADS": "1000"}),
+    Case("config-threads-1000", ["run", *TINY[:4], "hi"], EXIT_USAGE, "config.yaml",
+         setup=_write("~/config.yaml", "threads:\n  n_threads: 1000\n")),
     Case("no-such-flag", ["run", *TINY, "--no-such-flag", "hi"], EXIT_USAGE, "No such option"),
     # --- run: text ----------------------------------------------------------------------------
     Case("prompt-surrogates", ["run", *TINY, b"abc\xff"], EXIT_USAGE,
