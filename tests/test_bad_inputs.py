@@ -613,6 +613,34 @@ def test_warnings(args, warning, sandbox, tiny_models):
     assert any(line.startswith("Warning: ") and warning in line for line in err.splitlines()), err
 
 
+def test_unknown_tandem_variables_get_one_warning(sandbox, tiny_models):
+    home, work = sandbox
+    res = run_cli(["run", *TINY, "--raw", "-n", "2", "hi"], home=home, work=work,
+                  models=tiny_models, env={"TANDEM_TEMP": "2", "TANDEM_THREAD": "1",
+                                           "TANDEM_ZZZ": "x"})
+    err = res.stderr.decode()
+    assert res.returncode == EXIT_OK, err
+    lines = [line for line in err.splitlines() if "unknown environment variable" in line]
+    assert len(lines) == 1 and lines[0].startswith("Warning: "), err
+    assert "TANDEM_TEMP (no variable sets it: pass --temp)" in lines[0]
+    assert "TANDEM_THREAD (did you mean TANDEM_THREADS?)" in lines[0] and "TANDEM_ZZZ" in lines[0]
+
+
+def test_every_variable_tandem_reads_is_known():
+    """No legitimate variable warns: every TANDEM_* name in the code, scripts and docs."""
+    from tandem.config.schema import KNOWN_ENV, unknown_env
+
+    names = set()
+    for folder in ("cli", "scripts", "tests", "docs"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.suffix in (".py", ".sh", ".md") and "build" not in path.parts:
+                names |= set(re.findall(r"\bTANDEM_[A-Z][A-Z0-9_]*[A-Z0-9]\b", path.read_text(
+                    errors="replace")))
+    names -= {"TANDEM_TEMP", "TANDEM_THREAD", "TANDEM_ZZZ", "TANDEM_TEST"}  # this file's typos
+    assert names - KNOWN_ENV == set()
+    assert unknown_env({n: "1" for n in KNOWN_ENV}) is None
+
+
 def test_swapped_pair_warning(tmp_path):
     from tandem.config.prepare import pair_warnings
 

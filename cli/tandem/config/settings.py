@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from tandem.config.files import Located, ProfileError, load_yaml, parse_setting_sections
-from tandem.config.schema import FIELDS_BY_KEY, SETTING_FIELDS, broken_rules
+from tandem.config.schema import FIELDS_BY_KEY, SETTING_FIELDS, broken_rules, unknown_env
 from tandem.config.tuned import tuned_values
 from tandem.errors import UsageError
 
@@ -215,6 +215,9 @@ def resolve_settings(cli: Mapping[str, Any] | None = None, *, env: Mapping[str, 
 
         hardware = detect()
     warnings: list[str] = list(hardware.warnings)
+    stray = unknown_env(env)
+    if stray:
+        warnings.append(stray)
     cli_vals = cli_values(cli)
     env_vals = env_values(env)
     cfg_vals, cfg_extra = load_user_config(home / CONFIG_NAME)
