@@ -641,6 +641,18 @@ def test_every_variable_tandem_reads_is_known():
     assert unknown_env({n: "1" for n in KNOWN_ENV}) is None
 
 
+def test_an_answer_cut_at_the_context_end_says_so(sandbox, tiny_models):
+    home, work = sandbox
+    res = run_cli(["run", *TINY, "--raw", "-c", "256", "-n", "400",
+                   "hello " * 20], home=home, work=work, models=tiny_models,
+                  env={"TANDEM_STRATEGY": "draft"})
+    err = res.stderr.decode()
+    assert res.returncode == EXIT_OK, err
+    lines = [line for line in err.splitlines() if "end of the context" in line]
+    assert len(lines) == 1 and lines[0].startswith("Warning: "), err
+    assert "(256 tokens)" in lines[0] and "of the 400 tokens asked for" in lines[0]
+
+
 def test_swapped_pair_warning(tmp_path):
     from tandem.config.prepare import pair_warnings
 
