@@ -84,6 +84,7 @@ def pytest_sessionfinish(session, exitstatus):
         text = (f"the test run changed the real tandem home {REAL_HOME}: "
                 + ", ".join(changed[:10]) + (" ..." if len(changed) > 10 else ""))
         if reporter is not None:
+            reporter.ensure_newline()
             reporter.write_line("ERROR: " + text, red=True)
         else:
             print("ERROR: " + text, file=sys.stderr)
