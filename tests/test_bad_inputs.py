@@ -400,6 +400,9 @@ CASES = [
     Case("chat-pair-and-model", ["chat", "qwen2.5-coder-1.5b", *TINY], EXIT_USAGE, "not both"),
     Case("chat-temp-nan", ["chat", *TINY, "--temp", "nan"], EXIT_USAGE, "--temp"),
     Case("chat-seed-negative", ["chat", *TINY, "--seed", "-7"], EXIT_USAGE, "--seed"),
+    Case("chat-stdin-endless-line", ["chat", *TINY, "-n", "4", "--plain-probe", "0"],
+         EXIT_USAGE, "a line on stdin is over 4 MiB", stdin=b"x" * (5 << 20),
+         stdout=True),
     Case("chat-system-surrogates", ["chat", *TINY, "-s", b"\xff"], EXIT_USAGE,
          "system prompt"),
 ]
@@ -756,6 +759,17 @@ def test_chat_refuses_add_of_a_fifo_and_goes_on(sandbox, tiny_models):
     assert "/dev/zero is a device" in out + err, out + err
     assert "Traceback" not in err
     assert "tok/s" in out  # the next line was answered
+
+
+def test_chat_from_dev_zero_ends_with_an_error(sandbox, tiny_models):
+    """`tandem chat < /dev/zero` is one endless line: refused after reading the bound."""
+    home, work = sandbox
+    env = {**os.environ, "TANDEM_HOME": str(home), "NO_COLOR": "1"}
+    with open("/dev/zero", "rb") as zero:
+        res = subprocess.run([sys.executable, "-m", "tandem", "chat",
+                              *_args(TINY, tiny_models), "-n", "4", "--plain-probe", "0"],
+                             stdin=zero, capture_output=True, env=env, cwd=work, timeout=60)
+    check_error(res, EXIT_USAGE, "a line on stdin is over 4 MiB")
 
 
 def test_download_progress_is_shown_when_stderr_is_not_a_terminal():
