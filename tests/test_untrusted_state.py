@@ -231,3 +231,22 @@ def test_stores_sweep_what_killed_processes_left(tiny_models, tmp_path):
     Store(home)._register(ModelSpec(name="m", repo="org/r", filename="m.gguf"),
                           FetchResult(size=1, sha256="0" * 64, source="local"))
     assert list(home.rglob("*.tmp")) == []
+
+
+def test_a_damaged_history_on_a_read_only_home_is_ignored(tiny_models, tmp_path):
+    """The bad entries cannot be rewritten away: they are still never used, and said so."""
+    home, target = tmp_path / "home", tiny_models["target"]
+    path = _write_history(home, target, BAD_HISTORIES["token-over-int32"])
+    before = path.read_bytes()
+    faults = Path(__file__).with_name("cli_faults.py")
+    env = {**os.environ, "TANDEM_HOME": str(home), "NO_COLOR": "1",
+           "TANDEM_TEST_READONLY": str(home)}
+    env.pop("TANDEM_HISTORY", None)
+    res = subprocess.run([sys.executable, str(faults), "run", "-m", str(target), "--strategy",
+                          "auto", "-n", "12", "-t", "1", "--raw", "--no-stats", "hello there"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    _clean(res.stderr)
+    warned = _warnings(res.stderr, "answer history")
+    assert len(warned) == 1 and "cannot rewrite it" in warned[0], res.stderr
+    assert path.read_bytes() == before

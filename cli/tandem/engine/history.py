@@ -91,7 +91,7 @@ def read_entries(path: Path, n_vocab: int | None = None) -> tuple[list[dict], in
     one history file; a missing file is an empty, clean one."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no history (yet), or no home for one
         return [], 0, False
     except (OSError, ValueError, RecursionError):
         return [], 0, True
@@ -131,13 +131,12 @@ class HistoryStore:
             what = ("was unreadable" if broken else
                     f"had {dropped} invalid entr{'y' if dropped == 1 else 'ies'} (bad token ids, "
                     "times or types)")
-            warnings.warn(TandemWarning(
-                f"the answer history {self.path} {what}; "
-                f"{'it was' if broken else 'they were'} dropped and the file rewritten"))
             try:
                 self._write(entries)
-            except OSError:
-                pass  # a read-only home: the bad entries are still never used
+                done = "the file was rewritten without " + ("it" if broken else "them")
+            except OSError as exc:  # a read-only home: the bad entries are still never used
+                done = f"they are ignored (cannot rewrite it: {exc.strerror or exc})"
+            warnings.warn(TandemWarning(f"the answer history {self.path} {what}; {done}"))
         self._checked = True
         return entries
 
