@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Sequence
 
 from tandem.engine.suffix import SuffixIndex
-from tandem.errors import TandemWarning, UsageError
+from tandem.errors import TandemWarning
 from tandem.fsutil import (
     TEXT_INPUT_MAX_BYTES,
     atomic_write_text,
