@@ -250,3 +250,22 @@ def test_a_damaged_history_on_a_read_only_home_is_ignored(tiny_models, tmp_path)
     warned = _warnings(res.stderr, "answer history")
     assert len(warned) == 1 and "cannot rewrite it" in warned[0], res.stderr
     assert path.read_bytes() == before
+
+
+def test_state_files_that_are_fifos_never_block(tiny_models, tmp_path):
+    """A history, cost or registry file replaced by a named pipe would block every read."""
+    home, target = tmp_path / "home", tiny_models["target"]
+    hist = HistoryStore(home, target).path
+    hist.parent.mkdir(parents=True)
+    os.mkfifo(hist)
+    os.mkfifo(home / "registry.json")
+    (home / "costs").mkdir()
+    os.mkfifo(home / "costs" / "k.json")
+    assert CostModel.load(home / "costs" / "k.json") is None
+    res = _cli(["run", "-m", str(target), "--strategy", "auto", "-n", "12", "-t", "1", "--raw",
+                "--no-stats", "hello there"], home)
+    assert res.returncode == 0, res.stderr
+    _clean(res.stderr)
+    assert hist.is_file() and json.loads(hist.read_text())["entries"]  # replaced, recorded
+    res = _cli(["pairs"], home)
+    assert res.returncode == 0 and "registry.json.bad" in res.stderr, res.stderr

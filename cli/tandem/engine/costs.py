@@ -143,6 +143,8 @@ class CostModel:
         """The cached model, or None (calibrate again). A file that is there but invalid is
         said once and removed, so that the next calibration replaces it whatever happens."""
         sweep_stale_tmp(path.parent)
+        if not path.is_file():  # missing; or a FIFO, whose read would block
+            return None
         try:
             text = path.read_text()
         except OSError:

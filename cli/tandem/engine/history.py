@@ -89,6 +89,8 @@ def valid_entry(e, n_vocab: int | None = None, now: float | None = None) -> bool
 def read_entries(path: Path, n_vocab: int | None = None) -> tuple[list[dict], int, bool]:
     """(valid entries, how many were dropped, whether the file was unreadable as a whole) of
     one history file; a missing file is an empty, clean one."""
+    if path.exists() and not path.is_file():
+        return [], 0, True  # a FIFO would block the read; the rewrite replaces it
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (FileNotFoundError, NotADirectoryError):  # no history (yet), or no home for one

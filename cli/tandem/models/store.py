@@ -187,7 +187,11 @@ class Store:
     # registry ----------------------------------------------------------------
     def _read_registry(self) -> dict:
         try:
-            raw = self.registry_path.read_text(encoding="utf-8")
+            if self.registry_path.exists() and not (self.registry_path.is_file()
+                                                    or self.registry_path.is_dir()):
+                raw = ""  # a FIFO or device: reading it could block; set aside as unreadable
+            else:
+                raw = self.registry_path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return {"version": REGISTRY_VERSION, "models": {}}
         except OSError as e:
