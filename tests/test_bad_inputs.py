@@ -126,6 +126,14 @@ def _fifo(home, work, models):
     os.mkfifo(work / "fifo.gguf")
 
 
+def _fifo_txt(home, work, models):
+    os.mkfifo(work / "fifo.txt")
+
+
+def _big_text(home, work, models):
+    (work / "big.txt").write_bytes(b"word " * ((4 << 20) // 5 + 10))
+
+
 def _truncated(home, work, models):
     data = models["target"].read_bytes()
     (work / "cut.gguf").write_bytes(data[: len(data) // 3])
@@ -165,6 +173,16 @@ def _fake_hub_env(hub_url: str, hf_home: Path) -> dict:
             "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
 
 
+def _gpu_check_json(**change) -> str:
+    """scripts/gpu_check.sh's result (schema 1) for the tiny pair, with `change` applied."""
+    shape = {"decode_ms": 2.0, "host_draft_top_us": 50.0,
+             "verify": {"ratio": {"1": 1.0, "2": 1.1, "4": 1.3}}}
+    data = {"schema": 1, "backend": "cpu", "pair": {"target_shape": "tiny",
+                                                   "draft_shape": "tiny"},
+            "shapes": {"tiny": {**shape, **change}}}
+    return json.dumps(data)
+
+
 TINY = ["-m", "{T}", "-md", "{D}", "-t", "1"]
 BENCH_BASE = ["spec-bench", *TINY, "-n", "4", "--no-cost-curve", "--no-warmup",
               "--strategies", "draft", "-c", "256"]
@@ -173,6 +191,10 @@ PROMPT_FILE = _write("p.txt", "hello there\n")
 PULL_TINY = ["pull", "--no-check", "--target", "org/tiny-GGUF/target.gguf",
              "--draft", "org/tiny-GGUF/draft.gguf"]
 DEEP = "[" * 100_000 + "]" * 100_000
+# billion laughs: nine levels of ten aliases each, 10^9 "lol"s when expanded
+LAUGHS = "a: &a [lol,lol,lol,lol,lol,lol,lol,lol,lol,lol]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [" + ",".join([f"*{chr(97 + i)}"] * 10) + "]\n"
+    for i in range(8)) + "pair: *i\n"
 
 CASES = [
     # --- run: option values -----------------------------------------------------------------
@@ -199,6 +221,12 @@ CASES = [
     Case("strategy-unknown", ["run", *TINY, "--strategy", "warp", "hi"], EXIT_USAGE,
          "unknown strategy"),
     Case("threads-negative", ["run", *TINY, "-t", "-1", "hi"], EXIT_USAGE, "threads"),
+    Case("threads-1000", ["run", *TINY[:4], "-t", "1000", "hi"], EXIT_USAGE,
+         "threads 1000 (cli: --threads) is far above this machine's"),
+    Case("env-threads-1000", ["run", *TINY[:4], "hi"], EXIT_USAGE, "TANDEM_THREADS",
+         setup=lambda h, w, m: {"TANDEM_THREADS": "1000"}),
+    Case("config-threads-1000", ["run", *TINY[:4], "hi"], EXIT_USAGE, "config.yaml",
+         setup=_write("~/config.yaml", "threads:\n  n_threads: 1000\n")),
     Case("no-such-flag", ["run", *TINY, "--no-such-flag", "hi"], EXIT_USAGE, "No such option"),
     # --- run: text ----------------------------------------------------------------------------
     Case("prompt-surrogates", ["run", *TINY, b"abc\xff"], EXIT_USAGE,
@@ -212,6 +240,21 @@ CASES = [
          stdin=b"ELF\x00\x01"),
     Case("stdin-not-utf8", ["run", *TINY, "hi"], EXIT_USAGE, "stdin is not UTF-8",
          stdin=b"caf\xe9"),
+    # --- text inputs: kind and size checked before a byte is read --------------------------
+    Case("context-file-fifo", ["run", *TINY, "--context-file", "{W}/fifo.txt", "hi"],
+         EXIT_USAGE, "is a named pipe (FIFO)", setup=_fifo_txt),
+    Case("context-file-dev-zero", ["run", *TINY, "--context-file", "/dev/zero", "hi"],
+         EXIT_USAGE, "/dev/zero is a device"),
+    Case("context-file-over-4mib", ["run", *TINY, "--context-file", "{W}/big.txt", "hi"],
+         EXIT_USAGE, "the limit is 4 MiB", setup=_big_text),
+    Case("chat-context-file-fifo", ["chat", *TINY, "--context-file", "{W}/fifo.txt"],
+         EXIT_USAGE, "is a named pipe", setup=_fifo_txt),
+    Case("stdin-50mb", ["run", *TINY, "hi"], EXIT_USAGE, "stdin holds over 4 MiB",
+         stdin=b"many words " * (50_000_000 // 11)),
+    Case("bench-prompts-fifo", [*BENCH_BASE, "--prompts", "{W}/fifo.txt"], EXIT_USAGE,
+         "prompts file", setup=_fifo_txt),
+    Case("bench-prompts-dev-zero", [*BENCH_BASE, "--prompts", "/dev/zero"], EXIT_USAGE,
+         "is a device"),
     # --- run: pairs and model files -----------------------------------------------------------
     Case("pair-unknown-looking", ["run", "no-such-pair-xyz", "hi"], EXIT_USAGE,
          "unknown pair 'no-such-pair-xyz'"),
@@ -250,6 +293,13 @@ CASES = [
          setup=_write("~/config.yaml", DEEP + "\n")),
     Case("config-bad-yaml", ["run", *TINY, "hi"], EXIT_USAGE, "YAML syntax error",
          setup=_write("~/config.yaml", "speculative: [\n")),
+    Case("config-alias-bomb", ["run", *TINY, "hi"], EXIT_USAGE,
+         "uses more than 16 YAML aliases", setup=_write("~/config.yaml", LAUGHS)),
+    Case("config-is-a-directory", ["run", *TINY, "hi"], EXIT_USAGE,
+         "is a directory, not a config file", setup=lambda h, w, m: (h / "config.yaml").mkdir()),
+    Case("profile-alias-bomb", ["hw", "--profile", "mine", "--force-profile"], EXIT_USAGE,
+         "uses more than 16 YAML aliases", setup=_write("~/profiles/mine.yaml",
+                                                         "extends: cpu\n" + LAUGHS)),
     Case("config-p-min-nan", ["run", *TINY, "hi"], EXIT_USAGE, "finite",
          setup=_write("~/config.yaml", "speculative:\n  p_min: .nan\n")),
     Case("profile-tier-nan", ["hw", "--profile", "mine", "--force-profile"], EXIT_USAGE,
@@ -281,6 +331,12 @@ CASES = [
          setup=_in_home_a_file("tmp")),
     Case("pull-home-read-only", PULL_TINY, EXIT_DOWNLOAD, "read-only file system",
          faults={"TANDEM_TEST_READONLY": "{H}"}),
+    Case("history-home-is-a-file", ["history"], EXIT_DOWNLOAD, "is a file, not a directory",
+         setup=_home_is_a_file),
+    Case("history-json-home-is-a-file", ["history", "show", "--json"], EXIT_DOWNLOAD,
+         "is a file, not a directory", setup=_home_is_a_file),
+    Case("history-clear-home-is-a-file", ["history", "clear"], EXIT_DOWNLOAD,
+         "is a file, not a directory", setup=_home_is_a_file),
     Case("pull-target-alone", ["pull", "--target", "org/tiny-GGUF/target.gguf"], EXIT_USAGE,
          "go together"),
     Case("pull-unknown-pair", ["pull", "no-such-pair"], EXIT_USAGE, "no-such-pair"),
@@ -314,6 +370,26 @@ CASES = [
          setup=_write("p.jsonl", '{"prompt": "hi", "category": 5}\n')),
     Case("bench-jsonl-deep", [*BENCH_BASE, "--prompts", "{W}/p.jsonl"], EXIT_USAGE,
          "nested too deeply", setup=_write("p.jsonl", DEEP + "\n")),
+    Case("bench-predict-costs-list", [*BENCH, "--predict-costs", "{W}/gc.json"], EXIT_USAGE,
+         "not a scripts/gpu_check.py result",
+         setup=lambda h, w, m: (PROMPT_FILE(h, w, m), _write("gc.json", "[]")(h, w, m))[1]),
+    Case("bench-predict-costs-zero", [*BENCH, "--predict-costs", "{W}/gc.json"], EXIT_USAGE,
+         "decode_ms of tiny must be a finite number > 0",
+         setup=lambda h, w, m: (PROMPT_FILE(h, w, m),
+                                _write("gc.json", _gpu_check_json(decode_ms=0))(h, w, m))[1]),
+    Case("bench-predict-costs-types", [*BENCH, "--predict-costs", "{W}/gc.json"], EXIT_USAGE,
+         "verify ratio for 2 tokens",
+         setup=lambda h, w, m: (PROMPT_FILE(h, w, m), _write("gc.json", _gpu_check_json(
+             verify={"ratio": {"1": 1.0, "2": "fast"}}))(h, w, m))[1]),
+    Case("bench-predict-costs-shape-a-list", [*BENCH, "--predict-costs", "{W}/gc.json"],
+         EXIT_USAGE, "no measured shape", setup=lambda h, w, m: (PROMPT_FILE(h, w, m), _write(
+             "gc.json", '{"schema": 1, "shapes": {"tiny": [1, 2]}}')(h, w, m))[1]),
+    Case("bench-sweep-not-a-number", [*BENCH, "--sweep", "draft-max=1,abc"], EXIT_USAGE,
+         "--sweep draft-max: 'abc' is not a valid int", setup=PROMPT_FILE),
+    Case("bench-sweep-out-of-range", [*BENCH, "--sweep", "draft-max=1,999"], EXIT_USAGE,
+         "out of range", setup=PROMPT_FILE),
+    Case("bench-sweep-bad-choice", [*BENCH, "--sweep", "kv-type=q2"], EXIT_USAGE,
+         "is not one of", setup=PROMPT_FILE),
     # --- spec-bench: a full disk after the benchmark ----------------------------------------
     Case("bench-report-disk-full", [*BENCH, "--out", "{W}/out"], EXIT_DOWNLOAD,
          "disk full while writing the benchmark report", setup=PROMPT_FILE,
@@ -324,6 +400,9 @@ CASES = [
     Case("chat-pair-and-model", ["chat", "qwen2.5-coder-1.5b", *TINY], EXIT_USAGE, "not both"),
     Case("chat-temp-nan", ["chat", *TINY, "--temp", "nan"], EXIT_USAGE, "--temp"),
     Case("chat-seed-negative", ["chat", *TINY, "--seed", "-7"], EXIT_USAGE, "--seed"),
+    Case("chat-stdin-endless-line", ["chat", *TINY, "-n", "4", "--plain-probe", "0"],
+         EXIT_USAGE, "a line on stdin is over 4 MiB", stdin=b"x" * (5 << 20),
+         stdout=True),
     Case("chat-system-surrogates", ["chat", *TINY, "-s", b"\xff"], EXIT_USAGE,
          "system prompt"),
 ]
@@ -461,6 +540,27 @@ def test_ctrl_c_prints_interrupted_and_exits_130(sandbox, tiny_models):
     assert out.endswith("\n")  # the partial answer's line is ended
 
 
+def test_sigterm_is_handled_like_ctrl_c_and_exits_143(sandbox, tiny_models):
+    """`kill PID` mid-answer: the partial answer's line is ended, `Terminated.` on stderr,
+    exit 143 (128 + SIGTERM), no traceback, no stray temporary file."""
+    home, work = sandbox
+    env = {**os.environ, "TANDEM_HOME": str(home), "TANDEM_STRATEGY": "draft"}
+    proc = subprocess.Popen([sys.executable, "-m", "tandem", "run", *_args(TINY, tiny_models),
+                             "--raw", "-n", "4000", "-c", "4096", "hello"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, cwd=work,
+                            preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    first = proc.stdout.read(1)
+    assert first, proc.stderr.read().decode()
+    proc.send_signal(signal.SIGTERM)
+    rest, err = proc.communicate(timeout=120)
+    out, err = (first + rest).decode(errors="replace"), err.decode()
+    assert proc.returncode == errors.EXIT_TERMINATED == 143, err
+    assert err.rstrip("\n").endswith("Terminated.") and "Traceback" not in err, err
+    assert out.endswith("\n")
+    assert leftovers(home) == []
+
+
 def _args(args, models):
     return [a.format(T=models["target"], D=models["draft"]) for a in args]
 
@@ -479,6 +579,20 @@ def test_config_unknown_key_lists_the_config_keys(tmp_path):
         load_user_config(path)
     assert "force_profile" in exc.value.message and "speculative" in exc.value.message
     assert "recommended_pairs" not in exc.value.message and "tiers" not in exc.value.message
+
+
+def test_an_alias_bomb_is_refused_without_expanding_it(sandbox, tiny_models):
+    """Refused while composing, so it ends at once (it once took 49 s and 5.5 GB, then a Python
+    fatal error) and the message shows no expanded value."""
+    home, work = sandbox
+    (home / "config.yaml").write_text(LAUGHS)
+    res = run_cli(["run", *TINY, "hi"], home=home, work=work, models=tiny_models, timeout=30)
+    check_error(res, EXIT_USAGE, "config.yaml, line 3")  # the 17th alias
+    assert "lol" not in res.stderr.decode()
+    (home / "config.yaml").write_text("a: &x 2\nthreads: *x\n")  # a few aliases are fine
+    from tandem.config.files import load_yaml
+
+    assert load_yaml(home / "config.yaml") == {"a": 2, "threads": 2}
 
 
 def test_seed_minus_one_means_random(sandbox, tiny_models):
@@ -500,6 +614,46 @@ def test_warnings(args, warning, sandbox, tiny_models):
     err = res.stderr.decode()
     assert res.returncode == EXIT_OK, err
     assert any(line.startswith("Warning: ") and warning in line for line in err.splitlines()), err
+
+
+def test_unknown_tandem_variables_get_one_warning(sandbox, tiny_models):
+    home, work = sandbox
+    res = run_cli(["run", *TINY, "--raw", "-n", "2", "hi"], home=home, work=work,
+                  models=tiny_models, env={"TANDEM_TEMP": "2", "TANDEM_THREAD": "1",
+                                           "TANDEM_ZZZ": "x"})
+    err = res.stderr.decode()
+    assert res.returncode == EXIT_OK, err
+    lines = [line for line in err.splitlines() if "unknown environment variable" in line]
+    assert len(lines) == 1 and lines[0].startswith("Warning: "), err
+    assert "TANDEM_TEMP (no variable sets it: pass --temp)" in lines[0]
+    assert "TANDEM_THREAD (did you mean TANDEM_THREADS?)" in lines[0] and "TANDEM_ZZZ" in lines[0]
+
+
+def test_every_variable_tandem_reads_is_known():
+    """No legitimate variable warns: every TANDEM_* name in the code, scripts and docs."""
+    from tandem.config.schema import KNOWN_ENV, unknown_env
+
+    names = set()
+    for folder in ("cli", "scripts", "tests", "docs"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.suffix in (".py", ".sh", ".md") and "build" not in path.parts:
+                names |= set(re.findall(r"\bTANDEM_[A-Z][A-Z0-9_]*[A-Z0-9]\b", path.read_text(
+                    errors="replace")))
+    names -= {"TANDEM_TEMP", "TANDEM_THREAD", "TANDEM_ZZZ", "TANDEM_TEST"}  # this file's typos
+    assert names - KNOWN_ENV == set()
+    assert unknown_env({n: "1" for n in KNOWN_ENV}) is None
+
+
+def test_an_answer_cut_at_the_context_end_says_so(sandbox, tiny_models):
+    home, work = sandbox
+    res = run_cli(["run", *TINY, "--raw", "-c", "256", "-n", "400",
+                   "hello " * 20], home=home, work=work, models=tiny_models,
+                  env={"TANDEM_STRATEGY": "draft"})
+    err = res.stderr.decode()
+    assert res.returncode == EXIT_OK, err
+    lines = [line for line in err.splitlines() if "end of the context" in line]
+    assert len(lines) == 1 and lines[0].startswith("Warning: "), err
+    assert "(256 tokens)" in lines[0] and "of the 400 tokens asked for" in lines[0]
 
 
 def test_swapped_pair_warning(tmp_path):
@@ -524,6 +678,30 @@ def test_nested_tuned_file_is_skipped_with_a_warning(sandbox, tiny_models):
     err = res.stderr.decode()
     assert res.returncode == EXIT_OK, err
     assert "Warning: ignored tuned settings" in err and "nested too deeply" in err
+
+
+@pytest.mark.parametrize("overall,why", [
+    ({"strategy": "draft", "n_min": 9, "n_max": 3}, "n_min must not exceed"),
+    ({"strategy": "draft", "n_max": -4}, "n_max"),
+    ({"strategy": "warp"}, "strategy"),
+    ({"strategy": "draft", "p_min": "high"}, "p_min"),
+    ({"strategy": "draft", "target_ctx": {"n_batch": 8, "n_ubatch": 64}}, "n_ubatch"),
+], ids=["n-min-over-n-max", "n-max-negative", "strategy-unknown", "p-min-text",
+        "ubatch-over-batch"])
+def test_an_invalid_tuned_file_is_ignored_with_a_warning(overall, why, sandbox, tiny_models):
+    """The docs promise that a tuned result never stops `tandem run`."""
+    from tandem.config.tuned import tuned_path
+
+    home, work = sandbox
+    path = tuned_path(home, tiny_models["target"], tiny_models["draft"], 1)  # the run's -t 1
+    path.parent.mkdir()
+    path.write_text(json.dumps({"overall": overall}))
+    res = run_cli(["run", *TINY, "--raw", "-n", "2", "hi"], home=home, work=work,
+                  models=tiny_models)
+    err = res.stderr.decode()
+    assert res.returncode == EXIT_OK, err
+    warned = [line for line in err.splitlines() if line.startswith("Warning: ignored tuned")]
+    assert len(warned) == 1 and why in warned[0], err
 
 
 def test_full_disk_for_the_cost_cache_leaves_no_tmp(sandbox, tiny_models):
@@ -566,6 +744,32 @@ def test_chat_refuses_a_non_utf8_line_and_goes_on(sandbox, tiny_models):
     assert "that line is not valid UTF-8" in out
     assert "Loading" not in out and "Finding" not in out  # notes are not chat output
     assert "tok/s" in out  # the next line was answered
+
+
+def test_chat_refuses_add_of_a_fifo_and_goes_on(sandbox, tiny_models):
+    """/add of a named pipe once blocked forever (Ctrl-C then ended the whole chat)."""
+    home, work = sandbox
+    os.mkfifo(work / "fifo.txt")
+    res = run_cli(["chat", *TINY, "-n", "4", "--plain-probe", "0"], home=home, work=work,
+                  models=tiny_models, stdin=b"/add fifo.txt\n/add /dev/zero\nhello\n/exit\n",
+                  timeout=60)
+    out, err = res.stdout.decode(errors="replace"), res.stderr.decode()
+    assert res.returncode == EXIT_OK, err
+    assert "fifo.txt is a named pipe (FIFO)" in out + err, out + err
+    assert "/dev/zero is a device" in out + err, out + err
+    assert "Traceback" not in err
+    assert "tok/s" in out  # the next line was answered
+
+
+def test_chat_from_dev_zero_ends_with_an_error(sandbox, tiny_models):
+    """`tandem chat < /dev/zero` is one endless line: refused after reading the bound."""
+    home, work = sandbox
+    env = {**os.environ, "TANDEM_HOME": str(home), "NO_COLOR": "1"}
+    with open("/dev/zero", "rb") as zero:
+        res = subprocess.run([sys.executable, "-m", "tandem", "chat",
+                              *_args(TINY, tiny_models), "-n", "4", "--plain-probe", "0"],
+                             stdin=zero, capture_output=True, env=env, cwd=work, timeout=60)
+    check_error(res, EXIT_USAGE, "a line on stdin is over 4 MiB")
 
 
 def test_download_progress_is_shown_when_stderr_is_not_a_terminal():

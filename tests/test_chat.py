@@ -298,3 +298,35 @@ def test_add_indexes_a_file_for_drafting_and_refuses_bad_ones(pair, tmp_path):
         chat.command("/add")
     answer(chat, "show me load")
     assert "by_source" in chat.session_stats()
+
+
+@pytest.mark.parametrize("before", ["draft", "none"])
+@pytest.mark.parametrize("cached_costs", [False, True], ids=["calibrating", "cached-costs"])
+def test_switching_to_auto_keeps_the_kv_prefix(before, cached_costs, tiny_models, monkeypatch,
+                                               tmp_path):
+    """The first `auto` turn checks (or measures) the costs; that measurement once prefilled
+    its own probe into the target's cache, so the turn re-evaluated the whole conversation
+    (3,500 tokens, 40 s on the real pair). It measures after what the cache holds instead."""
+    from tandem.engine import costs as costs_mod
+
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(costs_mod, "others_share", lambda before, after: 0.0)  # quiet machine
+    if cached_costs:  # a calibration on disk from an earlier session: the check path
+        with make_pair(tiny_models) as p:
+            p.costs()
+    with make_pair(tiny_models) as p:
+        chat = ChatSession(p, system="Be brief.", gen=GenParams(max_tokens=16))
+        chat.command(f"/strategy {before}")
+        question = "Explain the following code in detail: " + "def f(x): return x * 2; " * 20
+        d1, _ = answer(chat, question)
+        assert d1.stats.n_prompt_eval == d1.stats.n_prompt
+        cached_before = list(p.target_ctx.tokens)
+        chat.command("/strategy auto")  # checks (or measures) the costs now
+        assert p.target_ctx.tokens == cached_before
+        prompt2 = p.prompt_tokens(chat.messages("Thanks. Shorter?"))
+        new = len(prompt2) - common_prefix(cached_before, prompt2)
+        d2, _ = answer(chat, "Thanks. Shorter?")
+        assert d2.stats.strategy == "auto"
+        assert d2.stats.n_prompt == len(prompt2)
+        assert d2.stats.n_prompt_eval <= new + 1, (d2.stats.n_prompt_eval, new)
+        assert d2.stats.n_prompt_eval < d2.stats.n_prompt / 5

@@ -13,6 +13,7 @@ EXIT_DOWNLOAD = 4  # download, mirror, checksum, disk problems
 EXIT_CONTEXT = 5  # prompt does not fit the context
 EXIT_REMOTE = 6  # an RPC server or the link to it failed (refused, foreign, version, died, stalled)
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # SIGTERM (128 + 15), as shells report it
 
 
 class TandemError(Exception):

@@ -75,43 +75,75 @@ def predict(report: Report, cost: Mapping, target: str = "", draft: str = "") ->
     return {"speedup": out, "basis": basis, "source": cost.get("source", "")}
 
 
-def _shape_for(shapes: Mapping, name: str, fallback: str | None) -> str:
+_GPU_CHECK_HINT = "pass the JSON file that scripts/gpu_check.sh wrote (--out)"
+
+
+def _shape_for(shapes: Mapping, name: str, fallback) -> str:
     """A shape of the gpu_check JSON: `name` itself, else the size in a model file's name."""
+    measured_ok = {k for k, v in shapes.items() if isinstance(v, Mapping) and "verify" in v}
     for key in (name, model_size(name) if name else None, fallback):
-        if key and key in shapes and "verify" in shapes[key]:
+        if isinstance(key, str) and key in measured_ok:
             return key
-    measured = ", ".join(k for k, v in shapes.items() if "verify" in v) or "none"
     raise UsageError(f"the costs file has no measured shape for {name or 'the pair'!r}",
-                     f"measured shapes: {measured}")
+                     f"measured shapes: {', '.join(sorted(map(str, measured_ok))) or 'none'}")
+
+
+def _positive(value, what: str, zero_ok: bool = False) -> float:
+    """A finite number > 0 (>= 0 with zero_ok) from the costs file, else a UsageError: a zero
+    cost once divided by zero, a string once raised TypeError."""
+    import math
+
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(
+        value) and (value >= 0 if zero_ok else value > 0)
+    if not ok:
+        raise UsageError(f"the costs file's {what} must be a finite number "
+                         f"{'>= 0' if zero_ok else '> 0'}, got {str(value)[:40]!r}",
+                         _GPU_CHECK_HINT)
+    return float(value)
 
 
 def gpu_check_costs(data: Mapping, target: str = "", draft: str = "") -> dict:
     """The cost figures predict() reads, from scripts/gpu_check.py's JSON: the verify curve of
     the target's shape (k-token batch against one token) and the draft's token cost (its
     decode plus the host's draft_top, against the target's decode). `target` / `draft`: shape
-    names or model file names (matched by size); default: the pair gpu_check measured."""
-    shapes = data.get("shapes")
+    names or model file names (matched by size); default: the pair gpu_check measured. Every
+    figure is checked: the file may be anything a user passes."""
+    shapes = data.get("shapes") if isinstance(data, Mapping) else None
     if not isinstance(shapes, Mapping) or data.get("schema") != 1:
-        raise UsageError("this is not a scripts/gpu_check.py result (schema 1)",
-                         "pass the JSON file that gpu_check.sh wrote (--out)")
-    pair = data.get("pair") or {}
+        raise UsageError("this is not a scripts/gpu_check.py result (schema 1)", _GPU_CHECK_HINT)
+    pair = data.get("pair") if isinstance(data.get("pair"), Mapping) else {}
     t = _shape_for(shapes, target, pair.get("target_shape"))
     d = _shape_for(shapes, draft, pair.get("draft_shape"))
     ts, ds = shapes[t], shapes[d]
-    ratios = {int(k): float(v) for k, v in ts["verify"]["ratio"].items() if int(k) > 1}
-    draft_ms = ds["decode_ms"] + ds.get("host_draft_top_us", 0.0) / 1000
-    env = data.get("environment") or {}
-    where = ", ".join(env.get("gpus") or []) or data.get("backend", "")
-    return {"verify_ratio": ratios, "draft_ratio": draft_ms / ts["decode_ms"],
-            "decode_ms": {t: ts["decode_ms"], d: ds["decode_ms"]},
+    raw = ts["verify"].get("ratio") if isinstance(ts["verify"], Mapping) else None
+    if not isinstance(raw, Mapping):
+        raise UsageError(f"the costs file's shape {t!r} has no verify ratios", _GPU_CHECK_HINT)
+    ratios = {}
+    for k, v in raw.items():
+        n = int(k) if isinstance(k, str) and k.isdigit() else 0
+        if not 1 <= n <= 65:
+            raise UsageError(f"the costs file's verify ratio key {str(k)[:20]!r} is not a batch "
+                             "size 1..65", _GPU_CHECK_HINT)
+        if n > 1:
+            ratios[n] = _positive(v, f"verify ratio for {n} tokens")
+    t_ms = _positive(ts.get("decode_ms"), f"decode_ms of {t}")
+    draft_ms = _positive(ds.get("decode_ms"), f"decode_ms of {d}") + _positive(
+        ds.get("host_draft_top_us", 0.0), f"host_draft_top_us of {d}", zero_ok=True) / 1000
+    env = data.get("environment") if isinstance(data.get("environment"), Mapping) else {}
+    gpus = env.get("gpus") if isinstance(env.get("gpus"), list) else []
+    where = ", ".join(map(str, gpus)) or str(data.get("backend", ""))
+    return {"verify_ratio": ratios, "draft_ratio": draft_ms / t_ms,
+            "decode_ms": {t: t_ms, d: ds["decode_ms"]},
             "source": f"gpu_check on {where}: synthetic {t} target, {d} draft "
-                      f"({data.get('started', '')})"}
+                      f"({str(data.get('started', ''))[:40]})"}
 
 
 def load_gpu_check(path, target: str = "", draft: str = "") -> dict:
     """gpu_check_costs() of a JSON file, with a usage error for what cannot be read."""
     try:
         data = json.loads(Path(path).read_text())
+    except RecursionError:
+        raise UsageError(f"the costs file {path} is nested too deeply", _GPU_CHECK_HINT) from None
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read the costs file {path}: {exc}",
                          "pass the JSON file that scripts/gpu_check.sh wrote") from None

@@ -33,6 +33,13 @@ SWEEP_KEYS = {
 }
 
 
+def allowed_text(values) -> str:
+    """A sweep key's choices (a|b) or range (lo..hi)."""
+    if isinstance(values[0], str):
+        return "values among " + "|".join(values)
+    return f"numbers in {values[0]}..{values[1]}"
+
+
 def sweep_help() -> str:
     """--sweep's help, from SWEEP_KEYS: every key with its range or choices."""
     def allowed(values) -> str:
@@ -60,12 +67,14 @@ def parse_sweep(specs: Sequence[str]) -> dict[str, list]:
                 v = parse(raw)
             except ValueError:
                 raise UsageError(f"--sweep {key}: {raw!r} is not a valid {parse.__name__}",
-                                 None) from None
+                                 f"write {key}=V1,V2,... with {allowed_text(allowed)}") from None
             if parse is str:
                 if v not in allowed:
-                    raise UsageError(f"--sweep {key}: {v!r} is not one of {', '.join(allowed)}", None)
+                    raise UsageError(f"--sweep {key}: {v!r} is not one of {', '.join(allowed)}",
+                                     f"write {key}=V1,V2,... with {allowed_text(allowed)}")
             elif not allowed[0] <= v <= allowed[1]:
-                raise UsageError(f"--sweep {key}: {v} is out of range {allowed[0]}..{allowed[1]}", None)
+                raise UsageError(f"--sweep {key}: {v} is out of range {allowed[0]}..{allowed[1]}",
+                                 f"write {key}=V1,V2,... with {allowed_text(allowed)}")
             if v not in parsed:
                 parsed.append(v)
     return grid

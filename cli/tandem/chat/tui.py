@@ -419,6 +419,8 @@ class ChatView:
     def ask(self, prompt: str = ">>> ") -> str:
         """Read one line; EOFError (Ctrl-D) and KeyboardInterrupt (Ctrl-C) propagate."""
         self.console.file.flush()
+        if sys.stdin is not None and not sys.stdin.isatty():
+            return _read_piped_line(prompt)
         if self.interactive:
             try:
                 import readline  # noqa: F401 - line editing and history for input()
@@ -574,6 +576,26 @@ class ChatView:
 
     def goodbye(self) -> None:
         self.console.print(Text("Bye.", style="dim"))
+
+
+CHAT_LINE_MAX = 4 << 20  # characters: a message longer than this fits no context
+
+
+def _read_piped_line(prompt: str) -> str:
+    """One line of piped input, read with a bound: `< /dev/zero` (one endless line) once read
+    until memory ran out. A longer line ends the chat with an error (the rest of it cannot be
+    told apart from the next message)."""
+    from tandem.errors import UsageError
+
+    sys.stdout.write(prompt)
+    sys.stdout.flush()
+    line = sys.stdin.readline(CHAT_LINE_MAX + 1)
+    if not line:
+        raise EOFError
+    if len(line) > CHAT_LINE_MAX:
+        raise UsageError(f"a line on stdin is over {CHAT_LINE_MAX >> 20} MiB",
+                         "pipe messages of a sensible size, one per line")
+    return line.removesuffix("\n")  # as input() does
 
 
 class _Nothing:

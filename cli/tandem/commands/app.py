@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import sys
 import warnings
 from typing import Annotated, Optional
@@ -16,6 +17,7 @@ from typer._click import utils as _click_utils
 from tandem import __version__
 from tandem.errors import (
     EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
     EXIT_USAGE,
     OutputError,
     TandemError,
@@ -90,6 +92,16 @@ class _Stdout:
         return getattr(self._stream, name)
 
 
+class _Terminated(BaseException):
+    """SIGTERM arrived (`kill PID`, a service manager stopping tandem). A BaseException that is
+    no KeyboardInterrupt: the chat's Ctrl-C handling (stop the answer, go on) must not catch it,
+    while every `finally` still runs (no half-written file, contexts freed)."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated()
+
+
 def _output_error(exc: OSError) -> Exception:
     if isinstance(exc, BrokenPipeError) or exc.errno == errno.EPIPE:
         return _PipeClosed()
@@ -129,6 +141,10 @@ def main() -> None:
         sys.stdout = _Stdout(sys.stdout)
     warnings.showwarning = _show_warning
     try:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):  # not the main thread (an embedding): leave it alone
+        pass
+    try:
         if stdout_closed:
             raise UsageError("stdout is closed, so the output would be lost",
                              "run tandem with stdout open, or send it to /dev/null "
@@ -151,6 +167,8 @@ def main() -> None:
         sys.exit(EXIT_USAGE)
     except (KeyboardInterrupt, typer.exceptions.Abort):
         _interrupted()
+    except _Terminated:
+        _interrupted("Terminated.", EXIT_TERMINATED)
     except (_PipeClosed, BrokenPipeError):
         _quiet_exit()
     except Exception as exc:  # noqa: BLE001 - the last line of defence
@@ -176,16 +194,17 @@ def _usage_hint(exc: Exception) -> str:
     return f"`{command} --help` lists the arguments and options"
 
 
-def _interrupted() -> None:
-    """Ctrl-C: end the partial answer's line, say so, exit 130."""
+def _interrupted(message: str = "Interrupted.", code: int = EXIT_INTERRUPTED) -> None:
+    """Ctrl-C (or SIGTERM): end the partial answer's line, say so, exit 130 (143)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM while ending: just end
     try:
         if isinstance(sys.stdout, _Stdout) and not sys.stdout.at_line_start:
             sys.stdout.write("\n")
             sys.stdout.flush()
     except (_PipeClosed, OutputError):
         pass
-    print("Interrupted.", file=sys.stderr)
-    sys.exit(EXIT_INTERRUPTED)
+    print(message, file=sys.stderr)
+    sys.exit(code)
 
 
 def _quiet_exit() -> None:

@@ -30,8 +30,12 @@ from tandem.commands.options import (
     VerboseOpt,
 )
 from tandem.errors import UsageError
+from tandem.fsutil import check_input_file
 
 SWEEP_HELP = sweep_help()  # from the sweep table, so a new key cannot be left out
+
+
+PROMPTS_MAX_BYTES = 64 << 20  # Spec-Bench's question.jsonl is about 1 MB
 
 
 def register(app: typer.Typer) -> None:
@@ -116,6 +120,9 @@ def spec_bench(
     pair, rest = app_module.split_pair_and_prompt(args or [])
     if rest:
         raise UsageError(f"unexpected argument {rest!r}", "spec-bench takes an optional pair name")
+    if prompts is not None and str(prompts) != "-" and os.path.lexists(prompts):
+        # before a byte is read: a FIFO blocked forever, /dev/zero ran out of memory
+        check_input_file(prompts, "prompts file", PROMPTS_MAX_BYTES)
     conversations = []
     if multi_turn:
         from tandem.bench import multiturn

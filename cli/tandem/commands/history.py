@@ -12,7 +12,8 @@ from typing import Annotated
 
 import typer
 
-from tandem.fsutil import storage_error
+from tandem.errors import StorageError
+from tandem.fsutil import blocking_file, storage_error
 from tandem.engine.history import clear_histories, history_dir, list_histories
 from tandem.models.store import tandem_home
 from tandem.models.transfer import human_size
@@ -36,15 +37,29 @@ def _default(ctx: typer.Context):
         show(as_json=False)
 
 
+def _usable_home() -> Path:
+    """TANDEM_HOME, refused when it (or the history folder) is a file: "no history stored"
+    would hide that nothing can be stored there either."""
+    home = tandem_home()
+    blocker = blocking_file(history_dir(home))
+    if blocker is not None:
+        raise StorageError(f"the tandem home cannot hold a history: {blocker} is a file, "
+                           "not a directory",
+                           "set TANDEM_HOME to a directory (or move that file out of the way)")
+    return home
+
+
 @history_app.command("show")
 def show(as_json: Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")] = False):
     """List the stored histories: target model, answers, tokens and size on disk."""
-    home = tandem_home()
+    home = _usable_home()
     infos = list_histories(home)
     if as_json:
+        # allow_nan=False: only finite times get this far (list_histories checks them), and
+        # NaN is not JSON
         print(json.dumps({"dir": str(history_dir(home)), "histories": [
             {"path": str(i.path), "target": i.target, "entries": i.entries, "tokens": i.tokens,
-             "bytes": i.bytes, "newest": i.newest} for i in infos]}, indent=1))
+             "bytes": i.bytes, "newest": i.newest} for i in infos]}, indent=1, allow_nan=False))
         return
     if not infos:
         print(f"no history stored (in {history_dir(home)})")
@@ -60,7 +75,7 @@ def show(as_json: Annotated[bool, typer.Option("--json", help="Print JSON on std
 @history_app.command("clear")
 def clear():
     """Delete every stored history of this TANDEM_HOME."""
-    home = tandem_home()
+    home = _usable_home()
     try:
         n = clear_histories(home)
     except OSError as exc:

@@ -136,6 +136,11 @@ def run(
         if done.text and not done.text.endswith("\n"):
             out.write("\n")
         out.flush()
+    if done.reason == "context":
+        # otherwise a cut answer looks complete: -n asked for more than the context held
+        print(f"Warning: the answer stopped at the end of the context ({opts.target_ctx.n_ctx} "
+              f"tokens) after {done.stats.n_generated} of the {max_tokens} tokens asked for; "
+              "raise --ctx-size (-c) for a longer answer", file=sys.stderr)
     if show_stats:
         print(done.stats.summary(), file=sys.stderr)
 

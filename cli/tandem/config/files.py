@@ -45,8 +45,32 @@ class LineDict(dict):
         return self.key_lines.get(key, self.line)
 
 
+# Anchors and aliases are YAML's way to repeat a value; settings files need few if any. An
+# alias bomb (billion laughs: `pair: *i`, each level ten aliases of the last) once took 49 s
+# and 5.5 GB before Python died, and the message printed the expanded value. With at most
+# MAX_ALIASES aliases no file can expand by more than a few hundred times.
+MAX_ALIASES = 16
+MAX_SETTINGS_BYTES = 1 << 20  # settings files are a few hundred bytes
+
+
+class _TooManyAliases(yaml.YAMLError):
+    def __init__(self, line: int):
+        super().__init__(f"more than {MAX_ALIASES} YAML aliases")
+        self.line = line
+
+
 class _Loader(yaml.SafeLoader):
-    pass
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._aliases = 0
+
+    def compose_node(self, parent, index):
+        # counted while composing, before anything is expanded or constructed
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                raise _TooManyAliases(self.peek_event().start_mark.line + 1)
+        return super().compose_node(parent, index)
 
 
 def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> LineDict:
@@ -74,6 +98,10 @@ def load_yaml(path: Path, text: str | None = None) -> Any:
     """Parse YAML keeping line numbers; syntax errors become ProfileError with the line."""
     if text is None:
         try:
+            if Path(path).stat().st_size > MAX_SETTINGS_BYTES:
+                raise ProfileError(path, None, None,
+                                   f"is over {MAX_SETTINGS_BYTES >> 20} MiB: not a settings file",
+                                   "check that the path names a settings file")
             text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise ProfileError(path, None, None, f"cannot read: {exc.strerror or exc}",
@@ -82,6 +110,11 @@ def load_yaml(path: Path, text: str | None = None) -> Any:
             raise ProfileError(path, None, None, "is not UTF-8 text") from None
     try:
         return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except _TooManyAliases as exc:  # never shows the value: it may be an expansion bomb
+        raise ProfileError(path, exc.line, None,
+                           f"uses more than {MAX_ALIASES} YAML aliases (*name)",
+                           "write the values out instead of repeating them through anchors "
+                           "(&name) and aliases (*name)") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None

@@ -201,6 +201,41 @@ SETTING_FIELDS: tuple[Field, ...] = (
       label="RPC stall timeout (s)", flag="--rpc-timeout"),
 )
 FIELDS_BY_KEY: Mapping[str, Field] = MappingProxyType({f.key: f for f in SETTING_FIELDS})
+
+# Every other TANDEM_* variable tandem, its scripts or its tests read: with the settings' own
+# variables, the names an unknown-variable warning knows (a typo such as TANDEM_THREAD was
+# once ignored without a word)
+OTHER_ENV = ("TANDEM_HOME", "TANDEM_PROFILE", "TANDEM_PAIR", "TANDEM_FORCE_PROFILE",
+             "TANDEM_PROFILES_DIR", "TANDEM_DEBUG", "TANDEM_PIP_ARGS", "TANDEM_CACHE_DIR",
+             "TANDEM_LLAMA_SERVER", "TANDEM_SKIP_REAL", "TANDEM_REAL_MODELS_HOME",
+             "TANDEM_E2E_CAPTURE", "TANDEM_TEST_FULL", "TANDEM_TEST_READONLY",
+             "TANDEM_TEST_UNREADABLE")
+KNOWN_ENV = frozenset(f.env for f in SETTING_FIELDS) | frozenset(OTHER_ENV)
+_FLAG_ONLY = {"TEMP": "--temp", "TEMPERATURE": "--temp", "TOP_P": "--top-p", "TOP_K": "--top-k",
+              "MIN_P": "--min-p", "SEED": "--seed", "REPEAT_PENALTY": "--repeat-penalty",
+              "MAX_TOKENS": "-n", "N_PREDICT": "-n"}
+
+
+def unknown_env(env: Mapping[str, str]) -> str | None:
+    """One warning naming the TANDEM_* variables tandem does not know, each with its close
+    match (or the flag, for settings that have no variable); None when there are none."""
+    import difflib
+
+    suffixes = {name[len("TANDEM_"):]: name for name in KNOWN_ENV}
+    parts = []
+    for name in sorted(n for n in env if n.startswith("TANDEM_") and n not in KNOWN_ENV):
+        rest = name[len("TANDEM_"):]
+        close = difflib.get_close_matches(rest, list(suffixes), n=1, cutoff=0.75)
+        if close:
+            parts.append(f"{name} (did you mean {suffixes[close[0]]}?)")
+        elif rest in _FLAG_ONLY:
+            parts.append(f"{name} (no variable sets it: pass {_FLAG_ONLY[rest]})")
+        else:
+            parts.append(name)
+    if not parts:
+        return None
+    return ("ignored unknown environment variable" + ("s " if len(parts) > 1 else " ")
+            + ", ".join(parts) + "; docs/hardware.md lists tandem's variables")
 FIELDS_BY_PATH: Mapping[tuple[str, ...], Field] = MappingProxyType(
     {f.path: f for f in SETTING_FIELDS})
 SECTIONS = {f.path[0] for f in SETTING_FIELDS if len(f.path) == 2}

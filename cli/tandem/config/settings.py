@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from tandem.config.files import Located, ProfileError, load_yaml, parse_setting_sections
-from tandem.config.schema import FIELDS_BY_KEY, SETTING_FIELDS, broken_rules
+from tandem.config.schema import FIELDS_BY_KEY, SETTING_FIELDS, broken_rules, unknown_env
 from tandem.config.tuned import tuned_values
 from tandem.errors import UsageError
 
@@ -139,6 +139,11 @@ def config_path(home: Path | None = None) -> Path:
 def load_user_config(path: Path) -> tuple[dict[str, Located], dict[str, Located]]:
     """(setting values, config-only values: profile, pair, force_profile) from config.yaml.
     A missing or empty file is no configuration; anything invalid names file, line and key."""
+    if path.exists() and not path.is_file():
+        # once silently ignored; a FIFO there would have blocked every run
+        kind = "a directory" if path.is_dir() else "not a regular file"
+        raise ProfileError(path, None, None, f"is {kind}, not a config file",
+                           f"move {path} out of the way (the config file is a YAML file)")
     doc = load_yaml(path) if path.is_file() else None
     if doc is None:
         return {}, {}
@@ -212,6 +217,9 @@ def resolve_settings(cli: Mapping[str, Any] | None = None, *, env: Mapping[str, 
 
         hardware = detect()
     warnings: list[str] = list(hardware.warnings)
+    stray = unknown_env(env)
+    if stray:
+        warnings.append(stray)
     cli_vals = cli_values(cli)
     env_vals = env_values(env)
     cfg_vals, cfg_extra = load_user_config(home / CONFIG_NAME)
@@ -301,12 +309,28 @@ def _reconcile(values: dict[str, Setting]) -> list[str]:
     return warnings
 
 
-def _thread_warnings(values: Mapping[str, Setting], hardware: Any) -> list[str]:
-    """More threads than the CPU has only makes llama.cpp's threads wait for each other."""
+THREADS_OVER_CORES = 4  # above this many times the CPU's threads a count is surely a typo
+
+
+def _thread_warnings(values: dict[str, Setting], hardware: Any) -> list[str]:
+    """More threads than the CPU has only makes llama.cpp's threads wait for each other (-t 1000
+    on 2 cores ran 100x slower): a count above the CPU's threads is capped to them with a
+    warning, one above THREADS_OVER_CORES times them is refused, whatever its source."""
     cores = getattr(getattr(hardware, "cpu", None), "logical_cores", 0) or 0
-    return [f"{FIELDS_BY_KEY[key].label} {values[key].value} ({values[key].describe()}) exceeds "
-            f"this machine's {cores} CPU threads; generation will be slower, not faster"
-            for key in ("n_threads", "n_threads_batch") if cores and values[key].value > cores]
+    warnings: list[str] = []
+    for key in ("n_threads", "n_threads_batch"):
+        s = values[key]
+        if not cores or s.value <= cores:
+            continue
+        label = FIELDS_BY_KEY[key].label
+        if s.value > THREADS_OVER_CORES * cores:
+            raise UsageError(f"{label} {s.value} ({s.describe()}) is far above this machine's "
+                             f"{cores} CPU threads", f"use at most {cores} threads, or 0 for all")
+        values[key] = Setting(key, cores, s.source, f"capped to the CPU's threads from "
+                                                   f"{s.describe()}")
+        warnings.append(f"{label} {s.value} ({s.describe()}) exceeds this machine's {cores} CPU "
+                        f"threads; using {cores} (more would be slower, not faster)")
+    return warnings
 
 
 def effective_backend(profile: Any, hardware: Any) -> str:

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tandem.config.files import Located, ProfileError, parse_setting_sections
-from tandem.fsutil import atomic_write_text, machine_key
+from tandem.config.schema import broken_rules
+from tandem.fsutil import atomic_write_text, machine_key, sweep_stale_tmp
 
 TUNED_DIR = "tuned"
 SPEC_KEYS = ("strategy", "n_max", "n_min", "p_min")
@@ -39,7 +40,8 @@ def save(path: Path, tuned: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
     """Write spec-bench's choice (tandem.bench.tune.choose) with what it was measured on."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {**tuned, "meta": dict(meta), "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    atomic_write_text(path, json.dumps(data, indent=1), path.with_suffix(".tmp"))
+    sweep_stale_tmp(path.parent)
+    atomic_write_text(path, json.dumps(data, indent=1))
 
 
 def load(path: Path) -> dict | None:
@@ -71,6 +73,7 @@ def tuned_values(home: Path, models: tuple[Any, Any] | None, threads: int
             isinstance(m, (str, os.PathLike)) for m in models if m is not None):
         return {}, None, []  # nothing tuned yet, or catalog entries rather than files
     path = tuned_path(home, models[0], models[1], threads)
+    sweep_stale_tmp(path.parent)  # left by processes killed mid-write
     if not path.is_file():
         return {}, None, []
     data, problem = _read(path)
@@ -78,6 +81,11 @@ def tuned_values(home: Path, models: tuple[Any, Any] | None, threads: int
         values = parse_setting_sections(_sections(data["overall"]), path) if data else {}
     except ProfileError as exc:
         problem = exc.message
+    if not problem:
+        # values valid alone but not together (n_min 9 > n_max 3) once stopped every run of
+        # the pair with a hint about flags the user never passed
+        plain = {k: v.value for k, v in values.items()}
+        problem = "; ".join(f"{r.key} {r.problem(plain)}" for r in broken_rules(plain))
     if problem:
         return {}, None, [f"ignored tuned settings {path}: {problem}"]
     return {k: Located(v.value, str(path), None) for k, v in values.items()}, path, []

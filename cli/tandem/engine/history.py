@@ -14,21 +14,28 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
+import math
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from tandem.engine.suffix import SuffixIndex
-from tandem.errors import UsageError
-from tandem.fsutil import atomic_write_text, decode_text
+from tandem.errors import TandemWarning
+from tandem.fsutil import (
+    TEXT_INPUT_MAX_BYTES,
+    atomic_write_text,
+    decode_text,
+    read_input_file,
+    sweep_stale_tmp,
+)
 
 HISTORY_DIR = "history"
 HISTORY_MAX_TOKENS = 100_000  # ~0.6 MB of JSON, ~25 MB of index in memory (docs/benchmarks.md)
 HISTORY_MAX_ENTRIES = 500
 HISTORY_MIN_TOKENS = 8  # shorter answers predict nothing worth a file write
-CONTEXT_FILE_MAX_BYTES = 4 << 20
+CONTEXT_FILE_MAX_BYTES = TEXT_INPUT_MAX_BYTES
 FORMAT = 1
 
 
@@ -55,31 +62,92 @@ class HistoryInfo:
     newest: float  # time.time() of the latest answer (0: unknown)
 
 
+# An entry's `time` must be a plausible clock reading: after 2000-01-01 and at most a day
+# ahead (clocks drift); 1e300 or NaN there once made every `tandem history` fail
+TIME_MIN = 946_684_800.0
+TIME_SKEW_S = 86_400.0
+TOKEN_ID_MAX = 1 << 31  # llama_token is int32; larger ids overflowed in ctypes
+
+
+def valid_entry(e, n_vocab: int | None = None, now: float | None = None) -> bool:
+    """One history entry as tandem writes it: {"time": finite clock reading, "tokens": a list
+    of token ids in [0, n_vocab)} (n_vocab None: the vocabulary is not known here, so only
+    what any llama token can be)."""
+    if not isinstance(e, dict):
+        return False
+    t, tokens = e.get("time"), e.get("tokens")
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+        return False
+    if not TIME_MIN <= t <= (now if now is not None else time.time()) + TIME_SKEW_S:
+        return False
+    if not isinstance(tokens, list) or not tokens:
+        return False
+    limit = n_vocab if n_vocab is not None else TOKEN_ID_MAX
+    return all(type(tok) is int and 0 <= tok < limit for tok in tokens)
+
+
+def read_entries(path: Path, n_vocab: int | None = None) -> tuple[list[dict], int, bool]:
+    """(valid entries, how many were dropped, whether the file was unreadable as a whole) of
+    one history file; a missing file is an empty, clean one."""
+    if path.exists() and not path.is_file():
+        return [], 0, True  # a FIFO would block the read; the rewrite replaces it
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, NotADirectoryError):  # no history (yet), or no home for one
+        return [], 0, False
+    except (OSError, ValueError, RecursionError):
+        return [], 0, True
+    entries = data.get("entries") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        return [], 0, True
+    now = time.time()
+    good = [{"time": float(e["time"]), "tokens": e["tokens"]} for e in entries
+            if valid_entry(e, n_vocab, now)]
+    return good, len(entries) - len(good), False
+
+
 class HistoryStore:
-    """The on-disk answers of one target model."""
+    """The on-disk answers of one target model. `n_vocab`: the target's vocabulary size, so
+    that token ids a hand-edited or foreign file holds never reach llama_decode."""
 
     def __init__(self, home: Path, target: Path, max_tokens: int = HISTORY_MAX_TOKENS,
-                 max_entries: int = HISTORY_MAX_ENTRIES):
+                 max_entries: int = HISTORY_MAX_ENTRIES, n_vocab: int | None = None):
         self.path = history_dir(home) / f"{history_key(target)}.json"
         self.target = Path(target).name
         self.max_tokens = max_tokens
         self.max_entries = max_entries
+        self.n_vocab = n_vocab
+        self._checked = False
 
     def load(self) -> list[list[int]]:
-        """The stored answers, oldest first; a missing or unreadable file is no history (the
-        next write replaces a damaged one)."""
+        """The stored answers, oldest first; a missing or unreadable file is no history."""
         return [e["tokens"] for e in self._entries()]
 
     def _entries(self) -> list[dict]:
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError):
-            return []
-        entries = data.get("entries") if isinstance(data, dict) else None
-        if not isinstance(entries, list):
-            return []
-        return [e for e in entries if isinstance(e, dict) and isinstance(e.get("tokens"), list)
-                and all(isinstance(t, int) for t in e["tokens"])]
+        """The valid entries. The file is untrusted input: what fails the checks is dropped
+        with one warning, and the file is rewritten without it at once (never carried on)."""
+        if not self._checked:
+            sweep_stale_tmp(self.path.parent)  # left by processes killed mid-write
+        entries, dropped, broken = read_entries(self.path, self.n_vocab)
+        if (dropped or broken) and not self._checked:
+            what = ("was unreadable" if broken else
+                    f"had {dropped} invalid entr{'y' if dropped == 1 else 'ies'} (bad token ids, "
+                    "times or types)")
+            try:
+                self._write(entries)
+                done = "the file was rewritten without " + ("it" if broken else "them")
+            except OSError as exc:  # a read-only home: the bad entries are still never used
+                done = f"they are ignored (cannot rewrite it: {exc.strerror or exc})"
+            warnings.warn(TandemWarning(f"the answer history {self.path} {what}; {done}"))
+        self._checked = True
+        return entries
+
+    def _write(self, entries: list[dict]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        sweep_stale_tmp(self.path.parent)
+        text = json.dumps({"format": FORMAT, "target": self.target, "entries": entries},
+                          separators=(",", ":"), allow_nan=False)
+        atomic_write_text(self.path, text)
 
     def append(self, tokens: Sequence[int]) -> bool:
         """Add one answer (read, append, trim, replace); False when it is too short to keep.
@@ -89,13 +157,7 @@ class HistoryStore:
             return False
         entries = [e for e in self._entries() if e["tokens"] != tokens]
         entries.append({"time": time.time(), "tokens": tokens})
-        entries = trim(entries, self.max_tokens, self.max_entries)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps({"format": FORMAT, "target": self.target, "entries": entries},
-                          separators=(",", ":"))
-        # a per-process temporary name: two tandem processes never write the same temp file
-        atomic_write_text(self.path, text, self.path.with_name(
-            f"{self.path.name}.{os.getpid()}.tmp"))
+        self._write(trim(entries, self.max_tokens, self.max_entries))
         return True
 
 
@@ -115,21 +177,32 @@ def trim(entries: list[dict], max_tokens: int, max_entries: int) -> list[dict]:
 
 
 def list_histories(home: Path) -> list[HistoryInfo]:
-    """Every history file under `home`, with what it holds."""
+    """Every history file under `home`, with what it holds: valid entries only (checked as
+    when they are used, except against a vocabulary), with one warning per damaged file.
+    Nothing is rewritten here: showing is read-only."""
     out = []
     folder = history_dir(home)
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
-            raw = path.read_bytes()
-            data = json.loads(raw)
-            entries = data.get("entries", []) if isinstance(data, dict) else []
-            target = str(data.get("target", "?")) if isinstance(data, dict) else "?"
-        except (OSError, ValueError, RecursionError):
-            raw, entries, target = b"", [], "? (unreadable)"
-        entries = [e for e in entries if isinstance(e, dict) and isinstance(e.get("tokens"), list)]
+            size = path.stat().st_size
+        except OSError:
+            size = 0
+        entries, dropped, broken = read_entries(path)
+        target = "? (unreadable)"
+        if not broken:
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                target = str(data.get("target", "?"))[:200]
+            except (OSError, ValueError, RecursionError, AttributeError):
+                pass
+        if dropped or broken:
+            warnings.warn(TandemWarning(
+                f"the answer history {path} " + ("is unreadable" if broken else
+                                                 f"has {dropped} invalid entries") +
+                "; the next run of its model drops them"))
         out.append(HistoryInfo(path, target, len(entries),
-                               sum(len(e["tokens"]) for e in entries), len(raw),
-                               max((float(e.get("time", 0) or 0) for e in entries), default=0.0)))
+                               sum(len(e["tokens"]) for e in entries), size,
+                               max((e["time"] for e in entries), default=0.0)))
     return out
 
 
@@ -145,22 +218,11 @@ def clear_histories(home: Path) -> int:
 
 
 def read_context_file(path: Path) -> str:
-    """A file the user names for drafting (--context-file, chat /add): UTF-8 text only."""
+    """A file the user names for drafting (--context-file, chat /add): a regular file of UTF-8
+    text, at most CONTEXT_FILE_MAX_BYTES, checked before a byte is read (a FIFO blocked
+    forever, /dev/zero was read until memory ran out)."""
     path = Path(path).expanduser()
-    try:
-        if path.is_dir():
-            raise UsageError(f"context file {path} is a directory",
-                             "name a text file (for several, repeat --context-file)")
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise UsageError(f"context file not found: {path}", "check the path") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read context file {path}: {exc.strerror or exc}",
-                         "check the path and its permissions") from None
-    if len(raw) > CONTEXT_FILE_MAX_BYTES:
-        raise UsageError(f"context file {path} is {len(raw) >> 20} MiB; the limit is "
-                         f"{CONTEXT_FILE_MAX_BYTES >> 20} MiB",
-                         "name the files that matter, not a whole tree")
+    raw = read_input_file(path, "context file", CONTEXT_FILE_MAX_BYTES)
     return decode_text(raw, f"context file {path}",
                        "name text files: source code, notes, documents",
                        "convert it first, e.g. with iconv")

@@ -12,7 +12,7 @@ from typing import Iterator, Sequence
 from tandem.config.schema import STRATEGIES, endpoints
 from tandem.engine import template as chat_template
 from tandem.engine.auto import BUCKETS, ORDER, AutoDrafter
-from tandem.engine.costs import DISAGREE, CostModel, calibrate, disagreement
+from tandem.engine.costs import DISAGREE, MAX_BATCH, CostModel, calibrate, disagreement
 from tandem.engine.events import DoneEvent, StepEvent
 from tandem.engine.history import HistoryStore, Library, read_context_file
 from tandem.engine.knowledge import Knowledge
@@ -32,6 +32,30 @@ DRAFT_MAX_LIMIT = MAX_OUTPUTS - 1  # a verify batch: the drafts and the last tok
 # a calibration during which other processes used more than this share of the CPU was
 # measured on a busy machine: it serves the session that measured it and is not saved
 BUSY_SHARE = 0.25
+
+
+class _AfterCache:
+    """A context as the cost measurements see it: `prefill(probe)` keeps what the cache holds
+    when it holds something (the timings then run after it, and each measurement truncates
+    back to it), so a measurement never evicts a conversation. Everything else is the
+    context's own."""
+
+    def __init__(self, ctx: Context):
+        self._ctx = ctx
+
+    def prefill(self, tokens: Sequence[int], progress=None) -> int:
+        return 0 if self._ctx.tokens else self._ctx.prefill(tokens, progress)
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+
+def _after_cache(ctx: Context | None) -> Context | _AfterCache | None:
+    """`ctx` wrapped in _AfterCache when its cache leaves room for the largest measured batch
+    (else the probe replaces the cache, as a measurement at the context end must)."""
+    if ctx is None or not ctx.tokens or len(ctx.tokens) + MAX_BATCH + 1 > ctx.n_ctx:
+        return ctx
+    return _AfterCache(ctx)
 
 
 def check_cached_costs(target: Context, cached: CostModel, probe: Sequence[int]) -> float:
@@ -211,7 +235,7 @@ class PairSession:
     def _history_store(self) -> HistoryStore:
         from tandem.models.store import tandem_home
 
-        return HistoryStore(tandem_home(), self.target_path)
+        return HistoryStore(tandem_home(), self.target_path, n_vocab=self.target.n_vocab)
 
     def add_context_file(self, path: str | Path, text: str | None = None) -> int:
         """Index a text file for drafting (--context-file, chat /add); its token count.
@@ -339,14 +363,17 @@ class PairSession:
             cached = CostModel.load(path)
             if cached is not None and (not cached.plausible() or cached.expired()):
                 cached = None
+            # measured after what the caches hold: prefilling the probe replaced a chat's
+            # conversation, whose next turn then evaluated it all again (40 s on 3,500 tokens)
+            target, draft = _after_cache(self.target_ctx), _after_cache(self.draft_ctx)
             if cached is not None:
-                off = check_cached_costs(self.target_ctx, cached, probe)
+                off = check_cached_costs(target, cached, probe)
                 if not 1 / DISAGREE <= off <= DISAGREE:
                     self.cost_notes.append(f"cached costs were {off:.2f}x this machine's "
                                            "timings now: measured again")
                     cached = None
             if cached is None:
-                cached = calibrate(self.target_ctx, self.draft_ctx, probe)
+                cached = calibrate(target, draft, probe)
                 if self.options.rpc:  # the link's round trips are in every figure
                     cached.source = f"measured over RPC {','.join(self.options.rpc)}"
                 if cached.busy is not None and cached.busy > BUSY_SHARE:

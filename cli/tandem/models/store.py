@@ -41,7 +41,7 @@ from tandem.errors import (
     StorageError,
     TandemWarning,
 )
-from tandem.fsutil import blocking_file, storage_error
+from tandem.fsutil import blocking_file, storage_error, sweep_stale_tmp
 
 from .catalog import ModelSpec
 from .transfer import (FetchResult, ProgressFn, Source, partial_path, remove_quietly, sha256_file)
@@ -187,7 +187,11 @@ class Store:
     # registry ----------------------------------------------------------------
     def _read_registry(self) -> dict:
         try:
-            raw = self.registry_path.read_text(encoding="utf-8")
+            if self.registry_path.exists() and not (self.registry_path.is_file()
+                                                    or self.registry_path.is_dir()):
+                raw = ""  # a FIFO or device: reading it could block; set aside as unreadable
+            else:
+                raw = self.registry_path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return {"version": REGISTRY_VERSION, "models": {}}
         except OSError as e:
@@ -218,7 +222,10 @@ class Store:
 
     def _write_registry(self, doc: dict) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.home, prefix=".registry.", suffix=".tmp")
+        sweep_stale_tmp(self.home)  # registries of killed processes
+        # the pid in the name: a later sweep removes it if this process is killed mid-write
+        fd, tmp = tempfile.mkstemp(dir=self.home, prefix=f".registry.{os.getpid()}.",
+                                   suffix=".tmp")
         try:
             os.fchmod(fd, _file_mode())
             with os.fdopen(fd, "w", encoding="utf-8") as f:
