@@ -37,7 +37,7 @@ import bench_peer as peer  # prompts, llama-server driving, tandem's JSON
 import link_proxy
 
 SCRIPTS = Path(__file__).resolve().parent
-TANDEM_CONFIGS = {"tandem-plain": ["--strategy", "none"], "tandem-auto": ["--strategy", "auto"],
+RUN_CONFIGS = {"tandem-plain": ["--strategy", "none"], "tandem-auto": ["--strategy", "auto"],
                   "tandem-draft": ["--strategy", "draft"]}
 SERVER_CONFIGS = {"server-plain": "-ngl 99",
                   "server-draft": ("-ngl 99 --spec-type draft-simple -md {draft} -ngld 0 "
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     rtts = [float(x) for x in ns.rtt.split(",") if x.strip()]
     env = {**os.environ, "TANDEM_HISTORY": "off"}
     log_dir = Path(ns.out).parent if ns.out else Path(".")
-    configs = list(TANDEM_CONFIGS) + (list(SERVER_CONFIGS) if ns.native_bin else [])
+    configs = list(RUN_CONFIGS) + (list(SERVER_CONFIGS) if ns.native_bin else [])
     if not ns.native_bin:
         print("llama-server not built (scripts/build_native.sh): tandem only", file=sys.stderr)
     rows: list[peer.Row] = []
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"RTT {rtt} ms (measured {measured:.2f} ms) through {ep}", file=sys.stderr)
             try:
                 got: list[peer.Row] = []
-                for name, extra in TANDEM_CONFIGS.items():
+                for name, extra in RUN_CONFIGS.items():
                     got += run_tandem(name, extra, prompts, ns, model_args, pair, ep, env)
                 if ns.native_bin:
                     for name, args in SERVER_CONFIGS.items():

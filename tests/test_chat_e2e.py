@@ -110,9 +110,11 @@ def test_chat_in_tmux(tiny_models, tmp_path):
         text = pane.wait(lambda s: summaries(s) == 1 and prompts(s) == 2, "the first answer")
         pane.send("and what comes next?")
         text = pane.wait(lambda s: summaries(s) == 2 and prompts(s) == 3, "the second answer")
-        assert "vs plain" in text and "(measured" in text and "accepted" in text
-        # the summary wraps at the pane's width wherever the measured speeds' digits put it
-        assert "mean accepted length" in " ".join(text.split())
+        # the summary wraps at the pane's width wherever the measured speeds' digits put it;
+        # auto's first drafts wait for its probe budget, so two 40-token answers may draft
+        # nothing (the long answer below shows acceptance in the live panel)
+        flat = " ".join(text.split())
+        assert "vs plain" in flat and "(measured" in flat
 
         # slash commands: /stats shows the KV reuse of the second turn; a bad /draft is refused
         pane.send("/stats")

@@ -209,7 +209,7 @@ OTHER_ENV = ("TANDEM_HOME", "TANDEM_PROFILE", "TANDEM_PAIR", "TANDEM_FORCE_PROFI
              "TANDEM_PROFILES_DIR", "TANDEM_DEBUG", "TANDEM_PIP_ARGS", "TANDEM_CACHE_DIR",
              "TANDEM_LLAMA_SERVER", "TANDEM_SKIP_REAL", "TANDEM_REAL_MODELS_HOME",
              "TANDEM_E2E_CAPTURE", "TANDEM_TEST_FULL", "TANDEM_TEST_READONLY",
-             "TANDEM_TEST_UNREADABLE")
+             "TANDEM_TEST_UNREADABLE", "TANDEM_API_KEY")
 KNOWN_ENV = frozenset(f.env for f in SETTING_FIELDS) | frozenset(OTHER_ENV)
 _FLAG_ONLY = {"TEMP": "--temp", "TEMPERATURE": "--temp", "TOP_P": "--top-p", "TOP_K": "--top-k",
               "MIN_P": "--min-p", "SEED": "--seed", "REPEAT_PENALTY": "--repeat-penalty",

@@ -2,6 +2,11 @@
 
 `run`, `chat` and `spec-bench` all go through PairSession.generate, so a benchmark measures
 exactly what users run.
+
+Over 400 lines because the session still holds several jobs side by side (loading, the cost
+cache and the knowledge kept beside it, RPC attachment, history, templates, the drafter
+factory); giving each its own module is open work (issue 22), not done in the same change
+that added the RPC and knowledge parts.
 """
 from __future__ import annotations
 
