@@ -520,7 +520,8 @@ def _bench_until_first_run(tiny_models, home, tmp_path, ep, *extra):
                       "--no-warmup", "--no-cost-curve", "--out", str(tmp_path / "out"),
                       "--rpc", ep, *extra)
     proc = subprocess.Popen(cmd, env=_env(home), cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = b""
     deadline = time.monotonic() + 120
     while b"[1/12]" not in seen:
@@ -572,6 +573,21 @@ def test_spec_bench_ends_with_exit_6_when_the_server_stalls(tiny_models, home, t
     assert "Traceback" not in errs
     _partial_report(tmp_path, text)
     _no_debris(home, tmp_path)
+
+
+def test_ctrl_c_stops_a_remote_spec_bench_with_a_partial_report(tiny_models, home, tmp_path,
+                                                                server):
+    """Ctrl-C reaches the parent only; it tells the worker, which ends after its run."""
+    proc, seen = _bench_until_first_run(tiny_models, home, tmp_path, server.endpoint)
+    proc.send_signal(signal.SIGINT)
+    text, errs, _ = _finish(proc, b"", 60)
+    errs = seen.decode() + errs
+    assert proc.returncode == 130, errs
+    assert "Interrupted: partial results" in errs and "Traceback" not in errs
+    _partial_report(tmp_path, text)
+    _no_debris(home, tmp_path)
+    # the worker is gone with its connection: the server answers again
+    assert rpc.check_endpoint(server.endpoint, timeout=10).version == rpc.PROTO
 
 
 @pytest.mark.parametrize("value,expect", [
