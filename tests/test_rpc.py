@@ -2,7 +2,7 @@
 processes started here and the tiny models: output identical to a local run in exact mode
 (all layers remote, and split local + remote), and every fault ending in a clean error with
 exit code 6 within a bounded time (nobody listening, an HTTP server, another protocol
-version, a server killed or stopped mid-generation)."""
+version, a server killed or stopped mid-generation or mid-benchmark)."""
 from __future__ import annotations
 
 import http.server
@@ -476,6 +476,118 @@ def test_spec_bench_over_rpc(tiny_models, home, tmp_path, server):
     assert res.returncode == EXIT_OK, err(res)[-2000:]
     assert "| draft |" in out(res)
     assert "assigned to device RPC0" in err(res)
+
+
+def _spec_bench(tiny_models, *args: str) -> list[str]:
+    return [sys.executable, "-m", "tandem", "spec-bench", "-m", str(tiny_models["target"]),
+            "-md", str(tiny_models["draft"]), "-t", "1", "--strategies", "none,draft", *args]
+
+
+def test_spec_bench_over_rpc_reports_what_a_local_run_does(tiny_models, home, tmp_path,
+                                                           server):
+    """The measuring runs in the worker over the link: in exact mode the same runs, tokens
+    and report rows as in this process, and the cost curve crosses the pipe too."""
+    reports = {}
+    for where, extra in (("local", []), ("remote", ["--rpc", server.endpoint])):
+        res = subprocess.run(
+            _spec_bench(tiny_models, "--exact", "--per-category", "1", "-n", "12", "--out",
+                        str(tmp_path / where), *extra), capture_output=True, env=_env(home),
+            cwd=tmp_path, timeout=300, stdin=subprocess.DEVNULL)
+        assert res.returncode == EXIT_OK, err(res)[-2000:]
+        reports[where] = json.loads((tmp_path / where / "report.json").read_text())
+    local, remote = reports["local"], reports["remote"]
+    assert len(local["runs"]) == 12 and not remote["partial"]
+
+    def runs(r):
+        return sorted((x["config"], x["prompt_id"], x["rep"], tuple(x["tokens"]))
+                      for x in r["runs"])
+
+    def rows(r):
+        return sorted((c["config"], c["category"], c["runs"], c["identical"], c["compared"])
+                      for c in r["cells"])
+
+    assert runs(remote) == runs(local)
+    assert rows(remote) == rows(local)
+    assert set(remote["meta"]["costs"]["verify_ms"]) == set(local["meta"]["costs"]["verify_ms"])
+    assert remote["meta"]["costs"]["drafts"]
+    _no_debris(home, tmp_path)
+
+
+def _bench_until_first_run(tiny_models, home, tmp_path, ep, *extra):
+    """spec-bench over `ep` with long runs (12 of them) and --out; returns the process once
+    its first run is reported on stderr, and the stderr so far."""
+    cmd = _spec_bench(tiny_models, "--per-category", "1", "-n", "2000", "-c", "4096",
+                      "--no-warmup", "--no-cost-curve", "--out", str(tmp_path / "out"),
+                      "--rpc", ep, *extra)
+    proc = subprocess.Popen(cmd, env=_env(home), cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    seen = b""
+    deadline = time.monotonic() + 120
+    while b"[1/12]" not in seen:
+        assert time.monotonic() < deadline, f"no run reported: {seen.decode()}"
+        ready, _, _ = select.select([proc.stderr], [], [], 1.0)
+        if ready:
+            chunk = os.read(proc.stderr.fileno(), 4096)
+            assert chunk, seen.decode()
+            seen += chunk
+    assert b"[12/12]" not in seen  # the fault comes mid-benchmark
+    return proc, seen
+
+
+def _partial_report(tmp_path: Path, text: bytes) -> None:
+    """The runs recorded before the fault are kept, marked partial, and nothing else."""
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["partial"] is True and 1 <= len(report["runs"]) < 12
+    assert b"**Partial results**" in text
+    assert not list((tmp_path / "out").glob("*.tmp"))
+
+
+def test_spec_bench_ends_with_exit_6_when_the_server_dies(tiny_models, home, tmp_path, server):
+    proc, seen = _bench_until_first_run(tiny_models, home, tmp_path, server.endpoint)
+    server.proc.kill()  # kill -9
+    text, errs, took = _finish(proc, b"", 60)
+    errs = seen.decode() + errs
+    assert proc.returncode == EXIT_REMOTE, errs
+    assert errs.count(f"Error: the RPC link to {server.endpoint} failed") == 1
+    assert "Hint: " in errs and "Traceback" not in errs and "GGML" not in errs
+    _partial_report(tmp_path, text)
+    _no_debris(home, tmp_path)
+
+
+def test_spec_bench_ends_with_exit_6_when_the_server_stalls(tiny_models, home, tmp_path,
+                                                            server):
+    proc, seen = _bench_until_first_run(tiny_models, home, tmp_path, server.endpoint,
+                                        "--rpc-timeout", "3")
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        # 3 s without progress, a 2 s handshake to name the server, the report: far below
+        # the 60 s default stall limit, which would mean --rpc-timeout was not honoured
+        text, errs, took = _finish(proc, b"", 30)
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    errs = seen.decode() + errs
+    assert proc.returncode == EXIT_REMOTE, errs
+    assert errs.count(f"Error: the RPC link to {server.endpoint} failed") == 1
+    assert "sent nothing for 3 s" in errs and "--rpc-timeout" in errs
+    assert "Traceback" not in errs
+    _partial_report(tmp_path, text)
+    _no_debris(home, tmp_path)
+
+
+def test_ctrl_c_stops_a_remote_spec_bench_with_a_partial_report(tiny_models, home, tmp_path,
+                                                                server):
+    """Ctrl-C reaches the parent only; it tells the worker, which ends after its run."""
+    proc, seen = _bench_until_first_run(tiny_models, home, tmp_path, server.endpoint)
+    proc.send_signal(signal.SIGINT)
+    text, errs, _ = _finish(proc, b"", 60)
+    errs = seen.decode() + errs
+    assert proc.returncode == 130, errs
+    assert "Interrupted: partial results" in errs and "Traceback" not in errs
+    _partial_report(tmp_path, text)
+    _no_debris(home, tmp_path)
+    # the worker is gone with its connection: the server answers again
+    assert rpc.check_endpoint(server.endpoint, timeout=10).version == rpc.PROTO
 
 
 @pytest.mark.parametrize("value,expect", [

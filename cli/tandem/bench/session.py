@@ -4,6 +4,11 @@
 and renders its report; BenchSession loads the pair, calibrates, runs every configuration
 through the same generate() users run, and writes and tunes. Like the chat's core, it yields
 data and never prints.
+
+The measuring itself (`measure`) runs where the pair is: in this process, or, with the target
+on RPC servers, whole in the supervised worker process that holds it (engine/worker.py,
+RemotePair.stream; it needs the session's contexts, which cannot cross a pipe), its items
+streamed back; a dead or stalled server then ends it with a RemoteError and the results so far.
 """
 from __future__ import annotations
 
@@ -92,6 +97,35 @@ def draft_labels(paths: Sequence[Path]) -> list[str]:
     return out
 
 
+@dataclass(frozen=True)
+class Work:
+    """What `measure` needs besides the session: sent whole to the worker for a remote target."""
+
+    configs: tuple
+    prompts: tuple[Prompt, ...]
+    conversations: tuple[Conversation, ...]
+    gen: GenParams
+    reps: int
+    warmup: bool
+    cost_curve: bool
+    total: int
+
+
+@dataclass(frozen=True)
+class Costs:
+    """measure_costs' figures, an item of `measure`."""
+
+    figures: dict
+
+
+@dataclass(frozen=True)
+class Divergences:
+    """classify_divergences' findings, an item of `measure`: (index among its results, the
+    divergence). Set on the caller's own RunResults (a remote worker's are copies)."""
+
+    found: tuple[tuple[int, dict], ...]
+
+
 class BenchSession:
     """One spec-bench run: its configurations, the results so far, and what they conclude."""
 
@@ -132,32 +166,38 @@ class BenchSession:
             should_stop: Callable[[], bool] = lambda: False) -> Iterator[str | BenchProgress]:
         """Load the pair, then yield a line before the cost curve is measured, a BenchProgress
         without a result when the runs begin, and one after every recorded run. should_stop()
-        ends it early, keeping the results so far (a partial report)."""
+        ends it early, keeping the results so far (a partial report).
+        A remote target's server that dies or stalls raises RemoteError (exit 6) from here
+        within the stall limit; self.results keeps the runs recorded until then."""
         # never the user's history: each run's library is what the workload says it is
         opts = replace(self.planned, strategy="none", verbose=verbose, history=False)
+        work = Work(tuple(self.configs), tuple(self.prompts), tuple(self.conversations),
+                    self.gen, self.request.reps, self.request.warmup, self.request.cost_curve,
+                    self.total)
+        if opts.rpc:
+            from tandem.engine.worker import RemotePair
+            from tandem.models.store import tandem_home
+
+            with RemotePair(self.target_path, self.draft_paths, opts, stall=opts.rpc_timeout,
+                            home=str(tandem_home())) as pair:
+                yield from self._absorb(pair.stream(measure, work, should_stop=should_stop))
+            return
         with PairSession(self.target_path, self.draft_paths, opts) as session:
-            session.library = Library(None, remember=False)
-            if self.request.cost_curve:
-                yield "measuring the verify-batch cost curve..."
-                self.meta["costs"] = measure_costs(session, self.configs)
-            yield BenchProgress(0, self.total, None)
-            if self.conversations:
-                turns: dict[str, list[int]] = {}
-                for ev in run_conversations(session, self.conversations, self.configs,
-                                            self.gen, should_stop, turns):
-                    self.results.append(ev.result)
-                    yield ev
-                if self.results and not should_stop():
-                    classify_divergences(session, [], self.configs, self.results, turns.get)
-                return
-            for ev in run_bench(session, self.prompts, self.configs, self.gen, self.request.reps,
-                                self.request.warmup, should_stop):
-                if ev.result is not None:
-                    self.results.append(ev.result)
-                    yield ev
-            if self.results and not should_stop():
-                # each divergence from plain output: the logit gap there, in its own context
-                classify_divergences(session, self.prompts, self.configs, self.results)
+            yield from self._absorb(measure(session, work, should_stop))
+
+    def _absorb(self, items) -> Iterator[str | BenchProgress]:
+        """measure's items into this session's results and meta; lines and progress on."""
+        first = len(self.results)
+        for item in items:
+            if isinstance(item, Costs):
+                self.meta["costs"] = item.figures
+            elif isinstance(item, Divergences):
+                for i, divergence in item.found:
+                    self.results[first + i].divergence = divergence
+            else:
+                if isinstance(item, BenchProgress) and item.result is not None:
+                    self.results.append(item.result)
+                yield item
 
     def live_report(self) -> rep.Report:
         """The figures so far, for a live table."""
@@ -218,10 +258,67 @@ class BenchSession:
         return path
 
 
-def measure_costs(session: PairSession, configs) -> dict:
+def measure(session, work: Work, should_stop: Callable[[], bool] = lambda: False,
+            tick: Callable[[], None] | None = None) -> Iterator:
+    """The benchmark on a loaded session: a line before the cost curve, Costs, a
+    BenchProgress without a result when the runs begin and one after every recorded run, and
+    Divergences at the end. Module-level and picklable in and out: a remote target's worker
+    runs it (RemotePair.stream; `tick()` there is progress for its stall limit)."""
+    session.library = Library(None, remember=False)
+    if work.cost_curve:
+        yield "measuring the verify-batch cost curve..."
+        yield Costs(measure_costs(session, work.configs, tick))
+    yield BenchProgress(0, work.total, None)
+    results: list[RunResult] = []
+    if work.conversations:
+        turns: dict[str, list[int]] = {}
+        for ev in run_conversations(session, work.conversations, work.configs, work.gen,
+                                    should_stop, turns):
+            results.append(ev.result)
+            yield ev
+        if results and not should_stop():
+            classify_divergences(session, [], work.configs, results, turns.get)
+            yield _divergences(results)
+        return
+    for ev in run_bench(session, work.prompts, work.configs, work.gen, work.reps, work.warmup,
+                        should_stop):
+        if ev.result is not None:
+            results.append(ev.result)
+            yield ev
+    if results and not should_stop():
+        # each divergence from plain output: the logit gap there, in its own context
+        classify_divergences(session, work.prompts, work.configs, results)
+        yield _divergences(results)
+
+
+def _divergences(results: Sequence[RunResult]) -> Divergences:
+    return Divergences(tuple((i, r.divergence) for i, r in enumerate(results)
+                             if r.divergence is not None))
+
+
+class _Ticking:
+    """A context whose truncate() also calls tick(): calibrate truncates after each timed
+    decode, so the timings stay clean and a remote calibration shows progress."""
+
+    def __init__(self, ctx, tick: Callable[[], None]):
+        self._ctx, self._tick = ctx, tick
+
+    def truncate(self, n: int):
+        out = self._ctx.truncate(n)
+        self._tick()
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+
+def measure_costs(session: PairSession, configs, tick: Callable[[], None] | None = None) -> dict:
     """Verify cost of batches of 1..17 tokens for each target context setting benchmarked,
     and each draft's token cost relative to a plain target token."""
     from tandem.engine.costs import calibrate
+
+    def ticking(ctx):
+        return _Ticking(ctx, tick) if tick is not None and ctx is not None else ctx
 
     probe = session.target.tokenize("def main():\n    print('calibrating costs')\n",
                                     add_special=False, parse_special=False)
@@ -230,11 +327,13 @@ def measure_costs(session: PairSession, configs) -> dict:
     for c in configs:
         if c.is_plain:
             session.configure(c.target_ctx or default, c.draft_ctx or c.target_ctx or default)
-            cm = calibrate(session.target_ctx, None, probe, sizes=range(1, 18), reps=2)
+            cm = calibrate(ticking(session.target_ctx), None, probe, sizes=range(1, 18),
+                           reps=2)
             curves[c.name] = {n: round(1000 * t, 2) for n, t in sorted(cm.verify.items())}
     for label in session.drafts:
         session.configure(default, default, label)
-        cm = calibrate(session.target_ctx, session.draft_ctx, probe, sizes=(1,), reps=3)
+        cm = calibrate(ticking(session.target_ctx), session.draft_ctx, probe, sizes=(1,),
+                       reps=3)
         drafts[label] = {"ms_per_token": round(1000 * cm.draft_token, 2),
                          "relative_to_target": round(cm.draft_token / cm.plain, 3)}
     return {"verify_ms": curves, "drafts": drafts}

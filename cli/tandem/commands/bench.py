@@ -29,7 +29,7 @@ from tandem.commands.options import (
     RpcTimeoutOpt,
     VerboseOpt,
 )
-from tandem.errors import UsageError
+from tandem.errors import RemoteError, TandemError, UsageError
 from tandem.fsutil import check_input_file
 
 SWEEP_HELP = sweep_help()  # from the sweep table, so a new key cannot be left out
@@ -140,13 +140,6 @@ def spec_bench(
         pair, model, model_draft, app_module.setting_flags(
             exact, strategy="none", n_max=n_max, n_min=n_min, p_min=p_min, n_ctx=n_ctx,
             n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout), verbose)
-    if planned.rpc:
-        # benchmarks drive the session in this process (no worker): a server that dies
-        # mid-benchmark ends it with llama.cpp's message and exit 6, never a core dump
-        from tandem.engine.ggml import exit_on_abort
-
-        os.environ["GGML_NO_BACKTRACE"] = "1"
-        exit_on_abort()
     draft_paths = [_fetch(ref) for ref in drafts] if drafts else ([draft_path] if draft_path else [])
     bench = BenchSession(request, target_path, draft_paths, planned, items, grid, conversations)
     err = Console(stderr=True, no_color=bool(os.environ.get("NO_COLOR")) or None)
@@ -160,6 +153,9 @@ def spec_bench(
     old = signal.signal(signal.SIGINT, on_sigint)
     try:
         _show_runs(bench, err, verbose, lambda: stop["now"])
+    except RemoteError as failed:  # --rpc: the server died or stalled (engine/worker.py)
+        _keep_partial(bench, err, as_json)
+        raise failed from None
     finally:
         signal.signal(signal.SIGINT, old)
     partial = stop["now"]
@@ -168,6 +164,22 @@ def spec_bench(
     if partial:
         err.print("Interrupted: partial results above (marked partial in the files).")
         raise typer.Exit(130)
+
+
+def _keep_partial(bench, err: Console, as_json: bool) -> None:
+    """The runs recorded before a remote failure: the report and --out's files, marked
+    partial, as after Ctrl-C; nothing when no run was recorded. Never tuned: a benchmark that
+    broke off is no basis for the settings run and chat use."""
+    if not bench.results:
+        return
+    bench.request = replace(bench.request, tune=False)
+    try:
+        _show_outcome(bench, bench.report(True), err, as_json)
+    except TandemError as exc:  # the RPC failure is the error to report; this one is said
+        err.print(f"partial results not kept: {exc.message}", highlight=False)
+        return
+    err.print(f"Partial results above ({len(bench.results)} of {bench.total} runs, marked "
+              "partial in the files): the benchmark broke off.", highlight=False)
 
 
 def _show_runs(bench, err: Console, verbose: bool, should_stop) -> None:

@@ -1,5 +1,6 @@
 """A pair whose target sits on llama.cpp RPC servers, held by a worker process that the caller
-supervises (RemotePair: the PairSession calls run and chat make, over a pipe).
+supervises (RemotePair: the PairSession calls run and chat make, over a pipe, and `stream` for
+work that needs the session itself: spec-bench's measurements run whole in the worker).
 
 Why a process: llama.cpp ends the whole process with GGML_ABORT when an RPC connection breaks
 (ggml-rpc.cpp: RPC_STATUS_ASSERT in rpc_dispatcher::work) and waits forever on a server that
@@ -12,6 +13,9 @@ that no longer answer. The text already streamed stays with the caller.
 Nothing is left half-written: the worker writes its files (costs, history) through a
 temporary file and os.replace, and a temporary file of a killed worker is removed here; the
 worker's core dumps are off and llama.cpp's abort() ends it with _exit (no core file).
+
+Over 400 lines because both ends of one pipe protocol live here (the parent's RemotePair and
+the worker's loop): split, each half would only make sense beside the other.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from tandem.errors import RemoteError, TandemError
 
@@ -34,7 +38,7 @@ class Job:
     """What the worker loads: the pair and the session options (with .rpc)."""
 
     target: Path
-    draft: Path | None
+    draft: tuple[Path, ...]  # spec-bench compares several drafts; run and chat load one
     options: Any  # engine.session.SessionOptions
     home: str | None = None  # TANDEM_HOME for the worker's files (costs, history)
 
@@ -59,12 +63,14 @@ class RemotePair:
     progress; a worker that dies or stalls is killed and the call raises RemoteError naming
     the endpoint(s). After that, every call raises it again."""
 
-    def __init__(self, target: Path, draft: Path | None, options: Any, stall: float = 60.0,
-                 home: str | None = None):
+    def __init__(self, target: Path, draft: Path | Sequence[Path] | None, options: Any,
+                 stall: float = 60.0, home: str | None = None):
         self.options, self.target_path, self.stall = options, Path(target), stall
-        self.draft_path = Path(draft) if draft is not None else None
+        drafts = () if draft is None else (Path(draft),) if isinstance(draft, (str, Path)) \
+            else tuple(Path(p) for p in draft)
+        self.draft_path = drafts[0] if drafts else None
         self.target_ctx, self.library = _Ctx(), _Library()
-        self._job = Job(self.target_path, self.draft_path, options, home)
+        self._job = Job(self.target_path, drafts, options, home)
         self._dead: RemoteError | None = None
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter, no inherited state
         self._conn, child = ctx.Pipe(duplex=True)
@@ -116,6 +122,46 @@ class RemotePair:
             if not finished and self._dead is None:
                 self._stop_generation()
 
+    def stream(self, func: Callable[..., Iterator[Any]], *args: Any,
+               should_stop: Callable[[], bool] | None = None) -> Iterator[Any]:
+        """Run `func(session, *args, should_stop=..., tick=...)` in the worker on its loaded
+        PairSession and yield what it yields, as it yields it: for work that needs the session
+        itself (spec-bench sets context configurations, calibrates and reads logits), which
+        cannot cross a pipe. `func` crosses by name: a module-level function, its arguments
+        and items picklable. Once `should_stop()` (asked after each item) is true, the
+        worker's should_stop() is too; the work ends where it checks it. Each generate()
+        event of the session and each tick() is progress for the stall limit. Stopped
+        reading early (a second Ctrl-C), the worker is killed: its work may run for minutes."""
+        self._send(("stream", (func, args)))
+        finished = told = False
+
+        def tell() -> None:  # at once, not after the run in progress: it may be long
+            nonlocal told
+            if should_stop is not None and not told and should_stop():
+                told = True
+                self._send(("stop", None))
+
+        try:
+            while True:
+                try:
+                    kind, payload = self._receive(between=tell)
+                except TandemError:
+                    finished = True
+                    raise
+                if kind == "event":
+                    yield payload
+                    tell()
+                elif kind == "reply":
+                    self._state(payload[1])
+                    finished = True
+                    return
+        finally:
+            if not finished and self._dead is None:
+                self._proc.kill()
+                self._proc.join(5)
+                self._dead = RemoteError("the worker holding the remote target was stopped "
+                                         "in the middle of a call", None)
+
     def close(self) -> None:
         proc = getattr(self, "_proc", None)
         if proc is None:
@@ -166,8 +212,9 @@ class RemotePair:
                 self._state(state)
                 return value
 
-    def _receive(self):
-        """The next message that is not a heartbeat; RemoteError if none comes in time."""
+    def _receive(self, between: Callable[[], None] | None = None):
+        """The next message that is not a heartbeat (`between()` after each heartbeat);
+        RemoteError if none comes in time."""
         if self._dead is not None:
             raise self._dead
         while True:
@@ -186,6 +233,8 @@ class RemotePair:
                 raise err
             if kind != "beat":
                 return kind, payload
+            if between is not None:
+                between()
 
     def _stop_generation(self) -> None:
         """The caller stopped reading (Ctrl-C, a stop in the chat): the worker finishes the
@@ -358,6 +407,9 @@ def _serve(conn, job: Job) -> None:
                 if name == "generate":
                     _generate(conn, session, *args)
                     value = None
+                elif name == "stream":
+                    _stream(conn, session, beat, *args)
+                    value = None
                 elif name == "prompt_tokens":
                     value = session.prompt_tokens(*args)
                 elif name == "add_context_file":
@@ -373,6 +425,38 @@ def _serve(conn, job: Job) -> None:
                 conn.send(_error(exc))
                 continue
             conn.send(("reply", (value, state())))
+
+
+def _stream(conn, session, beat, func, args) -> None:
+    """RemotePair.stream in the worker: func's items go out as events; a "stop" from the
+    parent (the only message that can come meanwhile) turns should_stop() true."""
+    stopped = [False]
+
+    def should_stop() -> bool:
+        if not stopped[0] and conn.poll():
+            conn.recv()
+            stopped[0] = True
+        return stopped[0]
+
+    plain = session.generate
+
+    def generate(*a, **k):  # every token is progress: a long run is not a stall
+        inner = plain(*a, **k)
+        try:
+            for ev in inner:
+                beat("generate", 0.0)
+                yield ev
+        finally:
+            inner.close()
+
+    session.generate = generate  # this session serves only this worker's calls
+    try:
+        for item in func(session, *args, should_stop=should_stop,
+                         tick=lambda: beat("work", 0.0)):
+            conn.send(("event", item))
+            should_stop()
+    finally:
+        del session.generate
 
 
 def _generate(conn, session, prompt, gen, strategy, draft, record) -> None:
