@@ -51,6 +51,7 @@ def register(app: typer.Typer) -> None:
 def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size=None,
                  force_profile=False, hardware=None, rpc=None) -> dict:
     """Everything `tandem hw` shows, as objects (the renderers only format)."""
+    from tandem.commands.options import check_model_path, check_pair_or_files
     from tandem.config.settings import resolve_settings
     from tandem.errors import UsageError
     from tandem.machine import hardware as hwmod
@@ -60,12 +61,8 @@ def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size
 
     if model_draft is not None and model is None:
         raise UsageError("--model-draft needs --model", "pass the target GGUF with --model")
-    if pair is not None and model is not None:
-        raise UsageError(f"give --pair ({pair}) or --model, not both",
-                         "drop --pair to plan for your own files, or drop -m/-md")
+    check_pair_or_files(pair, model, model_draft)
     if model is not None:
-        from tandem.commands.options import check_model_path
-
         check_model_path(model, "target")
         if model_draft is not None:
             check_model_path(model_draft, "draft")
@@ -147,7 +144,7 @@ def _needs(plan) -> int | None:
 
 
 def _b(n) -> str:
-    from tandem.machine.hardware import fmt_bytes
+    from tandem.fsutil import fmt_bytes
 
     return fmt_bytes(n) if n else "-"
 

@@ -29,7 +29,6 @@ from tandem.commands.options import (
     TopKOpt,
     TopPOpt,
     VerboseOpt,
-    check_max_tokens,
     check_text,
     load_plan,
     read_context_files,
@@ -38,7 +37,8 @@ from tandem.commands.options import (
     setting_flags,
     split_pair_and_prompt,
 )
-from tandem.errors import RemoteError, UsageError
+from tandem.config.schema import check_max_tokens, check_prompt
+from tandem.errors import RemoteError
 
 
 def register(app: typer.Typer) -> None:
@@ -99,8 +99,7 @@ def run(
         check_text(s, "a --stop string")
     piped = read_stdin()
     prompt = "\n\n".join(p for p in (piped, prompt) if p.strip())
-    if not prompt.strip():
-        raise UsageError("the prompt is empty", "pass a prompt argument or pipe text on stdin")
+    check_prompt(prompt)
     check_max_tokens(max_tokens)
     sampling = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, seed)
     gen = GenParams(max_tokens=max_tokens, sampling=sampling, stop=tuple(stop or ()))

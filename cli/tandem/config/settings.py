@@ -130,12 +130,6 @@ def env_values(env: Mapping[str, str]) -> dict[str, Located]:
             for f in SETTING_FIELDS if (env.get(f.env) or "").strip()}
 
 
-def config_path(home: Path | None = None) -> Path:
-    from tandem.models.store import tandem_home
-
-    return (home or tandem_home()) / CONFIG_NAME
-
-
 def load_user_config(path: Path) -> tuple[dict[str, Located], dict[str, Located]]:
     """(setting values, config-only values: profile, pair, force_profile) from config.yaml.
     A missing or empty file is no configuration; anything invalid names file, line and key."""
