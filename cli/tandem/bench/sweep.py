@@ -10,7 +10,7 @@ import itertools
 from dataclasses import replace
 from typing import TYPE_CHECKING, Sequence
 
-from tandem.config.schema import FLASH_ATTN, KV_TYPES, STRATEGIES
+from tandem.config.schema import FLASH_ATTN, KV_TYPES, check_strategy
 from tandem.errors import UsageError
 
 if TYPE_CHECKING:
@@ -102,8 +102,7 @@ def build_configs(strategies: Sequence[str], base: DraftParams, grid: dict[str, 
 
     ctx = ctx if ctx is not None else ContextParams()
     for s in strategies:
-        if s not in STRATEGIES:
-            raise UsageError(f"unknown strategy {s!r}", f"choose from: {', '.join(STRATEGIES)}")
+        check_strategy(s)
     keys = list(grid)
     points = [dict(zip(keys, p)) for p in itertools.product(*(grid[k] for k in keys))] or [{}]
     draft_labels: list[str | None] = list(drafts) or [None]

@@ -150,11 +150,24 @@ def _b(n) -> str:
 
 
 def render(r: dict, console=None) -> None:
+    """`tandem hw`'s report: hardware, profile, settings, the plan, recommended pairs."""
     from rich.console import Console
-    from rich.table import Table
 
     console = console or Console(highlight=False)
-    hw, s, plan = r["hardware"], r["settings"], r["plan"]
+    hw, s = r["hardware"], r["settings"]
+    _render_hardware(hw, console)
+    _render_profile(s, hw, console)
+    _render_settings(s, console)
+    _render_plan(r, console)
+    _render_recommended(r, s.profile_obj, console)
+    for w in s.warnings:
+        console.print(f"[yellow]Warning:[/yellow] {w}")
+    for n in hw.notes:
+        console.print(f"Note: {n}")
+
+
+def _render_hardware(hw, console) -> None:
+    from rich.table import Table
 
     t = Table(title="Hardware", title_justify="left", show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold")
@@ -181,6 +194,10 @@ def render(r: dict, console=None) -> None:
     console.print(t)
     console.print()
 
+
+def _render_profile(s, hw, console) -> None:
+    from rich.table import Table
+
     prof = s.profile_obj
     pt = Table(title="Profile", title_justify="left", show_header=False, box=None,
                pad_edge=False)
@@ -199,6 +216,10 @@ def render(r: dict, console=None) -> None:
     console.print(pt)
     console.print()
 
+
+def _render_settings(s, console) -> None:
+    from rich.table import Table
+
     st = Table(title="Settings", title_justify="left")
     st.add_column("Setting")
     st.add_column("Value")
@@ -208,6 +229,11 @@ def render(r: dict, console=None) -> None:
     console.print(st)
     console.print()
 
+
+def _render_plan(r: dict, console) -> None:
+    from rich.table import Table
+
+    plan = r["plan"]
     target_label, draft_label = r["labels"]
     title = f"Plan for {r['pair']}" if r["pair"] else "Plan"
     exact = all(m.exact for m in plan.models)
@@ -250,6 +276,10 @@ def render(r: dict, console=None) -> None:
     if r.get("remote") is not None:
         _render_remote(r["remote"], console)
 
+
+def _render_recommended(r: dict, prof, console) -> None:
+    from rich.table import Table
+
     if r["recommended"]:
         rt = Table(title=f"Recommended pairs for {prof.name}", title_justify="left")
         rt.add_column("Pair")
@@ -261,10 +291,6 @@ def render(r: dict, console=None) -> None:
             note = a.note or ("exact (on disk)" if a.exact else "estimated")
             rt.add_row(a.name, a.status, needs, note)
         console.print(rt)
-    for w in s.warnings:
-        console.print(f"[yellow]Warning:[/yellow] {w}")
-    for n in hw.notes:
-        console.print(f"Note: {n}")
 
 
 def _layer_span(layers, output: bool) -> str:

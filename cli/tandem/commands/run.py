@@ -126,6 +126,14 @@ def run(
             out.write("\n")
             out.flush()
         raise
+    _finish(done, out, as_json=as_json, no_stream=no_stream, show_stats=show_stats,
+            n_ctx=opts.target_ctx.n_ctx, max_tokens=max_tokens)
+
+
+def _finish(done, out, *, as_json: bool, no_stream: bool, show_stats: bool, n_ctx: int,
+            max_tokens: int) -> None:
+    """The answer's end: the JSON object or the text's last part on stdout, then a warning
+    when the context cut it and the statistics on stderr."""
     if as_json:
         print(json.dumps({"text": done.text, "finish_reason": done.reason,
                           "stats": done.stats.to_dict()}, ensure_ascii=False))
@@ -137,7 +145,7 @@ def run(
         out.flush()
     if done.reason == "context":
         # otherwise a cut answer looks complete: -n asked for more than the context held
-        print(f"Warning: the answer stopped at the end of the context ({opts.target_ctx.n_ctx} "
+        print(f"Warning: the answer stopped at the end of the context ({n_ctx} "
               f"tokens) after {done.stats.n_generated} of the {max_tokens} tokens asked for; "
               "raise --ctx-size (-c) for a longer answer", file=sys.stderr)
     if show_stats:

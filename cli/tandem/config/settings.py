@@ -195,12 +195,6 @@ def resolve_settings(cli: Mapping[str, Any] | None = None, *, env: Mapping[str, 
     once every other source has been checked, so a bad flag fails before a download), lets
     spec-bench's tuned settings for those files apply; Settings.files keeps them.
     """
-    from tandem.machine.profiles import (
-        ProfileMismatchError,
-        get_profile,
-        load_profiles,
-        select_profile,
-    )
     from tandem.models.store import tandem_home
 
     cli = dict(cli or {})
@@ -218,28 +212,14 @@ def resolve_settings(cli: Mapping[str, Any] | None = None, *, env: Mapping[str, 
     env_vals = env_values(env)
     cfg_vals, cfg_extra = load_user_config(home / CONFIG_NAME)
 
-    # the profile: cli > env > config > detection
-    if profiles is None:
-        profiles = load_profiles(user_dir=home / "profiles")
     force = force_profile if force_profile is not None else cli.get("force_profile")
     if force is None:
         force = (env.get(ENV_FORCE) or "").strip().lower() in ("1", "true", "yes", "on") or \
             bool(cfg_extra["force_profile"].value if "force_profile" in cfg_extra else False)
-    chosen = _named("profile", cli, env, cfg_extra)
-    if chosen is not None:
-        try:
-            profile, w = get_profile(chosen.value, hardware, profiles, force=bool(force))
-        except ProfileMismatchError as exc:
-            if chosen.source != "cli":  # say where the name came from: it may be long forgotten
-                exc.message = f"{exc.message} (profile set by {chosen.origin})"
-                exc.args = (exc.message,)
-            raise
-        warnings += w
-        values = {"profile": Setting("profile", profile.name, chosen.source, chosen.origin)}
-        reason = f"chosen with {chosen.origin}"
-    else:
-        profile, reason = select_profile(hardware, profiles)
-        values = {"profile": Setting("profile", profile.name, "detected", reason)}
+    profile, chosen, reason, w = _profile(_named("profile", cli, env, cfg_extra), hardware,
+                                          profiles, home, bool(force))
+    warnings += w
+    values = {"profile": chosen}
     pair = _named("pair", cli, env, cfg_extra)
     if pair is None:
         from tandem.models.catalog import get_pair
@@ -277,6 +257,33 @@ def resolve_settings(cli: Mapping[str, Any] | None = None, *, env: Mapping[str, 
                     backend=effective_backend(profile, hardware),
                     warnings=tuple(dict.fromkeys(warnings)),
                     tuned_path=str(tpath) if tpath else None, files=models)
+
+
+def _profile(named: Setting | None, hardware: Any, profiles: Mapping[str, Any] | None,
+             home: Path, force: bool) -> tuple[Any, Setting, str, list[str]]:
+    """The profile: named (cli > env > config), else detected. (profile, its setting, why
+    it was chosen, warnings)."""
+    from tandem.machine.profiles import (
+        ProfileMismatchError,
+        get_profile,
+        load_profiles,
+        select_profile,
+    )
+
+    if profiles is None:
+        profiles = load_profiles(user_dir=home / "profiles")
+    if named is None:
+        profile, reason = select_profile(hardware, profiles)
+        return profile, Setting("profile", profile.name, "detected", reason), reason, []
+    try:
+        profile, warnings = get_profile(named.value, hardware, profiles, force=force)
+    except ProfileMismatchError as exc:
+        if named.source != "cli":  # say where the name came from: it may be long forgotten
+            exc.message = f"{exc.message} (profile set by {named.origin})"
+            exc.args = (exc.message,)
+        raise
+    return (profile, Setting("profile", profile.name, named.source, named.origin),
+            f"chosen with {named.origin}", list(warnings))
 
 
 def _rank(s: Setting) -> int:
