@@ -15,6 +15,7 @@ from tandem.machine.fit import plan_for_settings
 from tandem.errors import UsageError
 from tandem.machine.placement import ContextSpec
 from tandem.machine.planner import Budget, plan
+from tandem.config.files import SettingsFileError
 from tandem.machine.profiles import ProfileError, ProfileMismatchError, load_profiles
 
 TEST_PROFILE = """
@@ -164,15 +165,16 @@ def test_config_file_errors_name_file_line_and_key(home, profiles):
           n_max: 4
           pmin: 0.5
         """)
-    with pytest.raises(ProfileError) as e:
+    with pytest.raises(SettingsFileError) as e:
         resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
     assert e.value.path == str(home / "config.yaml") and e.value.line == 4
     assert e.value.key == "speculative.pmin"
+    assert not isinstance(e.value, ProfileError)  # config.yaml is not a profile
     write_config(home, "context: [8192\n")
-    with pytest.raises(ProfileError, match="YAML syntax error"):
+    with pytest.raises(SettingsFileError, match="YAML syntax error"):
         resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
     write_config(home, "profile: 12\n")
-    with pytest.raises(ProfileError, match="key 'profile': must be a name"):
+    with pytest.raises(SettingsFileError, match="key 'profile': must be a name"):
         resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
     write_config(home, "")  # an empty file is no configuration
     assert resolve_settings({}, env={}, home=home, hardware=CPU_BOX,

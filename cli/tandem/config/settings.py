@@ -23,7 +23,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from tandem.config.files import Located, ProfileError, load_yaml, parse_setting_sections
+from tandem.config.files import Located, SettingsFileError, load_yaml, parse_setting_sections
 from tandem.config.schema import FIELDS_BY_KEY, SETTING_FIELDS, broken_rules, unknown_env
 from tandem.config.tuned import tuned_values
 from tandem.errors import UsageError
@@ -136,13 +136,13 @@ def load_user_config(path: Path) -> tuple[dict[str, Located], dict[str, Located]
     if path.exists() and not path.is_file():
         # once silently ignored; a FIFO there would have blocked every run
         kind = "a directory" if path.is_dir() else "not a regular file"
-        raise ProfileError(path, None, None, f"is {kind}, not a config file",
+        raise SettingsFileError(path, None, None, f"is {kind}, not a config file",
                            f"move {path} out of the way (the config file is a YAML file)")
     doc = load_yaml(path) if path.is_file() else None
     if doc is None:
         return {}, {}
     if not isinstance(doc, dict):
-        raise ProfileError(path, None, None, "the config file must be a YAML mapping of keys")
+        raise SettingsFileError(path, None, None, "the config file must be a YAML mapping of keys")
     extra: dict[str, Located] = {}
     for key in CONFIG_ONLY_KEYS:
         if key not in doc:
@@ -150,9 +150,9 @@ def load_user_config(path: Path) -> tuple[dict[str, Located], dict[str, Located]
         value, line = doc[key], doc.line_of(key) if hasattr(doc, "line_of") else None
         if key == "force_profile":
             if not isinstance(value, bool):
-                raise ProfileError(path, line, key, f"must be true or false, got {value!r}")
+                raise SettingsFileError(path, line, key, f"must be true or false, got {value!r}")
         elif not isinstance(value, str) or not value.strip():
-            raise ProfileError(path, line, key, f"must be a name, got {value!r}")
+            raise SettingsFileError(path, line, key, f"must be a name, got {value!r}")
         extra[key] = Located(value.strip() if isinstance(value, str) else value, str(path), line)
     return parse_setting_sections(doc, path, skip=CONFIG_ONLY_KEYS), extra
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from tandem.config.files import Located, ProfileError, parse_setting_sections
+from tandem.config.files import Located, SettingsFileError, parse_setting_sections
 from tandem.config.schema import FIELDS_BY_KEY, broken_rules
 from tandem.fsutil import atomic_write_text, machine_key, sweep_stale_tmp
 
@@ -76,7 +76,7 @@ def tuned_values(home: Path, models: tuple[Any, Any] | None, threads: int
     data, problem = _read(path)
     try:
         values = parse_setting_sections(_sections(data["overall"]), path) if data else {}
-    except ProfileError as exc:
+    except SettingsFileError as exc:
         problem = exc.message
     if not problem:
         # values valid alone but not together (n_min 9 > n_max 3) once stopped every run of

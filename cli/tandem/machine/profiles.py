@@ -29,7 +29,7 @@ from typing import Any, Mapping
 from tandem.config.files import (
     LineDict,
     Located,
-    ProfileError,
+    SettingsFileError,
     check_rules,
     line_at,
     load_yaml,
@@ -43,6 +43,10 @@ from tandem.fsutil import fmt_bytes
 GiB = 1 << 30
 BACKENDS = ("cuda", "metal", "cpu")
 VENDORS = ("nvidia", "apple", "cpu", "any")
+
+
+class ProfileError(SettingsFileError):
+    """A profile file (or the set of them) is invalid: `path`, `line` and `key` say where."""
 
 
 class ProfileMismatchError(UsageError):
