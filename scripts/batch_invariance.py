@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     ns = ap.parse_args()
 
-    from tandem.engine.session import exact_context
+    from tandem.engine.llama import exact_context
     from tandem.engine.llama import Context, ContextParams, Model
 
     path = ns.model

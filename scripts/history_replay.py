@@ -96,6 +96,8 @@ class Oracle:
     No policy over these indexes can do better: it bounds what drafting from them gives."""
 
     name = "oracle"
+    notes = ()  # the Drafter protocol (engine/drafters.py): nothing to say, no sources
+    step_sources = ()
 
     def __init__(self, auto, costs, output_of):
         self.auto, self.costs, self.output_of = auto, costs, output_of

@@ -10,7 +10,8 @@ from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent
 from tandem.engine.llama import ContextParams
 from tandem.engine.sampling import SamplingParams
 from tandem.engine.auto import AUTO_MODEL_GAIN
-from tandem.engine.session import DraftParams, PairSession, SessionOptions
+from tandem.engine.session import PairSession, SessionOptions
+from tandem.engine.strategies import DraftParams
 from tandem.engine.speculative import GenParams
 
 # this CPU's calibrated figures (docs/benchmarks.md): a 0.5B draft token costs 0.43 of a plain step
@@ -29,17 +30,17 @@ def test_model_draft_gain_from_costs():
 def _auto(tiny_models, tmp_path, monkeypatch, costs: CostModel, exact: bool = False):
     import time
 
-    from tandem.engine import session as session_module
+    from tandem.engine import pricing
 
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
     # as if calibrated on such a machine just now: the tiny models' real timings (which the
     # check against cached costs would measure) are not what these tests are about
-    monkeypatch.setattr(session_module, "check_cached_costs", lambda *a: 1.0)
+    monkeypatch.setattr(pricing, "disagreement", lambda *a: 1.0)
     opts = SessionOptions(strategy="auto", target_ctx=ContextParams(n_ctx=512, n_threads=2,
-                                                                    exact=exact))
+                                                                    exact=exact), home=tmp_path)
     session = PairSession(tiny_models["target"], tiny_models["draft"], opts)
     CostModel(dict(costs.verify), costs.draft_token, "calibrated", time.time(), 0.05).save(
-        session._costs_path())
+        session.costs_path())
     return session
 
 
@@ -129,7 +130,7 @@ def test_an_implausible_cached_cost_curve_is_measured_again(tiny_models, tmp_pat
     busy = CostModel({1: 0.43, 2: 0.54, 6: 0.29, 17: 0.26}, 0.33)
     assert not busy.plausible() and CPU.plausible() and GPU.plausible()
     assert not CostModel({}, 0.0).plausible()
-    import tandem.engine.session as session_module
+    import tandem.engine.pricing as pricing_module
 
     calls = []
 
@@ -137,7 +138,7 @@ def test_an_implausible_cached_cost_curve_is_measured_again(tiny_models, tmp_pat
         calls.append(len(tokens))
         return CostModel(dict(CPU.verify), CPU.draft_token, source="calibrated", busy=0.05)
 
-    monkeypatch.setattr(session_module, "calibrate", fake_calibrate)
+    monkeypatch.setattr(pricing_module, "calibrate", fake_calibrate)
     with _auto(tiny_models, tmp_path, monkeypatch, busy) as s:
         costs = s.costs()
         assert len(calls) == 1 and costs.source == "calibrated"
@@ -145,7 +146,7 @@ def test_an_implausible_cached_cost_curve_is_measured_again(tiny_models, tmp_pat
         assert s.costs().verify[1] > CPU.verify[1]
         # ...but neither the calibration the draft-model decision reads nor the cache file
         assert s.costs(calibrated=True).verify == CPU.verify
-        path = s._costs_path()
+        path = s.costs_path()
     assert CostModel.load(path).verify == CPU.verify
 
 

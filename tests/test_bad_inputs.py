@@ -571,11 +571,11 @@ def _args(args, models):
 def test_config_unknown_key_lists_the_config_keys(tmp_path):
     """Not the profile-only keys (recommended_pairs, tiers...), which a config cannot take."""
     from tandem.config.settings import load_user_config
-    from tandem.config.files import ProfileError
+    from tandem.config.files import SettingsFileError
 
     path = tmp_path / "config.yaml"
     path.write_text("zzz_nope: 1\n")
-    with pytest.raises(ProfileError) as exc:
+    with pytest.raises(SettingsFileError) as exc:
         load_user_config(path)
     assert "force_profile" in exc.value.message and "speculative" in exc.value.message
     assert "recommended_pairs" not in exc.value.message and "tiers" not in exc.value.message
@@ -657,7 +657,7 @@ def test_an_answer_cut_at_the_context_end_says_so(sandbox, tiny_models):
 
 
 def test_swapped_pair_warning(tmp_path):
-    from tandem.config.prepare import pair_warnings
+    from tandem.commands.plan import pair_warnings
 
     small, big = tmp_path / "small.gguf", tmp_path / "big.gguf"
     small.write_bytes(b"x" * 10)

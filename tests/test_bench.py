@@ -19,7 +19,7 @@ from tandem.bench.sweep import SWEEP_KEYS, build_configs, parse_sweep
 from tandem.bench.workloads import Prompt
 from tandem.engine.events import DoneEvent
 from tandem.engine.llama import ContextParams
-from tandem.engine.session import DraftParams
+from tandem.engine.strategies import DraftParams
 from tandem.engine.speculative import GenParams
 from tandem.engine.stats import GenStats
 from tandem.errors import UsageError

@@ -203,12 +203,14 @@ def test_slash_commands_change_the_session(pair):
     chat = ChatSession(pair, gen=GenParams(max_tokens=6))
     assert chat.command("/help").data["commands"] == COMMANDS
     assert chat.command("/draft 8").data == {"draft": 8} and chat.draft.n_max == 8
-    for bad, match in [("/draft 0", "1..64"), ("/draft 65", "1..64"), ("/draft x", "whole number"),
+    for bad, match in [("/draft -1", "0..64"), ("/draft 65", "0..64"), ("/draft x", "whole number"),
                        ("/temp x", "needs a number"), ("/temp -1", ">= 0"), ("/temp nan", "finite"),
                        ("/strategy warp", "unknown strategy"), ("/max-tokens 0", "1..")]:
         with pytest.raises(UsageError, match=match):
             chat.command(bad)
     assert chat.draft.n_max == 8  # unchanged by the bad values
+    assert chat.command("/draft 0").data == {"draft": 0}  # as --draft-max 0: nothing drafted
+    chat.command("/draft 8")
     chat.command("/temp 0.7")
     assert chat.gen.sampling.temperature == 0.7
     chat.command("/temp 0")

@@ -123,7 +123,7 @@ def test_chat_in_tmux(tiny_models, tmp_path):
         assert m and int(m.group(2)) < int(m.group(1)) / 2, m and m.group(0)
         assert re.search(r"turns\s+2 \(2 in context, 0 dropped\)", text)
         pane.send("/draft 99")
-        text = pane.wait(lambda s: "draft must be in 1..64, got 99" in s and prompts(s) == 5,
+        text = pane.wait(lambda s: "draft must be in 0..64, got 99" in s and prompts(s) == 5,
                          "the /draft error")
 
         # a long answer: the live panel shows, then Ctrl-C stops the answer, not the session
@@ -170,7 +170,7 @@ def test_chat_in_tmux(tiny_models, tmp_path):
 def test_chat_through_a_pipe(tiny_models, tmp_path):
     """Not a terminal: no live display, plain text; bad input is reported and the chat goes on;
     end of input (Ctrl-D) exits cleanly."""
-    script = "hello\n/nope\n/draft 0\n\n/temp hot\n/strategy none\nplain now\n/stats\n"
+    script = "hello\n/nope\n/draft 65\n\n/temp hot\n/strategy none\nplain now\n/stats\n"
     env = {**os.environ, "NO_COLOR": "1", "TANDEM_HOME": str(tmp_path / "home"),
            "COLUMNS": "100"}
     res = subprocess.run(
@@ -181,7 +181,7 @@ def test_chat_through_a_pipe(tiny_models, tmp_path):
     out = res.stdout
     assert "\x1b[" not in out
     assert "unknown command /nope" in out
-    assert "draft must be in 1..64, got 0" in out
+    assert "draft must be in 0..64, got 65" in out
     assert "empty message" in out
     assert "temp needs a number" in out
     assert "strategy: none" in out and "tokens · plain decoding" in out

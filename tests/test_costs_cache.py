@@ -15,7 +15,10 @@ pytest.importorskip("llama_cpp")
 
 
 def _session(tiny_models):
-    opts = SessionOptions(strategy="auto", target_ctx=ContextParams(n_ctx=512, n_threads=1))
+    from tandem.models.store import tandem_home
+
+    opts = SessionOptions(strategy="auto", target_ctx=ContextParams(n_ctx=512, n_threads=1),
+                          home=tandem_home())
     return PairSession(tiny_models["target"], tiny_models["draft"], opts)
 
 
@@ -35,15 +38,15 @@ def test_a_poisoned_cache_is_detected_and_measured_again(tiny_models, tmp_path, 
     monkeypatch.setattr(costs_mod, "others_share", lambda before, after: 0.0)
     with _session(tiny_models) as s:
         true = calibrate(s.target_ctx, s.draft_ctx, _probe(s))
-        path = s._costs_path()
+        path = s.costs_path()
         _poisoned(true).save(path)
     with _session(tiny_models) as s:  # the next run
         costs = s.costs(calibrated=True)
         assert costs.verify[1] < 10 * true.verify[1]  # the poisoned figures are not used
-        assert any("measured again" in n for n in s.cost_notes)
+        assert any("measured again" in n for n in s.pricing.notes)
         notes = s.drafter("auto").notes
         assert any("measured again" in n for n in notes)
-        assert s.cost_notes == []  # said once
+        assert s.pricing.notes == []  # said once
     saved = CostModel.load(path)
     assert saved.verify[1] < 10 * true.verify[1] and saved.when > 0  # replaced on disk
 
@@ -54,17 +57,17 @@ def test_an_agreeing_cache_is_used_as_is(tiny_models, tmp_path, monkeypatch):
     monkeypatch.setattr(costs_mod, "others_share", lambda before, after: 0.0)
     with _session(tiny_models) as s:
         s.costs()
-        path = s._costs_path()
+        path = s.costs_path()
     before = CostModel.load(path)
-    from tandem.engine import session as session_module
+    from tandem.engine import pricing
 
     seen = []
     # sub-millisecond timings of the tiny models are too noisy to agree on their own here:
     # the check is stubbed to report agreement, and must have been asked
-    monkeypatch.setattr(session_module, "check_cached_costs", lambda *a: seen.append(a) or 1.3)
+    monkeypatch.setattr(pricing, "disagreement", lambda *a: seen.append(a) or 1.3)
     with _session(tiny_models) as s:
         assert s.costs(calibrated=True).verify == before.verify
-        assert s.cost_notes == [] and len(seen) == 1
+        assert s.pricing.notes == [] and len(seen) == 1
 
 
 def test_an_old_cache_expires(tiny_models, tmp_path, monkeypatch):
@@ -73,7 +76,7 @@ def test_an_old_cache_expires(tiny_models, tmp_path, monkeypatch):
     monkeypatch.setattr(costs_mod, "others_share", lambda before, after: 0.0)
     with _session(tiny_models) as s:
         true = calibrate(s.target_ctx, s.draft_ctx, _probe(s))
-        path = s._costs_path()
+        path = s.costs_path()
     old = _poisoned(true, 1.0, when=time.time() - 8 * 24 * 3600)
     old.save(path)
     with _session(tiny_models) as s:
@@ -88,8 +91,8 @@ def test_a_calibration_on_a_busy_machine_is_not_saved(tiny_models, tmp_path, mon
     with _session(tiny_models) as s:
         c = s.costs()
         assert c.busy == 0.6
-        assert any("machine busy" in n and "60%" in n for n in s.cost_notes)
-        assert not s._costs_path().exists()
+        assert any("machine busy" in n and "60%" in n for n in s.pricing.notes)
+        assert not s.costs_path().exists()
         notes = s.drafter("auto").notes
         assert any("other processes 60% of the CPU" in n for n in notes)  # when, under what load
 

@@ -224,7 +224,7 @@ def test_invalid_parameters(models, ctxs, kw, msg):
 
 
 def test_invalid_draft_max():
-    from tandem.engine.session import DraftParams
+    from tandem.engine.strategies import DraftParams
 
     for n_max in (-1, 65):  # the draft length's one carrier refuses it
         with pytest.raises(UsageError, match="draft max"):

@@ -204,7 +204,8 @@ def test_pair_session_records_answers_reports_sources_and_opt_out_writes_nothing
     prompt = [1, 20, 21, 22, 23, 24]
     runs = {}
     for history in (False, True):
-        opts = SessionOptions(strategy="auto", target_ctx=ctx, history=history)
+        opts = SessionOptions(strategy="auto", target_ctx=ctx, history=history,
+                              home=tmp_path / "home")
         with PairSession(tiny_models["target"], None, opts) as s:
             for strategy in ("none", "auto"):
                 done = [ev for ev in s.generate(prompt, gen, strategy=strategy)
@@ -213,7 +214,7 @@ def test_pair_session_records_answers_reports_sources_and_opt_out_writes_nothing
     # history on: the answers are on disk; the next session drafts the same answer from them
     infos = list_histories(tmp_path / "home")
     assert len(infos) == 1 and infos[0].entries >= 1
-    opts = SessionOptions(strategy="auto", target_ctx=ctx, history=True)
+    opts = SessionOptions(strategy="auto", target_ctx=ctx, history=True, home=tmp_path / "home")
     with PairSession(tiny_models["target"], None, opts) as s:
         for b in range(3, 9):  # as if earlier requests had learnt that history copies pay
             s.knowledge().learn(("history", b), [1.0] * 16, 10)
@@ -229,7 +230,7 @@ def test_opt_out_reads_and_writes_nothing(tiny_models, tmp_path, monkeypatch):
 
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
     opts = SessionOptions(strategy="auto", target_ctx=ContextParams(n_ctx=256, n_threads=1),
-                          history=False)
+                          history=False, home=tmp_path / "home")
     with PairSession(tiny_models["target"], None, opts) as s:
         for _ in s.generate([1, 20, 21, 22], GenParams(max_tokens=16, ignore_eos=True)):
             pass

@@ -136,14 +136,15 @@ def test_the_file_is_written_atomically_and_bounded(tmp_path):
 
 
 def test_a_second_session_starts_from_the_first_ones_file(tiny_models, tmp_path, monkeypatch):
-    from tandem.engine import session as session_module
+    from tandem.engine import pricing
     from tandem.engine.llama import ContextParams
     from tandem.engine.session import PairSession, SessionOptions
     from tandem.engine.speculative import GenParams
 
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
-    monkeypatch.setattr(session_module, "check_cached_costs", lambda *a: 1.0)
-    opts = SessionOptions(strategy="auto", target_ctx=ContextParams(n_ctx=256, n_threads=1))
+    monkeypatch.setattr(pricing, "disagreement", lambda *a: 1.0)
+    opts = SessionOptions(strategy="auto", target_ctx=ContextParams(n_ctx=256, n_threads=1),
+                          home=tmp_path)
     gen = GenParams(max_tokens=8, ignore_eos=True)
     with PairSession(tiny_models["target"], None, opts) as s:
         # what this session's earlier requests measured (tiny models draft too little in a
@@ -151,7 +152,7 @@ def test_a_second_session_starts_from_the_first_ones_file(tiny_models, tmp_path,
         s.knowledge().learn(("prompt", 5), [0.95, 0.9], 7)
         done = [ev for ev in s.generate([1, 20, 21, 22], gen) if isinstance(ev, DoneEvent)][0]
         assert done.stats.n_generated == 8
-        path = s._knowledge_path()
+        path = s.knowledge_path()
     assert path.is_file() and path.parent.name == "costs"
     assert path.name.endswith(".knowledge.json")
     with PairSession(tiny_models["target"], None, opts) as s:

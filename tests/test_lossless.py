@@ -450,14 +450,15 @@ def test_greedy_with_history_is_identical_to_plain_in_exact_mode(tiny_models):
     """Exact mode, greedy: auto drafting from history and files gives plain decoding's tokens."""
     from tandem.engine.events import DoneEvent
     from tandem.engine.llama import ContextParams
-    from tandem.engine.session import PairSession, SessionOptions, exact_context
+    from tandem.engine.llama import exact_context
+    from tandem.engine.session import PairSession, SessionOptions
     from tandem.engine.speculative import GenParams
 
     ctx = exact_context(ContextParams(n_ctx=512, n_threads=1))
     opts = SessionOptions(strategy="auto", target_ctx=ctx, repack=False)
     gen = GenParams(max_tokens=40, ignore_eos=True)
     with PairSession(tiny_models["target"], tiny_models["draft"], opts) as s:
-        s.knowledge_file = False  # nothing on disk; as if earlier requests of this session
+        s.pricing.keep_knowledge = False  # nothing on disk; as if earlier requests of this session
         kept = s.knowledge()  # had learnt that copies from these sources are accepted:
         for src in ("history", "file"):
             for b in range(3, 9):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hw_fixtures import machine
 from tandem.machine.hardware import from_probe
+from tandem.config.files import SettingsFileError
 from tandem.machine.profiles import (
     ProfileError,
     ProfileMismatchError,
@@ -48,7 +49,7 @@ def test_profiles_dir_env_override(tmp_path, monkeypatch):
     assert profiles_dir() == tmp_path
     assert list(load_profiles(include_user=False)) == ["cpu"]
     monkeypatch.setenv("TANDEM_PROFILES_DIR", str(tmp_path / "missing"))
-    with pytest.raises(ProfileError, match="no built-in profiles found"):
+    with pytest.raises(SettingsFileError, match="no built-in profiles found"):
         load_profiles(include_user=False)
 
 
@@ -168,7 +169,7 @@ def _load_one(tmp_path, body, name="bad.yaml"):
 
 
 def test_yaml_syntax_error_names_file_and_line(tmp_path):
-    with pytest.raises(ProfileError) as e:
+    with pytest.raises(SettingsFileError) as e:
         _load_one(tmp_path, """
             description: test
             match: {vendor: any}
@@ -183,15 +184,15 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path):
 
 
 def test_unknown_key_names_line_and_key(tmp_path):
-    with pytest.raises(ProfileError) as e:
+    with pytest.raises(SettingsFileError) as e:
         _load_one(tmp_path, GOOD + "    kv_cache: {type_k: f16, typ_v: f16}\n")
     assert (e.value.line, e.value.key) == (6, "kv_cache.typ_v")
     assert "unknown key" in e.value.message and "type_v" in e.value.message
-    with pytest.raises(ProfileError) as e:
+    with pytest.raises(SettingsFileError) as e:
         _load_one(tmp_path, GOOD + "    contxt: 8192\n")
     assert (e.value.line, e.value.key) == (6, "contxt") and "did you mean 'context'" in \
         e.value.message
-    with pytest.raises(ProfileError, match="key 'match.gpu': unknown key"):
+    with pytest.raises(SettingsFileError, match="key 'match.gpu': unknown key"):
         _load_one(tmp_path, GOOD.replace("match: {vendor: any}", "match: {gpu: x}"))
 
 
@@ -205,7 +206,7 @@ def test_unknown_key_names_line_and_key(tmp_path):
 ])
 def test_wrong_type_names_line_and_key(tmp_path, line, key, problem):
     body = GOOD.replace("    context: 4096\n", "") + line
-    with pytest.raises(ProfileError) as e:
+    with pytest.raises(SettingsFileError) as e:
         _load_one(tmp_path, body)
     assert e.value.key == key and problem in e.value.problem
     assert e.value.line == 5 and "bad.yaml, line 5" in e.value.message
@@ -225,23 +226,23 @@ def test_wrong_type_names_line_and_key(tmp_path, line, key, problem):
 ])
 def test_impossible_values(tmp_path, extra, key, problem):
     body = GOOD.replace("    context: 4096\n", "") + extra
-    with pytest.raises(ProfileError) as e:
+    with pytest.raises(SettingsFileError) as e:
         _load_one(tmp_path, body)
     assert e.value.key == key and problem in e.value.problem
 
 
 def test_impossible_speculative_and_match(tmp_path):
-    with pytest.raises(ProfileError) as e:
+    with pytest.raises(SettingsFileError) as e:
         _load_one(tmp_path, GOOD.replace("n_min: 0", "n_min: 6"))
     assert e.value.key == "speculative.n_min" and e.value.line == 5
-    with pytest.raises(ProfileError, match="p_min': must be in 0..1, got 1.5"):
+    with pytest.raises(SettingsFileError, match="p_min': must be in 0..1, got 1.5"):
         _load_one(tmp_path, GOOD.replace("p_min: 0.5", "p_min: 1.5"))
-    with pytest.raises(ProfileError, match="no machine can match"):
+    with pytest.raises(SettingsFileError, match="no machine can match"):
         _load_one(tmp_path, GOOD.replace("match: {vendor: any}",
                                          "match: {min_memory_gib: 32, max_memory_gib: 16}"))
-    with pytest.raises(ProfileError, match="must match the file name"):
+    with pytest.raises(ProfileError, match="must match the file name"):  # a settings file error
         _load_one(tmp_path, GOOD + "    name: other\n")
-    with pytest.raises(ProfileError, match="key 'backend': is required"):
+    with pytest.raises(SettingsFileError, match="key 'backend': is required"):
         _load_one(tmp_path, GOOD.replace("    backend: cpu\n", ""))
 
 
@@ -279,16 +280,16 @@ def test_user_profiles_add_override_and_extend(tmp_path):
 def test_user_profile_errors_name_the_user_file(tmp_path):
     user = tmp_path / "user"
     path = _write(user, "rtx-4090.yaml", "context: 16384\nspeculativ: {n_max: 3}\n")
-    with pytest.raises(ProfileError) as e:
+    with pytest.raises(SettingsFileError) as e:
         load_profiles(user_dir=user)
     assert e.value.path == str(path) and e.value.line == 2
     path.write_text("extends: nothing\n")
-    with pytest.raises(ProfileError, match="unknown profile 'nothing'"):
+    with pytest.raises(SettingsFileError, match="unknown profile 'nothing'"):
         load_profiles(user_dir=user)
     path.unlink()
     _write(user, "a.yaml", "extends: b\n")
     _write(user, "b.yaml", "extends: a\n")
-    with pytest.raises(ProfileError, match="loop"):
+    with pytest.raises(SettingsFileError, match="loop"):
         load_profiles(user_dir=user)
 
 

@@ -8,12 +8,14 @@ import textwrap
 import pytest
 from hw_fixtures import machine
 from tandem.config import tuned as tuned_file
+from tandem.commands.plan import session_options
 from tandem.engine.session import SessionOptions
 from tandem.config.settings import SOURCES, resolve_settings
 from tandem.machine.fit import plan_for_settings
 from tandem.errors import UsageError
 from tandem.machine.placement import ContextSpec
 from tandem.machine.planner import Budget, plan
+from tandem.config.files import SettingsFileError
 from tandem.machine.profiles import ProfileError, ProfileMismatchError, load_profiles
 
 TEST_PROFILE = """
@@ -113,7 +115,8 @@ def test_every_key_has_a_value_and_a_source(home, profiles):
 def test_defaults_match_the_engine_defaults():
     from tandem.machine.fit import ENGINE_REPACK
     from tandem.engine.llama import ContextParams
-    from tandem.engine.session import DraftParams, SessionOptions
+    from tandem.engine.session import SessionOptions
+    from tandem.engine.strategies import DraftParams
     from tandem.config.schema import FIELDS_BY_KEY
 
     assert ENGINE_REPACK["fast"] == SessionOptions().repack  # what the planner assumes about loading
@@ -162,15 +165,16 @@ def test_config_file_errors_name_file_line_and_key(home, profiles):
           n_max: 4
           pmin: 0.5
         """)
-    with pytest.raises(ProfileError) as e:
+    with pytest.raises(SettingsFileError) as e:
         resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
     assert e.value.path == str(home / "config.yaml") and e.value.line == 4
     assert e.value.key == "speculative.pmin"
+    assert not isinstance(e.value, ProfileError)  # config.yaml is not a profile
     write_config(home, "context: [8192\n")
-    with pytest.raises(ProfileError, match="YAML syntax error"):
+    with pytest.raises(SettingsFileError, match="YAML syntax error"):
         resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
     write_config(home, "profile: 12\n")
-    with pytest.raises(ProfileError, match="key 'profile': must be a name"):
+    with pytest.raises(SettingsFileError, match="key 'profile': must be a name"):
         resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
     write_config(home, "")  # an empty file is no configuration
     assert resolve_settings({}, env={}, home=home, hardware=CPU_BOX,
@@ -276,7 +280,7 @@ def test_session_options_from_settings_and_plan(home, profiles, tiny_models):
     s = resolve_settings({"n_ctx": 1024, "n_max": 6, "strategy": "draft"},
                          env={"TANDEM_THREADS": "2", "TANDEM_CACHE_TYPE_K": "q8_0"}, home=home,
                          hardware=CPU_BOX, profiles=profiles)
-    opts = SessionOptions.from_settings(s, verbose=True)
+    opts = session_options(s, verbose=True)
     assert opts.strategy == "draft" and opts.verbose
     assert (opts.draft.n_max, opts.draft.n_min, opts.draft.p_min) == (6, 0, 0.5)
     c = opts.target_ctx
@@ -287,7 +291,7 @@ def test_session_options_from_settings_and_plan(home, profiles, tiny_models):
 
     p = plan_for_settings(s, tiny_models["target"], tiny_models["draft"])
     assert p.status == "fits" and p.target.exact
-    opts = SessionOptions.from_settings(s, p)
+    opts = session_options(s, p)
     assert (opts.target_gpu_layers, opts.draft_gpu_layers) == (0, 0)
 
 
@@ -299,15 +303,15 @@ def test_session_options_take_gpu_layers_from_the_plan(home):
     d = ModelShape.estimate("qwen2.5-coder-0.5b-instruct-q4_k_m", 491400064)
     p = plan(t, d, Budget.for_hardware(s.hardware, s.gpu_reserve_mb, s.backend),
              ContextSpec(n_ctx=s.n_ctx))
-    opts = SessionOptions.from_settings(s, p)
+    opts = session_options(s, p)
     assert (opts.target_gpu_layers, opts.draft_gpu_layers) == (29, 25)  # all, output included
-    no_plan = SessionOptions.from_settings(s)
+    no_plan = session_options(s)
     assert (no_plan.target_gpu_layers, no_plan.draft_gpu_layers) == (-1, -1)  # llama.cpp: all
 
 
 def test_planned_options_load_and_run_a_session(home, tiny_models):
     """What `tandem run` does once wired: settings -> plan -> SessionOptions -> PairSession."""
-    from tandem.config.prepare import prepare_session
+    from tandem.commands.plan import prepare_session
     from tandem.engine.events import DoneEvent
     from tandem.engine.session import PairSession
     from tandem.engine.speculative import GenParams
@@ -326,7 +330,7 @@ def test_planned_options_load_and_run_a_session(home, tiny_models):
 
 
 def test_a_pair_that_does_not_fit_is_refused_with_what_to_change(home):
-    from tandem.config.prepare import prepare_session
+    from tandem.commands.plan import prepare_session
     from tandem.machine.planner import PlanError
     from tandem.models.catalog import ModelSpec
 
@@ -364,11 +368,11 @@ def test_spec_bench_tuned_results_apply_to_their_model_files(home, profiles, tin
 
 def test_history_is_on_by_default_and_each_source_can_turn_it_off(home, profiles):
     s = resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
-    assert s.history == "on" and SessionOptions.from_settings(s).history
+    assert s.history == "on" and session_options(s).history
     s = resolve_settings({"history": "off"}, env={}, home=home, hardware=CPU_BOX,
                          profiles=profiles)
     assert s.source("history") == "cli" and s.origin("history") == "--no-history"
-    assert not SessionOptions.from_settings(s).history
+    assert not session_options(s).history
     s = resolve_settings({}, env={"TANDEM_HISTORY": "off"}, home=home, hardware=CPU_BOX,
                          profiles=profiles)
     assert s.history == "off" and s.source("history") == "env"

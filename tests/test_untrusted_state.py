@@ -169,9 +169,10 @@ def test_a_session_recalibrates_over_a_damaged_cost_file(tiny_models, tmp_path, 
 
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
     monkeypatch.setattr(costs_mod, "others_share", lambda before, after: 0.0)  # quiet machine
-    opts = SessionOptions(strategy="auto", target_ctx=ContextParams(n_ctx=256, n_threads=1))
+    opts = SessionOptions(strategy="auto", target_ctx=ContextParams(n_ctx=256, n_threads=1),
+                          home=tmp_path)
     with PairSession(tiny_models["target"], tiny_models["draft"], opts) as s:
-        path = s._costs_path()
+        path = s.costs_path()
         path.parent.mkdir(parents=True)
         path.write_text(json.dumps({"verify": {"1": 0.01, "0": 1e-9, "99999": 1e-9},
                                     "draft_token": 0.001, "when": 1e300}))

@@ -220,3 +220,22 @@ def machine_key(*parts: object) -> str:
 
     text = "|".join([platform.node(), platform.machine(), *map(str, parts)])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def fmt_bytes(n: int | None, decimal: bool = False) -> str:
+    """The one byte formatter. Memory in binary units, the way llama.cpp and nvidia-smi count
+    it (`1.5 GiB`, `512 MiB`); `decimal`: file and download sizes in SI units, as registries
+    and file managers show them (`1.1 GB`)."""
+    if n is None:
+        return "?"
+    sign, f = ("-" if n < 0 else ""), float(abs(n))
+    if decimal:
+        for unit in ("B", "KB", "MB", "GB", "TB"):
+            if f < 1000 or unit == "TB":
+                return f"{sign}{f:.0f} {unit}" if unit == "B" else f"{sign}{f:.1f} {unit}"
+            f /= 1000
+    if f >= 1 << 30:
+        return f"{sign}{f / (1 << 30):.1f} GiB"
+    if f >= 1 << 20:
+        return f"{sign}{f / (1 << 20):.0f} MiB"
+    return f"{sign}{f / 1024:.0f} KiB"

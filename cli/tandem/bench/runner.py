@@ -8,7 +8,7 @@ from tandem.bench.accounting import tandem_counts
 from tandem.bench.workloads import Prompt
 from tandem.engine.events import DoneEvent
 from tandem.engine.llama import ContextParams
-from tandem.engine.session import DraftParams
+from tandem.engine.strategies import DraftParams
 from tandem.engine.speculative import GenParams
 
 

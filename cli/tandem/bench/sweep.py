@@ -10,13 +10,13 @@ import itertools
 from dataclasses import replace
 from typing import TYPE_CHECKING, Sequence
 
-from tandem.config.schema import FLASH_ATTN, KV_TYPES, STRATEGIES
+from tandem.config.schema import FLASH_ATTN, KV_TYPES, check_strategy
 from tandem.errors import UsageError
 
 if TYPE_CHECKING:
     from tandem.bench.runner import BenchConfig
     from tandem.engine.llama import ContextParams
-    from tandem.engine.session import DraftParams
+    from tandem.engine.strategies import DraftParams
 
 # key -> (where, field, parser, allowed: (lo, hi) or a tuple of choices)
 # where: "draft" = DraftParams; "ctx" = both contexts; "target"/"draftctx" = one context.
@@ -98,12 +98,11 @@ def build_configs(strategies: Sequence[str], base: DraftParams, grid: dict[str, 
     ContextParams())."""
     from tandem.bench.runner import BenchConfig
     from tandem.engine.llama import ContextParams
-    from tandem.engine.session import DraftParams
+    from tandem.engine.strategies import DraftParams
 
     ctx = ctx if ctx is not None else ContextParams()
     for s in strategies:
-        if s not in STRATEGIES:
-            raise UsageError(f"unknown strategy {s!r}", f"choose from: {', '.join(STRATEGIES)}")
+        check_strategy(s)
     keys = list(grid)
     points = [dict(zip(keys, p)) for p in itertools.product(*(grid[k] for k in keys))] or [{}]
     draft_labels: list[str | None] = list(drafts) or [None]

@@ -19,20 +19,24 @@ from tandem.chat.answer import Answer
 from tandem.chat.transcript import Turn
 from tandem.engine.events import DoneEvent
 from tandem.engine.sampling import SamplingParams
-from tandem.config.schema import STRATEGIES
-from tandem.engine.session import DRAFT_MAX_LIMIT, DraftParams, PairSession
+from tandem.config.schema import FIELDS_BY_KEY, STRATEGIES, check_strategy
+from tandem.engine.session import PairSession
+from tandem.engine.strategies import DraftParams
 from tandem.engine.speculative import GenParams
 from tandem.engine.stats import GenStats
 from tandem.errors import ContextOverflowError, UsageError
 
 PLAIN_PROBE_PROMPT = "Write a short Python function that adds two numbers."
 
+_DRAFT = FIELDS_BY_KEY["n_max"]  # /draft takes the values --draft-max takes
+
 # name, argument, description: the /help table (the view decides how to show it)
 COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("help", "", "show this help"),
     ("stats", "", "statistics of this session"),
     ("strategy", "NAME", "drafting strategy: " + " | ".join(STRATEGIES)),
-    ("draft", "N", f"draft length: most tokens drafted per step (1..{DRAFT_MAX_LIMIT})"),
+    ("draft", "N", "draft length: most tokens drafted per step "
+                   f"({int(_DRAFT.lo)}..{int(_DRAFT.hi)})"),
     ("temp", "X", "sampling temperature (0: greedy)"),
     ("max-tokens", "N", "most tokens per answer"),
     ("system", "TEXT", "set the system prompt (no text: clear it)"),
@@ -272,8 +276,7 @@ class ChatSession:
         if not name:
             return CommandResult("set", f"strategy is {self.strategy} "
                                         f"(choose from {', '.join(STRATEGIES)})")
-        if name not in STRATEGIES:
-            raise UsageError(f"unknown strategy {arg!r}", f"choose one of: {', '.join(STRATEGIES)}")
+        check_strategy(name)
         self.pair.drafter(name, self.draft)  # raises UsageError if it cannot work here
         self.strategy = name
         return CommandResult("set", f"strategy: {name}", {"strategy": name})
@@ -281,8 +284,9 @@ class ChatSession:
     def _cmd_draft(self, arg: str) -> CommandResult:
         if not arg:
             return CommandResult("set", f"draft length is {self.draft.n_max} "
-                                        f"(/draft N with N in 1..{DRAFT_MAX_LIMIT})")
-        n = _parse_int(arg, "draft", 1, DRAFT_MAX_LIMIT)
+                                        f"(/draft N with N in {int(_DRAFT.lo)}..{int(_DRAFT.hi)})")
+        # the flag's range (config.schema): 0 drafts nothing, as --draft-max 0 does
+        n = _parse_int(arg, "draft", int(_DRAFT.lo), int(_DRAFT.hi))
         if n < self.draft.n_min:
             raise UsageError(f"draft must be >= the draft minimum ({self.draft.n_min}), got {n}",
                              "restart with a smaller --draft-min")

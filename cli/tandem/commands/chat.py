@@ -96,25 +96,24 @@ def _chat(*, pair, system, model, model_draft, strategy, n_max, n_min, p_min,
           no_history=False, rpc=None, rpc_timeout=None) -> None:
     from tandem.chat.session import ChatSession
     from tandem.chat.tui import ChatView, make_console
-    from tandem.commands import options as _app
+    from tandem.commands import options
+    from tandem.config.schema import check_max_tokens
     from tandem.commands.engine import open_pair
     from tandem.engine.speculative import GenParams
 
-    if pair is not None and model is not None:
-        raise UsageError("give a pair name or --model, not both",
-                         "drop the pair name to use your own files, or drop -m/-md")
+    options.check_pair_or_files(pair, model, model_draft)
     if plain_probe < 0:
         raise UsageError(f"--plain-probe must be >= 0, got {plain_probe}",
                          "pass 0 to turn the probe off")
-    _app.check_max_tokens(max_tokens)
-    _app.check_text(system, "the system prompt (-s)")
-    sampling = _app.sampling_params(temp, top_k, top_p, min_p, repeat_penalty, seed)
-    contexts = _app.read_context_files(context_file)
+    check_max_tokens(max_tokens)
+    options.check_text(system, "the system prompt (-s)")
+    sampling = options.sampling_params(temp, top_k, top_p, min_p, repeat_penalty, seed)
+    contexts = options.read_context_files(context_file)
     _read_lines_leniently()
     view = ChatView(make_console(), show_draft=show_draft)
     # no spinner here: a download on the way draws its own progress on stderr
-    target_path, draft_path, opts = _app.load_plan(
-        pair, model, model_draft, _app.setting_flags(
+    target_path, draft_path, opts = options.load_plan(
+        pair, model, model_draft, options.setting_flags(
             exact, no_history, strategy=strategy, n_max=n_max, n_min=n_min, p_min=p_min, n_ctx=n_ctx,
             n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout), verbose)
     gen = GenParams(max_tokens=max_tokens, sampling=sampling)

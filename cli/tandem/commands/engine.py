@@ -10,10 +10,9 @@ def open_pair(target_path: Path, draft_path: Path | None, opts):
     """A PairSession, or a RemotePair with the same interface when `opts.rpc` is set."""
     if opts.rpc:
         from tandem.engine.worker import RemotePair
-        from tandem.models.store import tandem_home
 
         return RemotePair(target_path, draft_path, opts, stall=opts.rpc_timeout,
-                          home=str(tandem_home()))
+                          home=str(opts.home) if opts.home else None)
     from tandem.engine.session import PairSession
 
     return PairSession(target_path, draft_path, opts)

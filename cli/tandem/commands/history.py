@@ -13,10 +13,9 @@ from typing import Annotated
 import typer
 
 from tandem.errors import StorageError
-from tandem.fsutil import blocking_file, storage_error
+from tandem.fsutil import blocking_file, fmt_bytes, storage_error
 from tandem.engine.history import clear_histories, history_dir, list_histories
 from tandem.models.store import tandem_home
-from tandem.models.transfer import human_size
 
 history_app = typer.Typer(
     help="Earlier answers kept for drafting: show what is stored, or clear it.",
@@ -66,10 +65,10 @@ def show(as_json: Annotated[bool, typer.Option("--json", help="Print JSON on std
         return
     for i in infos:
         newest = time.strftime("%Y-%m-%d %H:%M", time.localtime(i.newest)) if i.newest else "?"
-        print(f"{i.target}: {i.entries} answers, {i.tokens} tokens, {human_size(i.bytes)} "
+        print(f"{i.target}: {i.entries} answers, {i.tokens} tokens, {fmt_bytes(i.bytes, decimal=True)} "
               f"(latest {newest})  {i.path}")
     total = sum(i.bytes for i in infos)
-    print(f"total {human_size(total)} in {history_dir(home)}")
+    print(f"total {fmt_bytes(total, decimal=True)} in {history_dir(home)}")
 
 
 @history_app.command("clear")

@@ -51,6 +51,7 @@ def register(app: typer.Typer) -> None:
 def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size=None,
                  force_profile=False, hardware=None, rpc=None) -> dict:
     """Everything `tandem hw` shows, as objects (the renderers only format)."""
+    from tandem.commands.options import check_model_path, check_pair_or_files
     from tandem.config.settings import resolve_settings
     from tandem.errors import UsageError
     from tandem.machine import hardware as hwmod
@@ -60,12 +61,8 @@ def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size
 
     if model_draft is not None and model is None:
         raise UsageError("--model-draft needs --model", "pass the target GGUF with --model")
-    if pair is not None and model is not None:
-        raise UsageError(f"give --pair ({pair}) or --model, not both",
-                         "drop --pair to plan for your own files, or drop -m/-md")
+    check_pair_or_files(pair, model, model_draft)
     if model is not None:
-        from tandem.commands.options import check_model_path
-
         check_model_path(model, "target")
         if model_draft is not None:
             check_model_path(model_draft, "draft")
@@ -147,17 +144,30 @@ def _needs(plan) -> int | None:
 
 
 def _b(n) -> str:
-    from tandem.machine.hardware import fmt_bytes
+    from tandem.fsutil import fmt_bytes
 
     return fmt_bytes(n) if n else "-"
 
 
 def render(r: dict, console=None) -> None:
+    """`tandem hw`'s report: hardware, profile, settings, the plan, recommended pairs."""
     from rich.console import Console
-    from rich.table import Table
 
     console = console or Console(highlight=False)
-    hw, s, plan = r["hardware"], r["settings"], r["plan"]
+    hw, s = r["hardware"], r["settings"]
+    _render_hardware(hw, console)
+    _render_profile(s, hw, console)
+    _render_settings(s, console)
+    _render_plan(r, console)
+    _render_recommended(r, s.profile_obj, console)
+    for w in s.warnings:
+        console.print(f"[yellow]Warning:[/yellow] {w}")
+    for n in hw.notes:
+        console.print(f"Note: {n}")
+
+
+def _render_hardware(hw, console) -> None:
+    from rich.table import Table
 
     t = Table(title="Hardware", title_justify="left", show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold")
@@ -184,6 +194,10 @@ def render(r: dict, console=None) -> None:
     console.print(t)
     console.print()
 
+
+def _render_profile(s, hw, console) -> None:
+    from rich.table import Table
+
     prof = s.profile_obj
     pt = Table(title="Profile", title_justify="left", show_header=False, box=None,
                pad_edge=False)
@@ -202,6 +216,10 @@ def render(r: dict, console=None) -> None:
     console.print(pt)
     console.print()
 
+
+def _render_settings(s, console) -> None:
+    from rich.table import Table
+
     st = Table(title="Settings", title_justify="left")
     st.add_column("Setting")
     st.add_column("Value")
@@ -211,6 +229,11 @@ def render(r: dict, console=None) -> None:
     console.print(st)
     console.print()
 
+
+def _render_plan(r: dict, console) -> None:
+    from rich.table import Table
+
+    plan = r["plan"]
     target_label, draft_label = r["labels"]
     title = f"Plan for {r['pair']}" if r["pair"] else "Plan"
     exact = all(m.exact for m in plan.models)
@@ -253,6 +276,10 @@ def render(r: dict, console=None) -> None:
     if r.get("remote") is not None:
         _render_remote(r["remote"], console)
 
+
+def _render_recommended(r: dict, prof, console) -> None:
+    from rich.table import Table
+
     if r["recommended"]:
         rt = Table(title=f"Recommended pairs for {prof.name}", title_justify="left")
         rt.add_column("Pair")
@@ -264,10 +291,6 @@ def render(r: dict, console=None) -> None:
             note = a.note or ("exact (on disk)" if a.exact else "estimated")
             rt.add_row(a.name, a.status, needs, note)
         console.print(rt)
-    for w in s.warnings:
-        console.print(f"[yellow]Warning:[/yellow] {w}")
-    for n in hw.notes:
-        console.print(f"Note: {n}")
 
 
 def _layer_span(layers, output: bool) -> str:

@@ -20,8 +20,6 @@ StrategyOpt = Annotated[Optional[str], typer.Option("--strategy", help="none | d
 DraftMaxOpt = Annotated[Optional[int], typer.Option("--draft-max", "--spec-draft-n-max", help="Most tokens drafted per step.")]
 DraftMinOpt = Annotated[Optional[int], typer.Option("--draft-min", "--spec-draft-n-min", help="Drafts shorter than this are dropped.")]
 DraftPMinOpt = Annotated[Optional[float], typer.Option("--draft-p-min", "--spec-draft-p-min", help="Stop drafting below this draft probability.")]
-CtxOpt = Annotated[int, typer.Option("--ctx-size", "-c", help="Context size in tokens.")]
-ThreadsOpt = Annotated[int, typer.Option("--threads", "-t", help="CPU threads (0: all cores).")]
 # run/chat: unset means "from the profile, tuned settings or config" (see `tandem hw`)
 OptCtxOpt = Annotated[Optional[int], typer.Option("--ctx-size", "-c", help="Context size in tokens (default: from the hardware profile).")]
 OptThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", help="CPU threads (0: all cores; default: from the profile).")]
@@ -174,21 +172,20 @@ def sampling_params(temp: float, top_k: int, top_p: float, min_p: float,
                           repeat_penalty=repeat_penalty, seed=None if seed == -1 else seed)
 
 
-def check_max_tokens(max_tokens: int) -> None:
-    if max_tokens < 1:
-        raise UsageError(f"max tokens must be >= 1, got {max_tokens}",
-                         "pass -n with a positive number of tokens")
+def check_pair_or_files(pair: str | None, model: Path | None, model_draft: Path | None) -> None:
+    """A pair name or your own files (-m, -md), never both: the one check, for every command."""
+    if pair is not None and (model is not None or model_draft is not None):
+        raise UsageError(f"give a pair name ({pair}) or --model/--model-draft, not both",
+                         "drop the pair name to use your own files, or drop -m/-md")
 
 
 def load_plan(pair, model, model_draft, flags: dict, verbose: bool):
     """Settings (flags > env > config > tuned > profile > defaults) -> model files -> memory
     plan -> SessionOptions; warnings go to stderr. `flags`: {settings key: value or None}.
     Shared by run, chat and spec-bench."""
-    from tandem.config.prepare import prepare_session
+    from tandem.commands.plan import prepare_session
 
-    if pair is not None and (model is not None or model_draft is not None):
-        raise UsageError(f"give a pair name ({pair}) or --model/--model-draft, not both",
-                         "drop the pair name to use your own files, or drop -m/-md")
+    check_pair_or_files(pair, model, model_draft)
     _finite(flags.get("p_min"), "--draft-p-min")
     if model is not None and model_draft is None and flags.get("strategy") is None:
         flags = {**flags, "strategy": "none"}  # a lone -m: plain decoding unless asked

@@ -15,9 +15,9 @@ from rich.table import Table
 
 from tandem.commands.progress import download_view, stderr_console
 from tandem.errors import EXIT_MODEL, UsageError, VocabMismatchError
+from tandem.fsutil import fmt_bytes
 from tandem.models import catalog
 from tandem.models.store import Store
-from tandem.models.transfer import human_size
 from tandem.models.vocab import VocabInfo
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
@@ -45,7 +45,7 @@ def _out() -> Console:
 def _size(n: int | None, approx: bool = False) -> str:
     if n is None:
         return "?"
-    return ("~" if approx else "") + human_size(n)
+    return ("~" if approx else "") + fmt_bytes(n, decimal=True)
 
 
 def _table(console: Console, headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
@@ -195,7 +195,7 @@ def list_pairs(
     if others:
         out.print("Other models on disk:")
         for o in others:
-            out.print(f"  {o['ref']}  {human_size(o['size'])}  {o['path']}")
+            out.print(f"  {o['ref']}  {fmt_bytes(o['size'], decimal=True)}  {o['path']}")
     stderr_console().print("Sizes and memory are approximate (~) where the catalog has no exact size. "
                  "`tandem pull PAIR` downloads a pair.")
 
@@ -204,7 +204,7 @@ def _on_disk(p: catalog.PairSpec, store: Store) -> str:
     present = [m for m in p.models if store.is_present(m)]
     if not present:
         return "-"
-    size = human_size(sum(store.path_for(m).stat().st_size for m in present))
+    size = fmt_bytes(sum(store.path_for(m).stat().st_size for m in present), decimal=True)
     if len(present) == 2:
         return f"yes, {size}"
     return f"{'target' if present[0] is p.target else 'draft'} only, {size}"
@@ -285,7 +285,7 @@ def _vocab_summary(h: Any) -> str:
 def _header_source(h: Any) -> str:
     if h.where == "local":
         return "on disk"
-    return f"hub: {human_size(h.bytes_fetched)} of {_size(h.size)} read in {h.requests} requests"
+    return f"hub: {fmt_bytes(h.bytes_fetched, decimal=True)} of {_size(h.size)} read in {h.requests} requests"
 
 
 def _header_json(model: Any, h: Any) -> dict[str, Any]:

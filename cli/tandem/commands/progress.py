@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.progress import (BarColumn, DownloadColumn, Progress, TaskID, TextColumn,
                            TimeRemainingColumn, TransferSpeedColumn)
 
-from tandem.models.transfer import ProgressEvent, human_size
+from tandem.fsutil import fmt_bytes
+from tandem.models.transfer import ProgressEvent
 
 
 def stderr_console() -> Console:
@@ -66,7 +67,7 @@ class ProgressView:
         if key not in self._plain:
             self._plain[key] = 0
             self._last_line[key] = now
-            size = f" ({human_size(ev.total)})" if ev.total else ""
+            size = f" ({fmt_bytes(ev.total, decimal=True)})" if ev.total else ""
             self.console.print(f"{verb} {ev.model}{size}...")
         quarter = min(4, ev.done * 4 // ev.total) if ev.total else 0
         if quarter > self._plain[key]:
@@ -75,9 +76,9 @@ class ProgressView:
             self.console.print(f"  {ev.model}: {quarter * 25}%")
         elif now - self._last_line[key] >= self.LINE_EVERY_S:
             self._last_line[key] = now
-            of = f" of {human_size(ev.total)}" if ev.total else ""
+            of = f" of {fmt_bytes(ev.total, decimal=True)}" if ev.total else ""
             pct = f" ({100 * ev.done // ev.total}%)" if ev.total else ""
-            self.console.print(f"  {ev.model}: {human_size(ev.done)}{of}{pct}")
+            self.console.print(f"  {ev.model}: {fmt_bytes(ev.done, decimal=True)}{of}{pct}")
 
     def note(self, message: str) -> None:
         self.console.print(f"Note: {message}")

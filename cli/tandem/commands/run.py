@@ -29,7 +29,6 @@ from tandem.commands.options import (
     TopKOpt,
     TopPOpt,
     VerboseOpt,
-    check_max_tokens,
     check_text,
     load_plan,
     read_context_files,
@@ -38,7 +37,8 @@ from tandem.commands.options import (
     setting_flags,
     split_pair_and_prompt,
 )
-from tandem.errors import RemoteError, UsageError
+from tandem.config.schema import check_max_tokens, check_prompt
+from tandem.errors import RemoteError
 
 
 def register(app: typer.Typer) -> None:
@@ -99,8 +99,7 @@ def run(
         check_text(s, "a --stop string")
     piped = read_stdin()
     prompt = "\n\n".join(p for p in (piped, prompt) if p.strip())
-    if not prompt.strip():
-        raise UsageError("the prompt is empty", "pass a prompt argument or pipe text on stdin")
+    check_prompt(prompt)
     check_max_tokens(max_tokens)
     sampling = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, seed)
     gen = GenParams(max_tokens=max_tokens, sampling=sampling, stop=tuple(stop or ()))
@@ -127,6 +126,14 @@ def run(
             out.write("\n")
             out.flush()
         raise
+    _finish(done, out, as_json=as_json, no_stream=no_stream, show_stats=show_stats,
+            n_ctx=opts.target_ctx.n_ctx, max_tokens=max_tokens)
+
+
+def _finish(done, out, *, as_json: bool, no_stream: bool, show_stats: bool, n_ctx: int,
+            max_tokens: int) -> None:
+    """The answer's end: the JSON object or the text's last part on stdout, then a warning
+    when the context cut it and the statistics on stderr."""
     if as_json:
         print(json.dumps({"text": done.text, "finish_reason": done.reason,
                           "stats": done.stats.to_dict()}, ensure_ascii=False))
@@ -138,7 +145,7 @@ def run(
         out.flush()
     if done.reason == "context":
         # otherwise a cut answer looks complete: -n asked for more than the context held
-        print(f"Warning: the answer stopped at the end of the context ({opts.target_ctx.n_ctx} "
+        print(f"Warning: the answer stopped at the end of the context ({n_ctx} "
               f"tokens) after {done.stats.n_generated} of the {max_tokens} tokens asked for; "
               "raise --ctx-size (-c) for a longer answer", file=sys.stderr)
     if show_stats:

@@ -31,12 +31,12 @@ from tandem.commands.options import (
     TopKOpt,
     TopPOpt,
     VerboseOpt,
-    check_max_tokens,
     load_plan,
     read_context_files,
     sampling_params,
     setting_flags,
 )
+from tandem.config.schema import check_max_tokens
 from tandem.errors import UsageError
 
 

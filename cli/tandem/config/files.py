@@ -22,8 +22,9 @@ from tandem.config.schema import (
 from tandem.errors import UsageError
 
 
-class ProfileError(UsageError):
-    """A profile, config or tuned file is invalid: `path`, `line` and `key` say where."""
+class SettingsFileError(UsageError):
+    """A settings file (config.yaml, a profile, a tuned result) is invalid: `path`, `line` and
+    `key` say where. machine.profiles.ProfileError is the profiles' own kind of it."""
 
     def __init__(self, path: str | Path, line: int | None, key: str | None, problem: str,
                  hint: str | None = None):
@@ -95,23 +96,23 @@ _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _constru
 
 
 def load_yaml(path: Path, text: str | None = None) -> Any:
-    """Parse YAML keeping line numbers; syntax errors become ProfileError with the line."""
+    """Parse YAML keeping line numbers; syntax errors become SettingsFileError with the line."""
     if text is None:
         try:
             if Path(path).stat().st_size > MAX_SETTINGS_BYTES:
-                raise ProfileError(path, None, None,
+                raise SettingsFileError(path, None, None,
                                    f"is over {MAX_SETTINGS_BYTES >> 20} MiB: not a settings file",
                                    "check that the path names a settings file")
             text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
-            raise ProfileError(path, None, None, f"cannot read: {exc.strerror or exc}",
+            raise SettingsFileError(path, None, None, f"cannot read: {exc.strerror or exc}",
                                "check that the file exists and is readable") from None
         except UnicodeDecodeError:
-            raise ProfileError(path, None, None, "is not UTF-8 text") from None
+            raise SettingsFileError(path, None, None, "is not UTF-8 text") from None
     try:
         return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
     except _TooManyAliases as exc:  # never shows the value: it may be an expansion bomb
-        raise ProfileError(path, exc.line, None,
+        raise SettingsFileError(path, exc.line, None,
                            f"uses more than {MAX_ALIASES} YAML aliases (*name)",
                            "write the values out instead of repeating them through anchors "
                            "(&name) and aliases (*name)") from None
@@ -119,13 +120,13 @@ def load_yaml(path: Path, text: str | None = None) -> Any:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
         problem = " ".join(p for p in (exc.context, exc.problem) if p)
-        raise ProfileError(path, line, None, f"YAML syntax error: {problem}",
+        raise SettingsFileError(path, line, None, f"YAML syntax error: {problem}",
                            "fix the YAML syntax at that line (indentation, a missing ':' or "
                            "quote)") from None
     except yaml.YAMLError as exc:
-        raise ProfileError(path, None, None, f"YAML error: {exc}") from None
+        raise SettingsFileError(path, None, None, f"YAML error: {exc}") from None
     except RecursionError:  # PyYAML composes recursively; a nesting bomb ends here
-        raise ProfileError(path, None, None, "is nested too deeply to be a settings file") \
+        raise SettingsFileError(path, None, None, "is nested too deeply to be a settings file") \
             from None
 
 
@@ -156,23 +157,23 @@ def parse_setting_sections(doc: Mapping, path: str | Path, *, skip: Iterable[str
             out.update(_one(FIELDS_BY_PATH[(key,)], value, path, line, dotted))
         elif key in SECTIONS:
             if not isinstance(value, dict):
-                raise ProfileError(path, line, dotted, f"must be a mapping, got {show(value)}")
+                raise SettingsFileError(path, line, dotted, f"must be a mapping, got {show(value)}")
             for sub, subval in value.items():
                 f = FIELDS_BY_PATH.get((key, sub))
                 if f is None:
                     known = [p[1] for p in FIELDS_BY_PATH if p[0] == key]
-                    raise ProfileError(path, line_at(value, sub), f"{dotted}.{sub}",
+                    raise SettingsFileError(path, line_at(value, sub), f"{dotted}.{sub}",
                                        f"unknown key; {key} takes: {', '.join(known)}")
                 out.update(_one(f, subval, path, line_at(value, sub), f"{dotted}.{sub}"))
         else:
-            raise ProfileError(path, line, dotted, "unknown key" + suggest(key, skip))
+            raise SettingsFileError(path, line, dotted, "unknown key" + suggest(key, skip))
     return out
 
 
 def _one(f: Field, value: Any, path, line, dotted) -> dict[str, Located]:
     v, problem = f.check(value)
     if problem:
-        raise ProfileError(path, line, dotted, problem)
+        raise SettingsFileError(path, line, dotted, problem)
     return {f.key: Located(v, str(path), line)}
 
 
@@ -192,5 +193,5 @@ def check_rules(values: Mapping[str, Located], path: str | Path) -> None:
     """The schema's rules across keys, for the values of one file."""
     plain = {k: v.value for k, v in values.items()}
     for rule in broken_rules(plain):
-        raise ProfileError(path, values[rule.key].line, FIELDS_BY_KEY[rule.key].dotted,
+        raise SettingsFileError(path, values[rule.key].line, FIELDS_BY_KEY[rule.key].dotted,
                            rule.problem(plain))

@@ -9,7 +9,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sized
+
+from tandem.errors import UsageError
 
 STRATEGIES = ("none", "draft", "ngram", "hybrid", "auto")
 # fast: llama.cpp's default kernels (repacked CPU weights), greedy output equal to plain
@@ -23,7 +25,33 @@ ON_OFF = ("on", "off")
 # lookup), a file the user named, or earlier answers (engine/history.py)
 DRAFT_SOURCES = ("model", "prompt", "file", "history")
 MAX_CONTEXT = 1 << 20
-MAX_DRAFT = 64  # verify batches carry at most MAX_DRAFT drafts (engine/llama.py MAX_OUTPUTS)
+# the longest draft: verify batches carry at most MAX_DRAFT drafts and the last token
+# (engine/llama.py MAX_OUTPUTS rows of logits); the flags, files, chat's /draft and the engine
+# all check the draft length against the n_max field below
+MAX_DRAFT = 64
+
+
+def check_strategy(name: str) -> str:
+    """A strategy name, checked where it does not arrive as a setting (chat's /strategy, the
+    engine's options): the same words and message as the settings' own check."""
+    if name not in STRATEGIES:
+        raise UsageError(f"unknown strategy {name!r}", f"choose one of: {', '.join(STRATEGIES)}")
+    return name
+
+
+def check_max_tokens(max_tokens: int) -> int:
+    """The most tokens to generate: at least one (run's and chat's -n, chat's /max-tokens,
+    the engine's GenParams)."""
+    if max_tokens < 1:
+        raise UsageError(f"max tokens must be >= 1, got {max_tokens}",
+                         "pass -n with a positive number of tokens")
+    return max_tokens
+
+
+def check_prompt(prompt: Sized) -> None:
+    """A prompt, as text (before the models load) or as tokens (the engine): not empty."""
+    if not len(prompt) or isinstance(prompt, str) and not prompt.strip():
+        raise UsageError("the prompt is empty", "pass a prompt argument or pipe text on stdin")
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from tandem.config.files import Located, ProfileError, load_yaml, parse_setting_sections
+from tandem.config.files import Located, SettingsFileError, load_yaml, parse_setting_sections
 from tandem.config.schema import FIELDS_BY_KEY, SETTING_FIELDS, broken_rules, unknown_env
 from tandem.config.tuned import tuned_values
 from tandem.errors import UsageError
@@ -130,25 +130,19 @@ def env_values(env: Mapping[str, str]) -> dict[str, Located]:
             for f in SETTING_FIELDS if (env.get(f.env) or "").strip()}
 
 
-def config_path(home: Path | None = None) -> Path:
-    from tandem.models.store import tandem_home
-
-    return (home or tandem_home()) / CONFIG_NAME
-
-
 def load_user_config(path: Path) -> tuple[dict[str, Located], dict[str, Located]]:
     """(setting values, config-only values: profile, pair, force_profile) from config.yaml.
     A missing or empty file is no configuration; anything invalid names file, line and key."""
     if path.exists() and not path.is_file():
         # once silently ignored; a FIFO there would have blocked every run
         kind = "a directory" if path.is_dir() else "not a regular file"
-        raise ProfileError(path, None, None, f"is {kind}, not a config file",
+        raise SettingsFileError(path, None, None, f"is {kind}, not a config file",
                            f"move {path} out of the way (the config file is a YAML file)")
     doc = load_yaml(path) if path.is_file() else None
     if doc is None:
         return {}, {}
     if not isinstance(doc, dict):
-        raise ProfileError(path, None, None, "the config file must be a YAML mapping of keys")
+        raise SettingsFileError(path, None, None, "the config file must be a YAML mapping of keys")
     extra: dict[str, Located] = {}
     for key in CONFIG_ONLY_KEYS:
         if key not in doc:
@@ -156,9 +150,9 @@ def load_user_config(path: Path) -> tuple[dict[str, Located], dict[str, Located]
         value, line = doc[key], doc.line_of(key) if hasattr(doc, "line_of") else None
         if key == "force_profile":
             if not isinstance(value, bool):
-                raise ProfileError(path, line, key, f"must be true or false, got {value!r}")
+                raise SettingsFileError(path, line, key, f"must be true or false, got {value!r}")
         elif not isinstance(value, str) or not value.strip():
-            raise ProfileError(path, line, key, f"must be a name, got {value!r}")
+            raise SettingsFileError(path, line, key, f"must be a name, got {value!r}")
         extra[key] = Located(value.strip() if isinstance(value, str) else value, str(path), line)
     return parse_setting_sections(doc, path, skip=CONFIG_ONLY_KEYS), extra
 
@@ -201,12 +195,6 @@ def resolve_settings(cli: Mapping[str, Any] | None = None, *, env: Mapping[str, 
     once every other source has been checked, so a bad flag fails before a download), lets
     spec-bench's tuned settings for those files apply; Settings.files keeps them.
     """
-    from tandem.machine.profiles import (
-        ProfileMismatchError,
-        get_profile,
-        load_profiles,
-        select_profile,
-    )
     from tandem.models.store import tandem_home
 
     cli = dict(cli or {})
@@ -224,28 +212,14 @@ def resolve_settings(cli: Mapping[str, Any] | None = None, *, env: Mapping[str, 
     env_vals = env_values(env)
     cfg_vals, cfg_extra = load_user_config(home / CONFIG_NAME)
 
-    # the profile: cli > env > config > detection
-    if profiles is None:
-        profiles = load_profiles(user_dir=home / "profiles")
     force = force_profile if force_profile is not None else cli.get("force_profile")
     if force is None:
         force = (env.get(ENV_FORCE) or "").strip().lower() in ("1", "true", "yes", "on") or \
             bool(cfg_extra["force_profile"].value if "force_profile" in cfg_extra else False)
-    chosen = _named("profile", cli, env, cfg_extra)
-    if chosen is not None:
-        try:
-            profile, w = get_profile(chosen.value, hardware, profiles, force=bool(force))
-        except ProfileMismatchError as exc:
-            if chosen.source != "cli":  # say where the name came from: it may be long forgotten
-                exc.message = f"{exc.message} (profile set by {chosen.origin})"
-                exc.args = (exc.message,)
-            raise
-        warnings += w
-        values = {"profile": Setting("profile", profile.name, chosen.source, chosen.origin)}
-        reason = f"chosen with {chosen.origin}"
-    else:
-        profile, reason = select_profile(hardware, profiles)
-        values = {"profile": Setting("profile", profile.name, "detected", reason)}
+    profile, chosen, reason, w = _profile(_named("profile", cli, env, cfg_extra), hardware,
+                                          profiles, home, bool(force))
+    warnings += w
+    values = {"profile": chosen}
     pair = _named("pair", cli, env, cfg_extra)
     if pair is None:
         from tandem.models.catalog import get_pair
@@ -283,6 +257,33 @@ def resolve_settings(cli: Mapping[str, Any] | None = None, *, env: Mapping[str, 
                     backend=effective_backend(profile, hardware),
                     warnings=tuple(dict.fromkeys(warnings)),
                     tuned_path=str(tpath) if tpath else None, files=models)
+
+
+def _profile(named: Setting | None, hardware: Any, profiles: Mapping[str, Any] | None,
+             home: Path, force: bool) -> tuple[Any, Setting, str, list[str]]:
+    """The profile: named (cli > env > config), else detected. (profile, its setting, why
+    it was chosen, warnings)."""
+    from tandem.machine.profiles import (
+        ProfileMismatchError,
+        get_profile,
+        load_profiles,
+        select_profile,
+    )
+
+    if profiles is None:
+        profiles = load_profiles(user_dir=home / "profiles")
+    if named is None:
+        profile, reason = select_profile(hardware, profiles)
+        return profile, Setting("profile", profile.name, "detected", reason), reason, []
+    try:
+        profile, warnings = get_profile(named.value, hardware, profiles, force=force)
+    except ProfileMismatchError as exc:
+        if named.source != "cli":  # say where the name came from: it may be long forgotten
+            exc.message = f"{exc.message} (profile set by {named.origin})"
+            exc.args = (exc.message,)
+        raise
+    return (profile, Setting("profile", profile.name, named.source, named.origin),
+            f"chosen with {named.origin}", list(warnings))
 
 
 def _rank(s: Setting) -> int:

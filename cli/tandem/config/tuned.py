@@ -9,19 +9,16 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from tandem.config.files import Located, ProfileError, parse_setting_sections
-from tandem.config.schema import broken_rules
+from tandem.config.files import Located, SettingsFileError, parse_setting_sections
+from tandem.config.schema import FIELDS_BY_KEY, broken_rules
 from tandem.fsutil import atomic_write_text, machine_key, sweep_stale_tmp
 
 TUNED_DIR = "tuned"
 SPEC_KEYS = ("strategy", "n_max", "n_min", "p_min")
-# spec-bench's context fields -> setting sections; n_ctx is left out on purpose: spec-bench
-# measures speed, the context size is the user's need
-_CTX_SECTIONS = {"n_batch": ("batch", "n_batch"), "n_ubatch": ("batch", "n_ubatch"),
-                 "n_threads": ("threads", "n_threads"),
-                 "n_threads_batch": ("threads", "n_threads_batch"),
-                 "flash_attn": ("flash_attn",), "type_k": ("kv_cache", "type_k"),
-                 "type_v": ("kv_cache", "type_v")}
+# spec-bench's context fields (named as the settings) whose YAML places the schema gives;
+# n_ctx is left out on purpose: spec-bench measures speed, the context size is the user's need
+CTX_KEYS = ("n_batch", "n_ubatch", "n_threads", "n_threads_batch", "flash_attn", "type_k",
+            "type_v")
 
 
 def tuned_path(home: Path, target: Path, draft: Path | None, threads: int = 0) -> Path:
@@ -79,7 +76,7 @@ def tuned_values(home: Path, models: tuple[Any, Any] | None, threads: int
     data, problem = _read(path)
     try:
         values = parse_setting_sections(_sections(data["overall"]), path) if data else {}
-    except ProfileError as exc:
+    except SettingsFileError as exc:
         problem = exc.message
     if not problem:
         # values valid alone but not together (n_min 9 > n_max 3) once stopped every run of
@@ -98,7 +95,8 @@ def _sections(overall: Mapping[str, Any]) -> dict[str, Any]:
     if spec:
         out["speculative"] = spec
     ctx = overall.get("target_ctx")
-    for key, path in _CTX_SECTIONS.items():
+    for key in CTX_KEYS:
+        path = FIELDS_BY_KEY[key].path
         if isinstance(ctx, Mapping) and ctx.get(key) is not None:
             node = out
             for part in path[:-1]:

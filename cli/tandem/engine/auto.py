@@ -16,7 +16,7 @@ from typing import Sequence
 
 from tandem.engine.adaptive import AcceptanceTracker, LengthController, model_draft_gain
 from tandem.engine.costs import MAX_BATCH, CostModel
-from tandem.engine.drafters import Draft, DraftModelDrafter, HybridDrafter
+from tandem.engine.drafters import Draft, DraftModelDrafter, HybridDrafter, StepSources
 from tandem.engine.events import StepEvent
 from tandem.engine.history import Library
 from tandem.engine.knowledge import MODEL, Knowledge
@@ -65,12 +65,19 @@ class AutoDrafter(HybridDrafter):
                 decided.append(f"draft model off: this machine's costs predict {gain:.2f}x at "
                                f"{AUTO_MODEL_ACCEPT:.0%} acceptance "
                                f"(needs {AUTO_MODEL_GAIN:.2f}x)")
+        self.library = library
         super().__init__(model, ngram_match=MIN_MATCH["prompt"], costs=costs, n_min=n_min,
                          n_max=n_max, adaptive=True, guard=True, name="auto",
-                         ngram_cap=min(AUTO_NGRAM_CAP, verify_limit - 1), ngram_n=8)
+                         ngram_cap=min(AUTO_NGRAM_CAP, verify_limit - 1))
         self.notes += decided + [costs.describe()] + list(notes)
+        if knowledge is not None:
+            self.start_from(knowledge)
+        self.step_sources: StepSources = ()  # the latest step's, by source
+
+    def _zero_cost_sources(self, ngram_n: int) -> None:
+        """Suffix indexes instead of the hybrid's n-grams: the prompt's own, the library's
+        files and history, with a length controller per source and match length."""
         self.prompt = SuffixIndex()
-        self.library = library
         # suffix drafts cost no model time, so their probes are cheap: probe often
         self.source_len = {
             (src, b): LengthController(self.costs, 1, self.n_max, False, probe_every=4,
@@ -78,9 +85,6 @@ class AutoDrafter(HybridDrafter):
                                        tracker=AcceptanceTracker(self.n_max, prior=PRIOR[src]),
                                        budget=self.budget)
             for src in ORDER for b in BUCKETS}
-        if knowledge is not None:
-            self.start_from(knowledge)
-        self.step_sources: tuple[tuple[str, int, int], ...] = ()  # the latest step's, by source
 
     def start_from(self, knowledge: Knowledge) -> None:
         """Start from what earlier requests measured (engine/knowledge.py): the acceptance of

@@ -37,9 +37,21 @@ class Draft:
     source: str = "prompt"  # where the tokens after the model's came from (DRAFT_SOURCES)
 
 
+# (source, drafted, accepted) of one step's drafts (config.schema.DRAFT_SOURCES)
+StepSources = tuple[tuple[str, int, int], ...]
+
+
 class Drafter(Protocol):
+    """Everything generate() and PairSession read from a drafter."""
+
     name: str
     n_max: int  # the longest draft this drafter proposes (0: it never drafts)
+    # decisions a report may show (why the model is off, the costs used); generate() reads
+    # them once the request is done
+    notes: Sequence[str]
+    # the latest observed step's drafts by source; () where the drafter does not tell them
+    # apart (generate() puts them into the StepEvent)
+    step_sources: StepSources
 
     def propose(self, tokens: Sequence[int], room: int, sampling: SamplingParams,
                 rng: np.random.Generator, sample: bool) -> Draft:
@@ -59,6 +71,8 @@ class Drafter(Protocol):
 class NoDrafter:
     name = "none"
     n_max = 0
+    notes: Sequence[str] = ()
+    step_sources: StepSources = ()
 
     def propose(self, tokens, room, sampling, rng, sample) -> Draft:
         return Draft()
@@ -91,6 +105,8 @@ class DraftModelDrafter:
     """
 
     name = "draft"
+    notes: Sequence[str] = ()
+    step_sources: StepSources = ()
 
     def __init__(self, ctx: Context, n_max: int = 4, n_min: int = 0, p_min: float = 0.0):
         self.ctx = ctx
@@ -163,6 +179,8 @@ class NgramDrafter:
     for n in `sizes` (longest first)."""
 
     name = "ngram"
+    notes: Sequence[str] = ()
+    step_sources: StepSources = ()
 
     def __init__(self, n_max: int = 4, sizes: tuple[int, int] = (2, 4), min_match: int = 2):
         self.n_max = n_max
@@ -200,6 +218,7 @@ class HybridDrafter:
     """
 
     name = "hybrid"
+    step_sources: StepSources = ()  # auto tells its sources apart (AutoDrafter.observe)
 
     def __init__(self, model: DraftModelDrafter | None, ngram_match: int = 3,
                  costs: CostModel | None = None, n_min: int = 0, n_max: int = 8,
@@ -209,7 +228,6 @@ class HybridDrafter:
         self.model = model
         self.model_max = n_max
         self.n_max = max(n_max, ngram_cap or n_max)
-        self.ngram = NgramDrafter(self.n_max, (min(2, ngram_n), ngram_n), min_match=1)
         self.ngram_match = ngram_match
         self.costs = costs or CostModel()
         self.adaptive = adaptive
@@ -218,13 +236,7 @@ class HybridDrafter:
         self.model_len = LengthController(self.costs, n_min, n_max, True,
                                           tracker=AcceptanceTracker(max(n_max, 1)),
                                           budget=self.budget)
-        # n-gram drafts cost no model time, so their probes are cheap: probe often
-        self.ngram_len = {
-            n: LengthController(self.costs, 1, self.n_max, False, probe_every=4,
-                                probe_len=1, max_probe_every=32,
-                                tracker=AcceptanceTracker(self.n_max, prior=0.6),
-                                budget=self.budget)
-            for n in range(min(ngram_match, ngram_n), ngram_n + 1)}
+        self._zero_cost_sources(ngram_n)
         self.guard = FallbackGuard() if guard else None
         self.notes: list[str] = []  # decisions a report may show (e.g. why the model is off)
         # the request's own first verify timings (batch size, seconds) against the cost
@@ -235,6 +247,18 @@ class HybridDrafter:
         self._last_ngram: LengthController | None = None
         self._model_ran = False  # the draft model was run in the latest propose()
         self._probe = False  # the latest draft was a probe (chosen to measure, not to gain)
+
+    def _zero_cost_sources(self, ngram_n: int) -> None:
+        """The drafts that cost no model time: prompt lookup over n-grams of 2..ngram_n
+        tokens, with a length controller per match length (AutoDrafter has its own)."""
+        self.ngram = NgramDrafter(self.n_max, (min(2, ngram_n), ngram_n), min_match=1)
+        # n-gram drafts cost no model time, so their probes are cheap: probe often
+        self.ngram_len = {
+            n: LengthController(self.costs, 1, self.n_max, False, probe_every=4,
+                                probe_len=1, max_probe_every=32,
+                                tracker=AcceptanceTracker(self.n_max, prior=0.6),
+                                budget=self.budget)
+            for n in range(min(self.ngram_match, ngram_n), ngram_n + 1)}
 
     def prefill(self, prompt: Sequence[int]) -> None:
         self.ngram.prefill(prompt)

@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from tandem.config.schema import MAX_DRAFT
 from tandem.errors import ContextOverflowError, ModelError
 
 try:
@@ -85,7 +86,7 @@ def system_info() -> str:
 # Rows of logits one decode may ask for: a verify batch of up to 64 drafts + the last token.
 # llama.cpp reserves compute memory for n_outputs_max rows (default: n_batch, ~300 MiB with
 # a 152k vocabulary); capping it keeps the reservation to what verification can use.
-MAX_OUTPUTS = 65
+MAX_OUTPUTS = MAX_DRAFT + 1
 
 # Largest batch whose logits equal single-token decoding's bit for bit on llama.cpp's CPU
 # kernels (unrepacked weights, flash attention, q8_0 KV): measured identical for 1..7 rows,
@@ -249,6 +250,14 @@ class ContextParams:
     n_outputs_max: int = MAX_OUTPUTS
     # exact mode: verify batches stay within EXACT_BATCH rows on CPU kernels (see above)
     exact: bool = False
+
+
+def exact_context(ctx: ContextParams) -> ContextParams:
+    """What exact mode needs of the target's context on llama.cpp's CPU kernels: flash
+    attention on (without it, 2+ rows take other matmul kernels) and a q8_0 KV cache (with
+    f16, single-token flash attention switches to a split-KV kernel at 512 cached tokens);
+    verify batches then stay within EXACT_BATCH rows."""
+    return replace(ctx, flash_attn="on", type_k="q8_0", type_v="q8_0", exact=True)
 
 
 def default_threads() -> int:

@@ -15,6 +15,7 @@ from typing import Generator, Iterator, Sequence
 
 import numpy as np
 
+from tandem.config.schema import check_max_tokens, check_prompt
 from tandem.engine.drafters import Draft, Drafter, recent
 from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
 from tandem.engine.llama import Context, common_prefix
@@ -38,17 +39,18 @@ class GenParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
-        if self.max_tokens < 1:
-            raise UsageError(f"max tokens must be >= 1, got {self.max_tokens}", None)
+        check_max_tokens(self.max_tokens)
         if self.verify not in VERIFY_RULES:
             raise UsageError(f"unknown verify rule {self.verify!r}", "use rejection or match")
 
 
 def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
              params: GenParams = GenParams()) -> Iterator:
-    """Yield PrefillEvent, then TokenEvent/StepEvent as tokens are decided, then DoneEvent."""
-    if not prompt:
-        raise UsageError("the prompt is empty", "pass a prompt argument or pipe text on stdin")
+    """Yield PrefillEvent, then TokenEvent/StepEvent as tokens are decided, then DoneEvent.
+    Each StepEvent carries the drafter's split of its drafts by source (`step_sources`), and
+    the DoneEvent its statistics with the context's and the drafter's notes; nothing changes
+    an event once it is yielded."""
+    check_prompt(prompt)
     if len(prompt) >= target.n_ctx:
         raise ContextOverflowError(
             f"the prompt has {len(prompt)} tokens but the context holds {target.n_ctx}",
@@ -57,7 +59,7 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
     rng = np.random.default_rng(sp.seed)
     sample_drafts = not sp.greedy and params.verify == "rejection"
     stats = GenStats(strategy=drafter.name, n_prompt=len(prompt),
-                     notes=list(getattr(target, "notes", ())))
+                     notes=list(target.notes))
     model = target.model
     text = TextStream(params.stop)
     tokens = list(prompt)
@@ -100,6 +102,7 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
         target.truncate(len(tokens) + n_acc)
         step_event = StepEvent(step, len(draft.tokens), n_acc, k_cap, t1 - t0, t2 - t1, t3 - t2)
         drafter.observe(step_event)
+        step_event.sources = drafter.step_sources  # the drafter knows them once it observed
         for i, tok in enumerate(new):
             if is_eog(tok) and stop_at_eog:
                 reason = "eos"
@@ -122,7 +125,7 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
     if tail:
         yield TokenEvent(-1, tail, False, step)
     stats.t_total = time.perf_counter() - t_start
-    stats.notes += getattr(drafter, "notes", ())  # read last: drafters note decisions as they go
+    stats.notes += drafter.notes  # read last: drafters note decisions as they go
     yield DoneEvent(stats, reason, text.text, tuple(tokens[len(prompt):]))
 
 

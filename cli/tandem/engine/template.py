@@ -1,4 +1,5 @@
-"""Render chat messages into prompt text with the model's own (GGUF) chat template.
+"""Render chat messages into prompt text with the model's own (GGUF) chat template, and into
+the prompt's tokens (prompt_tokens: the BOS handled once).
 
 Templates are Jinja run in a sandbox, as transformers does; llama.cpp's built-in renderer
 is the fallback for templates the sandbox cannot run, and a plain layout the last resort.
@@ -56,3 +57,14 @@ def plain(messages: Sequence[dict]) -> str:
 
 def _text(model: TemplateModel, token: int) -> str:
     return model.token_text(token) if token >= 0 else ""
+
+
+def prompt_tokens(model, messages: Sequence[dict], raw: bool = False) -> list[int]:
+    """The prompt's tokens: the messages rendered with the model's template (`raw`: the
+    plain layout), with the model's BOS in front where it wants one and the template did not
+    write it already (never a second one)."""
+    text = plain(messages) if raw else render(model, messages)
+    bos_text = _text(model, model.bos)
+    add_bos = model.add_bos and not (bos_text and text.startswith(bos_text))
+    tokens = model.tokenize(text, add_special=False, parse_special=True)
+    return [model.bos] + tokens if add_bos else tokens

@@ -485,16 +485,3 @@ def probe(run: Runner = _run, read: Callable[[str], str | None] = _read,
 def detect(with_backend: bool = True) -> Hardware:
     """Detect this machine's hardware (runs nvidia-smi / sysctl; about 0.1 s)."""
     return from_probe(probe(with_backend=with_backend))
-
-
-def fmt_bytes(n: int | None) -> str:
-    """Binary units, the way llama.cpp and nvidia-smi count memory."""
-    if n is None:
-        return "?"
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    if n >= GiB:
-        return f"{sign}{n / GiB:.1f} GiB"
-    if n >= MiB:
-        return f"{sign}{n / MiB:.0f} MiB"
-    return f"{sign}{n / 1024:.0f} KiB"

@@ -200,7 +200,19 @@ def place(shape: ModelShape, ctx: ContextSpec, gpu_layers: int, *, role: str = "
         buffers[_gpu_buffer_name(backend)] = gpu_alloc
         w_gpu = gpu_alloc
 
-    # --- KV cache -----------------------------------------------------------------
+    kv_gpu, kv_cpu, k_all, v_all = _kv_cache(shape, ctx, on_gpu)
+    c_gpu, c_cpu = _compute_buffers(shape, ctx, on_gpu, out_gpu, backend)
+    output_host = F32 * shape.n_vocab * max(ctx.logit_rows, 1)
+    return ModelPlan(role=role, name=shape.name, n_layer=shape.n_layer, gpu_layers=L,
+                     weights_gpu=w_gpu, weights_cpu=w_cpu, kv_gpu=kv_gpu, kv_cpu=kv_cpu,
+                     compute_gpu=c_gpu, compute_cpu=c_cpu, output_host=output_host,
+                     buffers=buffers, kv_k=k_all, kv_v=v_all, exact=shape.exact,
+                     note=shape.note)
+
+
+def _kv_cache(shape: ModelShape, ctx: ContextSpec, on_gpu: list[bool]
+              ) -> tuple[int, int, int, int]:
+    """The KV cache's bytes: (on the GPU, on the CPU, all K, all V)."""
     cells = ctx.cells
     kv_gpu = kv_cpu = k_all = v_all = 0
     for il in range(shape.n_layer):
@@ -213,32 +225,30 @@ def place(shape: ModelShape, ctx: ContextSpec, gpu_layers: int, *, role: str = "
             kv_gpu += k + v
         else:
             kv_cpu += k + v
+    return kv_gpu, kv_cpu, k_all, v_all
 
-    # --- compute buffers ----------------------------------------------------------
-    ub, n_out = ctx.ubatch, ctx.n_out
+
+def _compute_buffers(shape: ModelShape, ctx: ContextSpec, on_gpu: list[bool], out_gpu: bool,
+                     backend: str) -> tuple[int, int]:
+    """The compute buffers' bytes: (on the GPU, on the CPU)."""
+    cells, ub, n_out = ctx.cells, ctx.ubatch, ctx.n_out
     e, kv_dim = shape.n_embd, max(shape.n_head_kv) * shape.head_dim_k if shape.n_layer else 0
     out_phase = F32 * (n_out * shape.n_vocab + (2 if ctx.fa else 3) * ub * e)
     if ctx.fa:
         layer_phase = F32 * ub * (3 * shape.n_ff + 4 * e) + 2 * cells * ub
     else:
         layer_phase = F32 * (cells * ub * (shape.n_head + 1) + ub * (5 * e + 2 * kv_dim))
-    if not gpu:
-        c_gpu, c_cpu = 0, max(out_phase, layer_phase)
-    else:
-        any_gpu, any_cpu = any(on_gpu), not all(on_gpu)
-        c_gpu = max(layer_phase if any_gpu else 0, out_phase if out_gpu else 0)
-        host_inputs = F32 * ub * e + (2 if ctx.fa else 4) * cells * ub
-        c_cpu = max(layer_phase if any_cpu else 0, out_phase if not out_gpu else 0, host_inputs)
-        if backend == "cuda" and any_cpu and any_gpu:
-            # op_offload: large batches run CPU-resident matmuls on the GPU with a temporary
-            # copy of the weight, so the GPU buffer also holds the largest such tensor
-            c_gpu += _largest_cpu_matmul(shape, on_gpu)
-    output_host = F32 * shape.n_vocab * max(ctx.logit_rows, 1)
-    return ModelPlan(role=role, name=shape.name, n_layer=shape.n_layer, gpu_layers=L,
-                     weights_gpu=w_gpu, weights_cpu=w_cpu, kv_gpu=kv_gpu, kv_cpu=kv_cpu,
-                     compute_gpu=c_gpu, compute_cpu=c_cpu, output_host=output_host,
-                     buffers=buffers, kv_k=k_all, kv_v=v_all, exact=shape.exact,
-                     note=shape.note)
+    if backend == "cpu":
+        return 0, max(out_phase, layer_phase)
+    any_gpu, any_cpu = any(on_gpu), not all(on_gpu)
+    c_gpu = max(layer_phase if any_gpu else 0, out_phase if out_gpu else 0)
+    host_inputs = F32 * ub * e + (2 if ctx.fa else 4) * cells * ub
+    c_cpu = max(layer_phase if any_cpu else 0, out_phase if not out_gpu else 0, host_inputs)
+    if backend == "cuda" and any_cpu and any_gpu:
+        # op_offload: large batches run CPU-resident matmuls on the GPU with a temporary
+        # copy of the weight, so the GPU buffer also holds the largest such tensor
+        c_gpu += _largest_cpu_matmul(shape, on_gpu)
+    return c_gpu, c_cpu
 
 
 def _largest_cpu_matmul(shape: ModelShape, on_gpu: list[bool]) -> int:

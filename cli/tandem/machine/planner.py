@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from tandem.errors import EXIT_MODEL, TandemError
+from tandem.fsutil import fmt_bytes
 from tandem.machine.placement import ContextSpec, ModelPlan, place
 from tandem.machine.shapes import ModelShape
 
@@ -156,13 +157,13 @@ def plan(target: ModelShape, draft: ModelShape | None, budget: Budget, ctx: Cont
     if draft is not None:
         d_plan, ok = fit_layers(draft, draft_ctx, draft_layers, left, "draft")
         if not ok:
-            problems.append(f"the draft ({_gib(d_plan.gpu_total)} with {d_plan.gpu_layers} "
-                            f"layers) does not fit in the GPU's {_gib(left)}")
+            problems.append(f"the draft ({fmt_bytes(d_plan.gpu_total)} with {d_plan.gpu_layers} "
+                            f"layers) does not fit in the GPU's {fmt_bytes(left)}")
         left -= d_plan.gpu_total if gpu else 0
     t_plan, t_ok = fit_layers(target, ctx, target_layers, max(left, 0), "target")
     if not t_ok:
         problems.append(f"the target's {t_plan.gpu_layers} requested GPU layers need "
-                        f"{_gib(t_plan.gpu_total)}; {_gib(max(left, 0))} is left on the GPU")
+                        f"{fmt_bytes(t_plan.gpu_total)}; {fmt_bytes(max(left, 0))} is left on the GPU")
 
     status = FITS if not problems else NO_FIT
     if gpu and status == FITS:
@@ -182,8 +183,8 @@ def plan(target: ModelShape, draft: ModelShape | None, budget: Budget, ctx: Cont
                   unified=budget.unified and gpu, status=status, ctx=ctx)
     if result.ram_left < 0:
         what = "RAM (unified memory)" if result.unified else "RAM"
-        problems.append(f"both models need {_gib(result.ram_used)} of {what} but only "
-                        f"{_gib(result.ram_budget)} is available")
+        problems.append(f"both models need {fmt_bytes(result.ram_used)} of {what} but only "
+                        f"{fmt_bytes(result.ram_budget)} is available")
         status = NO_FIT
     result = replace(result, status=status, problems=tuple(problems))
     if _advise and status != FITS:
@@ -226,7 +227,7 @@ def _advice(p: Plan, target, draft, budget, ctx, draft_ctx, t_layers, d_layers,
                  ctx.flash_attn)
         if _fully_fits(again(replace(ctx, **q), replace(draft_ctx, **q))):
             saved = p.target.kv + (p.draft.kv if p.draft else 0)
-            out.append(f"quantize the KV cache to q8_0 (saves about {_gib(saved // 2)}; "
+            out.append(f"quantize the KV cache to q8_0 (saves about {fmt_bytes(saved // 2)}; "
                        "TANDEM_CACHE_TYPE_K=q8_0 TANDEM_CACHE_TYPE_V=q8_0, or kv_cache: "
                        "{type_k: q8_0, type_v: q8_0})")
     if ctx.ubatch > 256:
@@ -243,14 +244,8 @@ def _advice(p: Plan, target, draft, budget, ctx, draft_ctx, t_layers, d_layers,
                        f"(`tandem hw --pair {name}`)")
             break
     if p.ram_left < 0:
-        out.append(f"free {_gib(-p.ram_left)} of RAM (close other programs)")
+        out.append(f"free {fmt_bytes(-p.ram_left)} of RAM (close other programs)")
     if not out:
         out.append("choose a smaller pair or a lower-bit quantization; this one does not fit "
                    "even with a smaller context and a quantized KV cache")
     return out
-
-
-def _gib(n: int | None) -> str:
-    if n is None:
-        return "?"
-    return f"{n / GiB:.2f} GiB" if abs(n) >= GiB // 4 else f"{n / MiB:.0f} MiB"

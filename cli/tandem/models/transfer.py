@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from tandem.errors import DiskFullError, DownloadError
+from tandem.fsutil import fmt_bytes
 from tandem.models.catalog import ModelSpec
 
 HASH_CHUNK = 1 << 20  # 1 MiB
@@ -76,15 +77,6 @@ def partial_path(dest: Path) -> Path:
     return dest.with_name(dest.name + ".partial")
 
 
-def human_size(n: int) -> str:
-    f = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if f < 1000 or unit == "TB":
-            return f"{f:.0f} {unit}" if unit == "B" else f"{f:.1f} {unit}"
-        f /= 1000
-    return f"{n} B"  # pragma: no cover
-
-
 def check_free_space(directory: Path, needed: int, what: str) -> None:
     """Fail early with DownloadError when `directory`'s file system has < `needed` bytes."""
     probe = Path(directory)
@@ -96,10 +88,10 @@ def check_free_space(directory: Path, needed: int, what: str) -> None:
         return  # cannot tell; the write itself will fail with ENOSPC if need be
     if free < needed:
         raise DiskFullError(
-            f"not enough disk space for {what}: {human_size(needed)} needed, "
-            f"{human_size(free)} free in {probe}",
+            f"not enough disk space for {what}: {fmt_bytes(needed, decimal=True)} needed, "
+            f"{fmt_bytes(free, decimal=True)} free in {probe}",
             f"free some space, or set TANDEM_HOME to a directory on a disk with at least "
-            f"{human_size(needed)} free",
+            f"{fmt_bytes(needed, decimal=True)} free",
         )
 
 

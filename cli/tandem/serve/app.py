@@ -56,7 +56,30 @@ class EngineStream(StreamingResponse):
             self._cancel.set()
 
 
+async def api_error(request: Request, exc: ApiError):
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+async def http_error(request: Request, exc: HTTPException):
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    message = {404: f"no route {request.url.path}",
+               405: f"{request.method} is not allowed on {request.url.path}"}.get(
+        exc.status_code, str(exc.detail))
+    err = ApiError(exc.status_code, message, type=kind)
+    return JSONResponse(err.body(), status_code=exc.status_code, headers=exc.headers)
+
+async def server_error(request: Request, exc: Exception):
+    # Starlette re-raises after this response, so uvicorn logs the traceback on stderr
+    err = ApiError(500, f"internal error ({type(exc).__name__}); the server logged it",
+                   type="server_error", code="internal_error")
+    return JSONResponse(err.body(), status_code=500)
+
+
 def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
+    """The routes, as closures over the engine worker and the server's configuration.
+
+    Over 80 lines because the routes share those two and `authorize`: complete(), the long
+    one, is a request's whole life (queue, prompt verdict, stream or answer, cancellation),
+    which reads best in one place."""
     created = int(time.time())
 
     def authorize(request: Request) -> None:
@@ -121,40 +144,16 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
                 handed_over = True
                 return EngineStream(stream, job.cancel, media_type="text/event-stream",
                                     headers=SSE_HEADERS)
-            pieces = []
-            item = first
-            while item[0] in ("prefilled", "text"):
-                if item[0] == "text":
-                    pieces.append(item[1])
-                item = await _next(events, watch)
-                if item is None:
-                    job.cancel.set()
-                    return JSONResponse({}, status_code=499)
-            _raise_failure(item)
-            answer = item[1]
+            answer = await _answer(events, watch, first)
+            if answer is None:
+                job.cancel.set()
+                return JSONResponse({}, status_code=499)  # nobody is listening
             return JSONResponse(protocol.completion(req, rid, now, config.model_id,
                                                     answer.text, answer.reason, answer.stats))
         finally:
             watch.cancel()
             if not handed_over:  # answered, refused, or this handler cancelled: stop the job
                 job.cancel.set()
-
-    async def api_error(request: Request, exc: ApiError):
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
-
-    async def http_error(request: Request, exc: HTTPException):
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        message = {404: f"no route {request.url.path}",
-                   405: f"{request.method} is not allowed on {request.url.path}"}.get(
-            exc.status_code, str(exc.detail))
-        err = ApiError(exc.status_code, message, type=kind)
-        return JSONResponse(err.body(), status_code=exc.status_code, headers=exc.headers)
-
-    async def server_error(request: Request, exc: Exception):
-        # Starlette re-raises after this response, so uvicorn logs the traceback on stderr
-        err = ApiError(500, f"internal error ({type(exc).__name__}); the server logged it",
-                       type="server_error", code="internal_error")
-        return JSONResponse(err.body(), status_code=500)
 
     routes = []
     for prefix in ("/v1", ""):
@@ -165,6 +164,18 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
                Route("/v1/health", health, methods=["GET"])]
     return Starlette(routes=routes, exception_handlers={
         ApiError: api_error, HTTPException: http_error, Exception: server_error})
+
+
+async def _answer(events: asyncio.Queue, watch, first):
+    """A whole answer's last event value (the engine's outcome), once the text is through;
+    None when the client went away meanwhile."""
+    item = first
+    while item[0] in ("prefilled", "text"):
+        item = await _next(events, watch)
+        if item is None:
+            return None
+    _raise_failure(item)
+    return item[1]
 
 
 async def read_json(request: Request, limit: int) -> dict:

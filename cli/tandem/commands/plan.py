@@ -1,5 +1,7 @@
 """From resolved settings to what the engine loads: the memory plan, the engine's
-SessionOptions (SessionOptions.from_settings) and the pair's files. `run`, `chat` and `spec-bench` prepare a session here."""
+SessionOptions (session_options) and the pair's files. `run`, `chat`, `serve` and
+`spec-bench` prepare a session here: the composition of the config, machine and engine
+layers belongs above them, beside the commands."""
 from __future__ import annotations
 
 import os
@@ -9,10 +11,13 @@ from typing import Any, Mapping
 
 from tandem.config.schema import endpoints
 from tandem.config.settings import Settings, resolve_settings
+from tandem.engine.llama import ContextParams, exact_context
 from tandem.engine.rpc import server_info
 from tandem.engine.session import SessionOptions
+from tandem.engine.strategies import DraftParams
 from tandem.machine.fit import plan_for_settings, remote_plan_for_settings
-from tandem.machine.hardware import detect, fmt_bytes
+from tandem.fsutil import fmt_bytes
+from tandem.machine.hardware import detect
 from tandem.machine.planner import PlanError, require_fit
 
 
@@ -47,20 +52,25 @@ def pair_warnings(target: Path, draft: Path | None) -> list[str]:
     except OSError:
         return []
     if d_size > t_size:
-        return [f"the draft {Path(draft).name} ({d_size / 1e6:.0f} MB) is larger than the "
-                f"target {Path(target).name} ({t_size / 1e6:.0f} MB): swapped -m and -md?"]
+        return [f"the draft {Path(draft).name} ({fmt_bytes(d_size, decimal=True)}) is larger "
+                f"than the target {Path(target).name} ({fmt_bytes(t_size, decimal=True)}): "
+                "swapped -m and -md?"]
     return []
 
 
 def prepare_session(cli: Mapping[str, Any] | None, resolve_models, *, verbose: bool = False,
-                    hardware: Any = None, home: Path | None = None,
-                    extra: Mapping[str, Any] | None = None) -> Prepared:
+                    hardware: Any = None, home: Path | None = None) -> Prepared:
     """Settings -> model paths -> plan -> SessionOptions, in that order.
 
     `resolve_models(pair_name) -> (target_path, draft_path or None)` finds (or downloads) the
-    files of the resolved pair; commands.options.resolve_models fits. Raises planner.PlanError
-    (exit 3, with what to change) when the pair cannot be loaded at all.
+    files of the resolved pair; commands.options.resolve_models fits. `home`: tandem's home
+    (default: $TANDEM_HOME or ~/.tandem), where settings, costs and history are kept. Raises
+    planner.PlanError (exit 3, with what to change) when the pair cannot be loaded at all.
     """
+    if home is None:
+        from tandem.models.store import tandem_home
+
+        home = tandem_home()
     settings = resolve_settings(cli, hardware=hardware or detect(), home=home,
                                 models=resolve_models)
     target, draft = settings.files
@@ -72,9 +82,53 @@ def prepare_session(cli: Mapping[str, Any] | None, resolve_models, *, verbose: b
         require_remote_fit(p, remote_plan_for_settings(settings, target, infos))
     else:
         p = require_fit(p)
-    return Prepared(settings, p, SessionOptions.from_settings(settings, p, verbose=verbose,
-                                                              extra=extra),
+    return Prepared(settings, p, session_options(settings, p, home=home, verbose=verbose),
                     Path(target), Path(draft) if draft is not None else None)
+
+
+def session_options(s: Settings, plan=None, *, home: Path | None = None,
+                    verbose: bool = False) -> SessionOptions:
+    """The engine's options for resolved settings: the draft length and its stops become the
+    session's DraftParams; GPU layers come from `plan` (the planner resolves `auto`), else
+    from the settings themselves. `home`: where the session keeps costs and history."""
+    exact = s.mode == "exact"
+    ctx = ContextParams(n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
+                        n_threads=s.n_threads, n_threads_batch=s.n_threads_batch,
+                        flash_attn=s.flash_attn, type_k=s.type_k, type_v=s.type_v)
+    if plan is not None:
+        layers = (plan.target.gpu_layers, plan.draft.gpu_layers if plan.draft else 0)
+    else:
+        layers = (gpu_layers_value(s.target_gpu_layers, s.backend),
+                  gpu_layers_value(s.draft_gpu_layers, s.backend))
+    rpc = endpoints(s.rpc)
+    if rpc:
+        # the offloaded layers go to the servers: all of them, unless the user chose a
+        # count (a profile's count describes this machine's GPU, not the servers)
+        chosen = s.target_gpu_layers if _source(s, "target_gpu_layers") not in (
+            "profile", "default", "detected") else "all"
+        layers = (gpu_layers_value(chosen, "rpc"), layers[1])
+    return SessionOptions(strategy=s.strategy, draft=DraftParams(s.n_max, s.n_min, s.p_min),
+                          target_ctx=exact_context(ctx) if exact else ctx, draft_ctx=None,
+                          target_gpu_layers=layers[0], draft_gpu_layers=layers[1],
+                          verbose=verbose, repack=not exact, history=s.history == "on",
+                          rpc=rpc, rpc_timeout=float(s.rpc_timeout),
+                          home=Path(home) if home is not None else None)
+
+
+def _source(s: Settings, key: str) -> str:
+    try:
+        return s.source(key)
+    except KeyError:
+        return "default"
+
+
+def gpu_layers_value(value: int | str, backend: str) -> int:
+    """llama.cpp's n_gpu_layers for a setting without a plan: all = -1 (every layer)."""
+    if value == "all":
+        return -1
+    if value == "auto":
+        return 0 if backend == "cpu" else -1
+    return int(value)
 
 
 def require_remote_fit(local, remote) -> None:

@@ -1,0 +1,157 @@
+"""What drafting costs and what paid, per configuration of one pair on this machine.
+
+`Pricing` holds the cost model of each configuration (engine/costs.py: cached on disk,
+else calibrated once) with the policy that keeps a busy machine from poisoning it, and the
+knowledge kept beside it (engine/knowledge.py). PairSession asks it for the active
+configuration's figures; the key that names the files is `cost_key` (fsutil.machine_key of
+everything the figures depend on).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+from tandem.engine.costs import DISAGREE, MAX_BATCH, CostModel, calibrate, disagreement
+from tandem.engine.knowledge import Knowledge
+from tandem.engine.llama import Context
+from tandem.fsutil import machine_key
+
+# a calibration during which other processes used more than this share of the CPU was
+# measured on a busy machine: it serves the session that measured it and is not saved
+BUSY_SHARE = 0.25
+# what the calibration decodes: short, and the same on every machine
+PROBE_TEXT = "def main():\n    print('calibrating')\n"
+
+
+class _AfterCache:
+    """A context as the cost measurements see it: `prefill(probe)` keeps what the cache holds
+    when it holds something (the timings then run after it, and each measurement truncates
+    back to it), so a measurement never evicts a conversation. Everything else is the
+    context's own."""
+
+    def __init__(self, ctx: Context):
+        self._ctx = ctx
+
+    def prefill(self, tokens: Sequence[int], progress=None) -> int:
+        return 0 if self._ctx.tokens else self._ctx.prefill(tokens, progress)
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+
+def _after_cache(ctx: Context | None) -> Context | _AfterCache | None:
+    """`ctx` wrapped in _AfterCache when its cache leaves room for the largest measured batch
+    (else the probe replaces the cache, as a measurement at the context end must)."""
+    if ctx is None or not ctx.tokens or len(ctx.tokens) + MAX_BATCH + 1 > ctx.n_ctx:
+        return ctx
+    return _AfterCache(ctx)
+
+
+def cost_key(target_ctx: Context, draft_ctx: Context | None, target_path: Path,
+             draft_path: Path | None, gpu_layers: tuple[int, int],
+             rpc: Sequence[str] = ()) -> str:
+    """The name of a configuration's cost and knowledge files: this machine, both contexts'
+    settings, the layers offloaded, the RPC servers (a remote target's costs are the link's)
+    and the models (name and size)."""
+    parts: list[object] = [repr(target_ctx.params), *gpu_layers]
+    if rpc:
+        parts.append("rpc=" + ",".join(rpc))
+    if draft_ctx is not None:
+        parts.append(repr(draft_ctx.params))
+    for p in (target_path, draft_path):
+        if p is not None:
+            parts += [p.name, p.stat().st_size]
+    return machine_key(*parts)
+
+
+class Pricing:
+    """The cost models and kept knowledge of a session's configurations, by cost_key.
+
+    `directory`: where the files live (`$TANDEM_HOME/costs`, passed in by the caller); None:
+    nothing is read or written, each session calibrates for itself. `rpc`: the servers a
+    calibration was measured over (said in its source)."""
+
+    def __init__(self, directory: Path | None, rpc: Sequence[str] = ()):
+        self.directory = directory
+        self.rpc = tuple(rpc)
+        # what paid is kept for the session's next request and, with keep_knowledge, beside
+        # the cost cache for the next process (engine/knowledge.py)
+        self.keep_knowledge = True
+        self.notes: list[str] = []  # what became of cached costs (for the run's notes)
+        self._costs: dict[str, CostModel] = {}
+        self._calibrated: dict[str, CostModel] = {}
+        self._knowledge: dict[str, Knowledge] = {}
+
+    def costs_path(self, key: str) -> Path | None:
+        return None if self.directory is None else self.directory / f"{key}.json"
+
+    def knowledge_path(self, key: str) -> Path | None:
+        return None if self.directory is None else self.directory / f"{key}.knowledge.json"
+
+    def take_notes(self) -> list[str]:
+        """The notes so far, once: said on the request that found them."""
+        notes, self.notes = self.notes, []
+        return notes
+
+    def costs(self, key: str, target: Context, draft: Context | None,
+              probe: Callable[[], Sequence[int]], calibrated: bool = False) -> CostModel:
+        """The configuration's cost model on this machine: cached, else calibrated once (a
+        few seconds). A cached model is used only if it is recent and agrees with a quick
+        measurement taken now (a busy machine once poisoned every later run); a new
+        calibration is saved only if the machine was quiet while it ran. Steps refine it
+        during the session (never saved: a refined curve mixes contexts of every length);
+        `calibrated=True` gives the calibration itself, whose figures were all measured under
+        the same conditions. `probe()`: the tokens the measurements decode."""
+        if key not in self._costs:
+            model = self._measure(self.costs_path(key), target, draft, probe())
+            self._calibrated[key] = model
+            self._costs[key] = model.copy()
+        return (self._calibrated if calibrated else self._costs)[key]
+
+    def _measure(self, path: Path | None, target: Context, draft: Context | None,
+                 probe: Sequence[int]) -> CostModel:
+        cached = CostModel.load(path) if path is not None else None
+        if cached is not None and (not cached.plausible() or cached.expired()):
+            cached = None
+        # measured after what the caches hold: prefilling the probe replaced a chat's
+        # conversation, whose next turn then evaluated it all again (40 s on 3,500 tokens)
+        target, draft = _after_cache(target), _after_cache(draft)
+        if cached is not None:
+            off = disagreement(target, cached, probe)
+            if 1 / DISAGREE <= off <= DISAGREE:
+                return cached
+            self.notes.append(f"cached costs were {off:.2f}x this machine's timings now: "
+                              "measured again")
+        fresh = calibrate(target, draft, probe)
+        if self.rpc:  # the link's round trips are in every figure
+            fresh.source = f"measured over RPC {','.join(self.rpc)}"
+        if fresh.busy is not None and fresh.busy > BUSY_SHARE:
+            self.notes.append(f"machine busy while calibrating (other processes used "
+                              f"{fresh.busy:.0%} of the CPU): costs used for this session "
+                              "only, not saved")
+        elif path is not None:
+            try:
+                fresh.save(path)
+            except OSError:
+                pass  # a read-only home only costs a recalibration next time
+        return fresh
+
+    def knowledge(self, key: str, sources: Sequence[str], buckets: Sequence[int]) -> Knowledge:
+        """What earlier requests of the configuration learnt: this session's, else the file
+        beside the cost cache (ignored when stale, of another version or invalid)."""
+        if key not in self._knowledge:
+            path = self.knowledge_path(key)
+            kept = (Knowledge.load(path, sources, buckets)
+                    if self.keep_knowledge and path is not None else None)
+            self._knowledge[key] = kept if kept is not None else Knowledge()
+        return self._knowledge[key]
+
+    def keep(self, key: str, knowledge: Knowledge) -> None:
+        """Write the configuration's knowledge beside its cost cache (when kept on disk)."""
+        path = self.knowledge_path(key)
+        if not self.keep_knowledge or path is None:
+            return
+        try:
+            knowledge.save(path)
+        except OSError:
+            pass  # a read-only home: the next process starts from the priors again
