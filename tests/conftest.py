@@ -91,6 +91,17 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_tandem_home(tmp_path_factory):
+    """Module- and session-scoped fixtures are set up before a test's own home exists: they
+    get this one (a module-scoped real-pair session once wrote its history into the real
+    home, between two tests' monkeypatched homes)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TANDEM_HOME", str(tmp_path_factory.mktemp("tandem-session-home")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture(autouse=True)
 def _own_tandem_home(monkeypatch, tmp_path_factory):
     """Each test writes (history, costs, tuned files, the store) into its own home, never
