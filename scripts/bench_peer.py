@@ -491,6 +491,13 @@ def tandem_row(name: str, cmd: list[str], p: BenchPrompt, env: dict | None = Non
 
 # ----------------------------------------------------------------------------- main
 
+def save_rows(out: Path, meta: dict, rows: list) -> None:
+    """Every row (dataclasses) with the run's meta, as one JSON file: --out of the bench scripts."""
+    out.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1,
+                              ensure_ascii=False), encoding="utf-8")
+    print(f"rows written to {out}", file=sys.stderr)
+
+
 def native_bin() -> Path:
     res = subprocess.run([str(ROOT / "scripts/build_native.sh")], capture_output=True, text=True)
     if res.returncode != 0:
@@ -681,9 +688,7 @@ def main(argv: list[str] | None = None) -> int:
         for s in servers:
             s.stop()
         if ns.out is not None:
-            ns.out.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]},
-                                         indent=1, ensure_ascii=False), encoding="utf-8")
-            print(f"rows written to {ns.out}", file=sys.stderr)
+            save_rows(ns.out, meta, rows)
     if rows:
         print(report(rows, names, categories))
         loads = [r.extra["loadavg"] for r in rows if "loadavg" in r.extra]

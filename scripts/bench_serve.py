@@ -42,7 +42,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -56,6 +56,7 @@ from bench_peer import (  # noqa: E402 - the helpers for llama-server live there
     default_tandem,
     native_bin,
     resolve_models,
+    save_rows,
 )
 
 from tandem.bench.multiturn import (  # noqa: E402
@@ -376,9 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         for s in servers:
             s.stop()
         if ns.out is not None:
-            ns.out.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]},
-                                         indent=1, ensure_ascii=False), encoding="utf-8")
-            print(f"rows written to {ns.out}", file=sys.stderr)
+            save_rows(ns.out, meta, rows)
     if rows:
         print(report(rows, names))
         print("\nlatency: request sent -> answer complete, on the client; decode tok/s: the "

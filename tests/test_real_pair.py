@@ -39,7 +39,6 @@ def session(real_pair):
 def shipped(real_pair, tmp_path_factory):
     """The session `tandem run --exact` builds on this machine: profile, settings chain and
     all (CPU profile: auto, q8_0 KV, flash attention, unrepacked target, drafts <= 6)."""
-    from tandem.engine.session import SessionOptions
     from tandem.config.settings import resolve_settings
 
     home = tmp_path_factory.mktemp("home")

@@ -115,7 +115,6 @@ def test_every_key_has_a_value_and_a_source(home, profiles):
 def test_defaults_match_the_engine_defaults():
     from tandem.machine.fit import ENGINE_REPACK
     from tandem.engine.llama import ContextParams
-    from tandem.engine.session import SessionOptions
     from tandem.engine.strategies import DraftParams
     from tandem.config.schema import FIELDS_BY_KEY
 

@@ -187,7 +187,7 @@ class CostModel:
             return cls.from_json(text)
         except (ValueError, TypeError, AttributeError, RecursionError) as exc:
             warnings.warn(TandemWarning(f"ignored the cached costs {path} ({exc}); "
-                                        "measuring them again"))
+                                        "measuring them again"), stacklevel=2)
             with contextlib.suppress(OSError):
                 path.unlink()
             return None

@@ -138,7 +138,7 @@ class HistoryStore:
                 done = "the file was rewritten without " + ("it" if broken else "them")
             except OSError as exc:  # a read-only home: the bad entries are still never used
                 done = f"they are ignored (cannot rewrite it: {exc.strerror or exc})"
-            warnings.warn(TandemWarning(f"the answer history {self.path} {what}; {done}"))
+            warnings.warn(TandemWarning(f"the answer history {self.path} {what}; {done}"), stacklevel=2)
         self._checked = True
         return entries
 
@@ -199,7 +199,7 @@ def list_histories(home: Path) -> list[HistoryInfo]:
             warnings.warn(TandemWarning(
                 f"the answer history {path} " + ("is unreadable" if broken else
                                                  f"has {dropped} invalid entries") +
-                "; the next run of its model drops them"))
+                "; the next run of its model drops them"), stacklevel=2)
         out.append(HistoryInfo(path, target, len(entries),
                                sum(len(e["tokens"]) for e in entries), size,
                                max((e["time"] for e in entries), default=0.0)))
