@@ -519,7 +519,9 @@ def test_reader_going_away_is_a_quiet_exit_0(sandbox, tiny_models):
     assert err == ""
 
 
-def test_ctrl_c_prints_interrupted_and_exits_130(sandbox, tiny_models):
+def _signal_mid_answer(sandbox, tiny_models, sig) -> tuple[int, str, str]:
+    """`tandem run` on a long answer, `sig` once its first byte is out: (exit code, stdout,
+    stderr)."""
     home, work = sandbox
     env = {**os.environ, "TANDEM_HOME": str(home), "TANDEM_STRATEGY": "draft"}
     proc = subprocess.Popen([sys.executable, "-m", "tandem", "run", *_args(TINY, tiny_models),
@@ -528,13 +530,17 @@ def test_ctrl_c_prints_interrupted_and_exits_130(sandbox, tiny_models):
                             stderr=subprocess.PIPE, env=env, cwd=work,
                             # a suite started in the background inherits SIGINT ignored, and
                             # Python then never raises KeyboardInterrupt: restore the default
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))
     first = proc.stdout.read(1)
     assert first, proc.stderr.read().decode()
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     rest, err = proc.communicate(timeout=120)
-    out, err = (first + rest).decode(errors="replace"), err.decode()
-    assert proc.returncode == 130, err
+    return proc.returncode, (first + rest).decode(errors="replace"), err.decode()
+
+
+def test_ctrl_c_prints_interrupted_and_exits_130(sandbox, tiny_models):
+    code, out, err = _signal_mid_answer(sandbox, tiny_models, signal.SIGINT)
+    assert code == 130, err
     assert err.rstrip("\n").endswith("Interrupted.") and err.endswith("\n"), err
     assert "Traceback" not in err
     assert out.endswith("\n")  # the partial answer's line is ended
@@ -543,22 +549,11 @@ def test_ctrl_c_prints_interrupted_and_exits_130(sandbox, tiny_models):
 def test_sigterm_is_handled_like_ctrl_c_and_exits_143(sandbox, tiny_models):
     """`kill PID` mid-answer: the partial answer's line is ended, `Terminated.` on stderr,
     exit 143 (128 + SIGTERM), no traceback, no stray temporary file."""
-    home, work = sandbox
-    env = {**os.environ, "TANDEM_HOME": str(home), "TANDEM_STRATEGY": "draft"}
-    proc = subprocess.Popen([sys.executable, "-m", "tandem", "run", *_args(TINY, tiny_models),
-                             "--raw", "-n", "4000", "-c", "4096", "hello"],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env, cwd=work,
-                            preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
-    first = proc.stdout.read(1)
-    assert first, proc.stderr.read().decode()
-    proc.send_signal(signal.SIGTERM)
-    rest, err = proc.communicate(timeout=120)
-    out, err = (first + rest).decode(errors="replace"), err.decode()
-    assert proc.returncode == errors.EXIT_TERMINATED == 143, err
+    code, out, err = _signal_mid_answer(sandbox, tiny_models, signal.SIGTERM)
+    assert code == errors.EXIT_TERMINATED == 143, err
     assert err.rstrip("\n").endswith("Terminated.") and "Traceback" not in err, err
     assert out.endswith("\n")
-    assert leftovers(home) == []
+    assert leftovers(sandbox[0]) == []
 
 
 def _args(args, models):

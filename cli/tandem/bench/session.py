@@ -176,10 +176,8 @@ class BenchSession:
                     self.total)
         if opts.rpc:
             from tandem.engine.worker import RemotePair
-            from tandem.models.store import tandem_home
 
-            with RemotePair(self.target_path, self.draft_paths, opts, stall=opts.rpc_timeout,
-                            home=str(tandem_home())) as pair:
+            with RemotePair(self.target_path, self.draft_paths, opts) as pair:
                 yield from self._absorb(pair.stream(measure, work, should_stop=should_stop))
             return
         with PairSession(self.target_path, self.draft_paths, opts) as session:

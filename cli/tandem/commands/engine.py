@@ -11,8 +11,7 @@ def open_pair(target_path: Path, draft_path: Path | None, opts):
     if opts.rpc:
         from tandem.engine.worker import RemotePair
 
-        return RemotePair(target_path, draft_path, opts, stall=opts.rpc_timeout,
-                          home=str(opts.home) if opts.home else None)
+        return RemotePair(target_path, draft_path, opts)
     from tandem.engine.session import PairSession
 
     return PairSession(target_path, draft_path, opts)

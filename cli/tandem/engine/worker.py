@@ -39,8 +39,7 @@ class Job:
 
     target: Path
     draft: tuple[Path, ...]  # spec-bench compares several drafts; run and chat load one
-    options: Any  # engine.session.SessionOptions
-    home: str | None = None  # TANDEM_HOME for the worker's files (costs, history)
+    options: Any  # engine.session.SessionOptions (.home: where the worker's files go)
 
 
 @dataclass
@@ -63,14 +62,14 @@ class RemotePair:
     progress; a worker that dies or stalls is killed and the call raises RemoteError naming
     the endpoint(s). After that, every call raises it again."""
 
-    def __init__(self, target: Path, draft: Path | Sequence[Path] | None, options: Any,
-                 stall: float = 60.0, home: str | None = None):
-        self.options, self.target_path, self.stall = options, Path(target), stall
+    def __init__(self, target: Path, draft: Path | Sequence[Path] | None, options: Any):
+        self.options, self.target_path = options, Path(target)
+        self.stall = options.rpc_timeout  # seconds without progress: a stalled server
         drafts = () if draft is None else (Path(draft),) if isinstance(draft, (str, Path)) \
             else tuple(Path(p) for p in draft)
         self.draft_path = drafts[0] if drafts else None
         self.target_ctx, self.library = _Ctx(), _Library()
-        self._job = Job(self.target_path, drafts, options, home)
+        self._job = Job(self.target_path, drafts, options)
         self._dead: RemoteError | None = None
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter, no inherited state
         self._conn, child = ctx.Pipe(duplex=True)
@@ -104,23 +103,7 @@ class RemotePair:
     def generate(self, prompt, gen, strategy: str | None = None, draft: Any = None,
                  record: bool = True) -> Iterator[Any]:
         self._send(("generate", (list(prompt), gen, strategy, draft, record)))
-        finished = False
-        try:
-            while True:
-                try:
-                    kind, payload = self._receive()
-                except TandemError:
-                    finished = True  # the worker's error ended the generation (or the worker)
-                    raise
-                if kind == "event":
-                    yield payload
-                elif kind == "reply":
-                    self._state(payload[1])
-                    finished = True
-                    return
-        finally:
-            if not finished and self._dead is None:
-                self._stop_generation()
+        yield from self._events(abandon=self._stop_generation)
 
     def stream(self, func: Callable[..., Iterator[Any]], *args: Any,
                should_stop: Callable[[], bool] | None = None) -> Iterator[Any]:
@@ -133,7 +116,7 @@ class RemotePair:
         event of the session and each tick() is progress for the stall limit. Stopped
         reading early (a second Ctrl-C), the worker is killed: its work may run for minutes."""
         self._send(("stream", (func, args)))
-        finished = told = False
+        told = False
 
         def tell() -> None:  # at once, not after the run in progress: it may be long
             nonlocal told
@@ -141,26 +124,38 @@ class RemotePair:
                 told = True
                 self._send(("stop", None))
 
+        def kill() -> None:
+            self._proc.kill()
+            self._proc.join(5)
+            self._dead = RemoteError("the worker holding the remote target was stopped "
+                                     "in the middle of a call", None)
+
+        yield from self._events(abandon=kill, between=tell)
+
+    def _events(self, abandon: Callable[[], None],
+                between: Callable[[], None] | None = None) -> Iterator[Any]:
+        """The worker's events of the call in progress, until its reply; `between` runs while
+        waiting and after each event. Left before the reply (the caller stopped reading), the
+        call is ended with `abandon`; a TandemError from the worker has already ended it."""
+        finished = False
         try:
             while True:
                 try:
-                    kind, payload = self._receive(between=tell)
+                    kind, payload = self._receive(between=between)
                 except TandemError:
-                    finished = True
+                    finished = True  # the worker's error ended the call (or the worker)
                     raise
                 if kind == "event":
                     yield payload
-                    tell()
+                    if between is not None:
+                        between()
                 elif kind == "reply":
                     self._state(payload[1])
                     finished = True
                     return
         finally:
             if not finished and self._dead is None:
-                self._proc.kill()
-                self._proc.join(5)
-                self._dead = RemoteError("the worker holding the remote target was stopped "
-                                         "in the middle of a call", None)
+                abandon()
 
     def close(self) -> None:
         proc = getattr(self, "_proc", None)
@@ -317,11 +312,9 @@ def _remove_partial_files(job: Job, pid: int | None, started: float) -> None:
     remove those it may have made."""
     if pid is None:
         return
-    home = Path(job.home) if job.home else None
-    if home is None:
-        from tandem.models.store import tandem_home
-
-        home = tandem_home()
+    home = job.options.home
+    if home is None:  # a session without a home writes no files
+        return
     for pattern, where in ((f"*.{pid}.tmp", "history"), ("*.tmp", "costs")):
         folder = home / where
         if not folder.is_dir():
@@ -349,8 +342,8 @@ def _worker_main(conn, job: Job, log_path: str) -> None:
     except (ImportError, ValueError, OSError):
         pass
     os.environ["GGML_NO_BACKTRACE"] = "1"  # ggml would otherwise run gdb on abort
-    if job.home:
-        os.environ["TANDEM_HOME"] = job.home
+    if job.options.home is not None:
+        os.environ["TANDEM_HOME"] = str(job.options.home)
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
     if not job.options.verbose:
         os.dup2(fd, 2)  # llama.cpp's abort message: read back by the parent

@@ -121,12 +121,12 @@ def plan_remote(shape: ModelShape, ctx: ContextSpec, gpu_layers: int,
             plans.append(DevicePlan(name, endpoint, layers, output, weights,
                                     sum(kv(il) for il in layers),
                                     ref.compute_gpu if used else 0, free))
-    # the hidden state goes from the input (CPU) through the layers in order
+    # the hidden state goes from the input (CPU) through the layers in order, then to the
+    # output's device (where[n_layer])
     hidden = F32 * shape.n_embd
     up = down = crossings = 0
     prev = -1
-    for il in range(shape.n_layer):
-        cur = where[il]
+    for cur in where[:shape.n_layer + 1]:
         if cur != prev:
             if prev >= 0:
                 down += hidden
@@ -136,13 +136,6 @@ def plan_remote(shape: ModelShape, ctx: ContextSpec, gpu_layers: int,
                 crossings += 1
         prev = cur
     out_dev = where[shape.n_layer]
-    if out_dev != prev:  # the last hidden state to the output's device
-        if prev >= 0:
-            down += hidden
-            crossings += 1
-        if out_dev >= 0:
-            up += hidden
-            crossings += 1
     if out_dev >= 0:
         down += F32 * shape.n_vocab  # the logits row comes back
         crossings += 1
