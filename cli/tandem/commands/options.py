@@ -37,6 +37,52 @@ MinPOpt = Annotated[float, typer.Option("--min-p", help="Min-p (0: off).")]
 RepeatPenaltyOpt = Annotated[float, typer.Option("--repeat-penalty", help="Repetition penalty (1: off).")]
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed for sampling. none, draft, ngram and hybrid then reproduce their text exactly; auto's draft lengths follow measured timings, so at temperature > 0 its text is reproducible only in distribution.")]
 
+# The options run, chat, serve and spec-bench share, with their defaults. A command names each
+# one where its --help lists it, as a keyword-only parameter with neither annotation nor
+# default, and @shared_options fills both in: each is declared once, here.
+SHARED = {
+    "system": (SystemOpt, None),
+    "model": (ModelOpt, None),
+    "model_draft": (DraftOpt, None),
+    "strategy": (StrategyOpt, None),
+    "n_max": (DraftMaxOpt, None),
+    "n_min": (DraftMinOpt, None),
+    "p_min": (DraftPMinOpt, None),
+    "temp": (TempOpt, 0.0),
+    "top_k": (TopKOpt, 40),
+    "top_p": (TopPOpt, 1.0),
+    "min_p": (MinPOpt, 0.0),
+    "repeat_penalty": (RepeatPenaltyOpt, 1.0),
+    "seed": (SeedOpt, None),
+    "n_ctx": (OptCtxOpt, None),
+    "n_threads": (OptThreadsOpt, None),
+    "exact": (ExactOpt, False),
+    "context_file": (ContextFileOpt, None),
+    "no_history": (NoHistoryOpt, False),
+    "rpc": (RpcOpt, None),
+    "rpc_timeout": (RpcTimeoutOpt, None),
+    "verbose": (VerboseOpt, False),
+}
+
+
+def shared_options(command):
+    """A command's shared options filled in from SHARED (Typer reads the signature): each
+    parameter with neither an annotation nor a default must be one of them."""
+    import inspect
+
+    signature = inspect.signature(command, eval_str=True)
+    params = []
+    for p in signature.parameters.values():
+        if p.annotation is p.empty and p.default is p.empty:
+            if p.name not in SHARED:
+                raise TypeError(f"{command.__name__}(): {p.name!r} is not a shared option "
+                                "(tandem.commands.options.SHARED); declare it in full")
+            annotation, default = SHARED[p.name]
+            p = p.replace(annotation=annotation, default=default)
+        params.append(p)
+    command.__signature__ = signature.replace(parameters=params)
+    return command
+
 
 def read_stdin() -> str:
     if sys.stdin is None or sys.stdin.isatty():
