@@ -845,6 +845,9 @@ def test_docs_list_every_exit_code():
     documented = _doc_table()
     defined = {n: v for n, v in vars(errors).items() if n.startswith("EXIT_")}
     assert documented == defined
+    # one meaning per code: a script can tell a failed download (4) from tandem's own files
+    # (7) and from stdout (8)
+    assert len(set(defined.values())) == len(defined), defined
     # and every TandemError's exit code is one of them
     classes = [c for c in vars(errors).values()
                if isinstance(c, type) and issubclass(c, errors.TandemError)]

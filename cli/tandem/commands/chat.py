@@ -96,7 +96,6 @@ def _read_lines_leniently() -> None:
 
 def _loop(chat, view) -> None:
     from tandem.chat.session import message_text
-    from tandem.commands.options import check_text
 
     armed = False  # a Ctrl-C was just pressed: another one exits
     while True:
@@ -114,7 +113,7 @@ def _loop(chat, view) -> None:
             continue
         armed = False
         try:
-            check_text(line, "that line")
+            options.check_text(line, "that line")
             result = chat.command(line)
             if result is not None:
                 if result.action == "exit":
