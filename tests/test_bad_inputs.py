@@ -21,7 +21,13 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from tandem import errors  # noqa: E402
-from tandem.errors import EXIT_DOWNLOAD, EXIT_MODEL, EXIT_OK, EXIT_USAGE  # noqa: E402
+from tandem.errors import (  # noqa: E402
+    EXIT_MODEL,
+    EXIT_OK,
+    EXIT_OUTPUT,
+    EXIT_STORAGE,
+    EXIT_USAGE,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULTS = Path(__file__).with_name("cli_faults.py")
@@ -317,25 +323,25 @@ CASES = [
     Case("hw-target-fifo", ["hw", "-m", "{W}/fifo.gguf"], EXIT_MODEL, "is a pipe",
          setup=_fifo),
     # --- the store ------------------------------------------------------------------------
-    Case("home-is-a-file", ["pairs"], EXIT_DOWNLOAD, "is a file, not a directory",
+    Case("home-is-a-file", ["pairs"], EXIT_STORAGE, "is a file, not a directory",
          setup=_home_is_a_file),
-    Case("registry-is-a-dir", ["pairs"], EXIT_DOWNLOAD, "is a directory",
+    Case("registry-is-a-dir", ["pairs"], EXIT_STORAGE, "is a directory",
          setup=_registry_is_a_dir),
-    Case("pull-home-is-a-file", PULL_TINY, EXIT_DOWNLOAD, "is a file, not a directory",
+    Case("pull-home-is-a-file", PULL_TINY, EXIT_STORAGE, "is a file, not a directory",
          setup=_home_is_a_file),
-    Case("pull-locks-is-a-file", PULL_TINY, EXIT_DOWNLOAD, "locks is a file",
+    Case("pull-locks-is-a-file", PULL_TINY, EXIT_STORAGE, "locks is a file",
          setup=_in_home_a_file("locks")),
-    Case("pull-models-is-a-file", PULL_TINY, EXIT_DOWNLOAD, "models is a file",
+    Case("pull-models-is-a-file", PULL_TINY, EXIT_STORAGE, "models is a file",
          setup=_in_home_a_file("models")),
-    Case("pull-tmp-is-a-file", PULL_TINY, EXIT_DOWNLOAD, "tmp is a file",
+    Case("pull-tmp-is-a-file", PULL_TINY, EXIT_STORAGE, "tmp is a file",
          setup=_in_home_a_file("tmp")),
-    Case("pull-home-read-only", PULL_TINY, EXIT_DOWNLOAD, "read-only file system",
+    Case("pull-home-read-only", PULL_TINY, EXIT_STORAGE, "read-only file system",
          faults={"TANDEM_TEST_READONLY": "{H}"}),
-    Case("history-home-is-a-file", ["history"], EXIT_DOWNLOAD, "is a file, not a directory",
+    Case("history-home-is-a-file", ["history"], EXIT_STORAGE, "is a file, not a directory",
          setup=_home_is_a_file),
-    Case("history-json-home-is-a-file", ["history", "show", "--json"], EXIT_DOWNLOAD,
+    Case("history-json-home-is-a-file", ["history", "show", "--json"], EXIT_STORAGE,
          "is a file, not a directory", setup=_home_is_a_file),
-    Case("history-clear-home-is-a-file", ["history", "clear"], EXIT_DOWNLOAD,
+    Case("history-clear-home-is-a-file", ["history", "clear"], EXIT_STORAGE,
          "is a file, not a directory", setup=_home_is_a_file),
     Case("pull-target-alone", ["pull", "--target", "org/tiny-GGUF/target.gguf"], EXIT_USAGE,
          "go together"),
@@ -361,7 +367,7 @@ CASES = [
          setup=PROMPT_FILE),
     Case("bench-per-category-0", [*BENCH, "--per-category", "0"], EXIT_USAGE,
          "no prompts selected", setup=PROMPT_FILE),
-    Case("bench-tune-home-a-file", [*BENCH, "--tune"], EXIT_DOWNLOAD, "is a file",
+    Case("bench-tune-home-a-file", [*BENCH, "--tune"], EXIT_STORAGE, "is a file",
          setup=_prompts_and_home_a_file),
     Case("bench-prompts-missing", [*BENCH_BASE, "--prompts", "{W}/none.jsonl"], EXIT_USAGE,
          "cannot read prompts file"),
@@ -391,7 +397,7 @@ CASES = [
     Case("bench-sweep-bad-choice", [*BENCH, "--sweep", "kv-type=q2"], EXIT_USAGE,
          "is not one of", setup=PROMPT_FILE),
     # --- spec-bench: a full disk after the benchmark ----------------------------------------
-    Case("bench-report-disk-full", [*BENCH, "--out", "{W}/out"], EXIT_DOWNLOAD,
+    Case("bench-report-disk-full", [*BENCH, "--out", "{W}/out"], EXIT_STORAGE,
          "disk full while writing the benchmark report", setup=PROMPT_FILE,
          faults={"TANDEM_TEST_FULL": "report.json.tmp"}),
     # --- chat -----------------------------------------------------------------------------
@@ -491,7 +497,7 @@ def test_stdout_on_a_full_device(args, sandbox, tiny_models):
     with open("/dev/full", "wb") as full:
         res = run_cli(args, home=home, work=work, models=tiny_models, stdout=full,
                       stderr=subprocess.PIPE)
-    check_error(res, EXIT_DOWNLOAD, "stdout's device is full")
+    check_error(res, EXIT_OUTPUT, "stdout's device is full")
     assert snapshot(home) == before or args[0] == "run"  # run may cache its cost figures
 
 
@@ -839,6 +845,9 @@ def test_docs_list_every_exit_code():
     documented = _doc_table()
     defined = {n: v for n, v in vars(errors).items() if n.startswith("EXIT_")}
     assert documented == defined
+    # one meaning per code: a script can tell a failed download (4) from tandem's own files
+    # (7) and from stdout (8)
+    assert len(set(defined.values())) == len(defined), defined
     # and every TandemError's exit code is one of them
     classes = [c for c in vars(errors).values()
                if isinstance(c, type) and issubclass(c, errors.TandemError)]

@@ -9,9 +9,11 @@ EXIT_OK = 0
 EXIT_ERROR = 1  # unexpected failure
 EXIT_USAGE = 2  # bad flags or parameter values
 EXIT_MODEL = 3  # model file missing, truncated, not GGUF, incompatible pair
-EXIT_DOWNLOAD = 4  # download, mirror, checksum, disk problems
+EXIT_DOWNLOAD = 4  # download, mirror, checksum, no room for a download
 EXIT_CONTEXT = 5  # prompt does not fit the context
 EXIT_REMOTE = 6  # an RPC server or the link to it failed (refused, foreign, version, died, stalled)
+EXIT_STORAGE = 7  # tandem's own files (TANDEM_HOME, reports) cannot be written or read
+EXIT_OUTPUT = 8  # stdout cannot take the result (a full device, an I/O error)
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # SIGTERM (128 + 15), as shells report it
 
@@ -78,15 +80,17 @@ class DiskFullError(DownloadError):
 
 class StorageError(TandemError):
     """tandem's own files cannot be written or read: TANDEM_HOME is a file or read-only, a
-    directory in it is a file, the disk is full, an output directory is unusable."""
+    directory in it is a file, the disk is full, an output directory is unusable. Its own code:
+    nothing was downloaded, and a script should not retry a download for it."""
 
-    exit_code = EXIT_DOWNLOAD
+    exit_code = EXIT_STORAGE
 
 
 class OutputError(TandemError):
-    """stdout cannot take the result (closed, or on a full device)."""
+    """stdout cannot take the result (on a full device, or failing). Its own code: tandem's
+    files are fine, the fix is where stdout goes."""
 
-    exit_code = EXIT_DOWNLOAD
+    exit_code = EXIT_OUTPUT
 
 
 class TandemWarning(UserWarning):

@@ -20,6 +20,7 @@ from typing import Callable, Iterator, Sequence
 from tandem.bench import report as rep
 from tandem.bench import tune as tuning
 from tandem.config import tuned as tuned_file
+from tandem.config.schema import check_max_tokens
 from tandem.bench import workloads
 from tandem.bench.multiturn import Conversation, count_runs, run_conversations
 from tandem.bench.runner import BenchProgress, RunResult, classify_divergences, run_bench
@@ -54,9 +55,7 @@ class BenchRequest:
 
         if self.reps < 1:
             raise UsageError(f"--reps must be >= 1, got {self.reps}", "pass --reps 1 or more")
-        if self.max_tokens < 1:
-            raise UsageError(f"max tokens must be >= 1, got {self.max_tokens}",
-                             "pass -n with a positive number of tokens")
+        check_max_tokens(self.max_tokens)
         if self.out is not None:
             _check_out_dir(self.out)
         for name in self.predict:

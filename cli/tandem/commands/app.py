@@ -9,10 +9,7 @@ import warnings
 from typing import Annotated, Optional
 
 import typer
-import typer.exceptions
 import typer.main
-from typer._click import exceptions as _click  # typer 0.29 vendors its own click
-from typer._click import utils as _click_utils
 
 from tandem import __version__
 from tandem.errors import (
@@ -49,15 +46,17 @@ def _root(
     """Faster local LLM generation with speculative decoding on llama.cpp."""
 
 
-def _register_commands() -> None:
-    """Each command lives in its own module with a register(app)."""
-    from tandem.commands import bench, chat, history, hw, pairs, rpc_server, run, serve
+def _add_commands() -> None:
+    """Every command module declares its commands on its own `app` (a typer.Typer); each is
+    added here the same way, in the order `tandem --help` lists them. A module's Typer without
+    a name merges its commands into this one; one with a name (pairs, history) is a group."""
+    from tandem.commands import bench, chat, history, hw, pairs, pull, rpc_server, run, serve
 
-    for module in (run, pairs, hw, chat, serve, bench, history, rpc_server):
-        module.register(app)
+    for module in (run, pull, hw, chat, serve, bench, rpc_server, pairs, history):
+        app.add_typer(module.app)
 
 
-_register_commands()
+_add_commands()
 
 
 class _PipeClosed(Exception):
@@ -158,14 +157,12 @@ def main() -> None:
     except TandemError as exc:
         _report(exc.message, exc.hint)
         sys.exit(exc.exit_code)
-    except typer.exceptions.Exit as exc:
+    except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except _click.NoArgsIsHelpError:
-        sys.exit(0)  # the help text is already printed
-    except _click.ClickException as exc:
+    except typer.TyperException as exc:  # what typer refuses while parsing: bad flags, values
         _report(exc.format_message(), _usage_hint(exc))
         sys.exit(EXIT_USAGE)
-    except (KeyboardInterrupt, typer.exceptions.Abort):
+    except (KeyboardInterrupt, typer.Abort):
         _interrupted()
     except _Terminated:
         _interrupted("Terminated.", EXIT_TERMINATED)
@@ -181,11 +178,29 @@ def main() -> None:
 
 
 def _invoke():
-    """Parse and run the command. Not through typer's own main loop: it turns Ctrl-C into a
-    bare exit code and EPIPE into a silent exit 1 before main() could report either."""
+    """Parse and run the command. Not through typer's own main loop (Command.main): it turns
+    Ctrl-C into a bare exit code and EPIPE into a silent exit 1 before main() could report
+    either. No arguments: the help, on stdout, exit 0."""
     command = typer.main.get_command(app)
-    with command.make_context(_click_utils._detect_program_name(), sys.argv[1:]) as ctx:
+    args = sys.argv[1:]
+    with command.make_context(_program_name(), args, resilient_parsing=not args) as ctx:
+        if not args:
+            text = ctx.get_help()  # typer's rich help prints itself and returns ""
+            if text:
+                print(text)
+            return 0
         return command.invoke(ctx)
+
+
+def _program_name() -> str:
+    """The name the usage lines show: `tandem` from the entry point, `python -m tandem` when
+    run as a module (what click's own main loop would choose)."""
+    main_module = sys.modules.get("__main__")
+    package = getattr(main_module, "__package__", None)
+    if not package:
+        return os.path.basename(sys.argv[0])
+    name = os.path.splitext(os.path.basename(sys.argv[0]))[0]
+    return f"python -m {package if name == '__main__' else f'{package}.{name}'}"
 
 
 def _usage_hint(exc: Exception) -> str:

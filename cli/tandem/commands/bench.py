@@ -16,19 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tandem.bench.sweep import sweep_help
-from tandem.commands.options import (
-    DraftMaxOpt,
-    DraftMinOpt,
-    DraftOpt,
-    DraftPMinOpt,
-    ExactOpt,
-    ModelOpt,
-    OptCtxOpt,
-    OptThreadsOpt,
-    RpcOpt,
-    RpcTimeoutOpt,
-    VerboseOpt,
-)
+from tandem.commands import options
 from tandem.errors import RemoteError, TandemError, UsageError
 from tandem.fsutil import check_input_file
 
@@ -38,8 +26,7 @@ SWEEP_HELP = sweep_help()  # from the sweep table, so a new key cannot be left o
 PROMPTS_MAX_BYTES = 64 << 20  # Spec-Bench's question.jsonl is about 1 MB
 
 
-def register(app: typer.Typer) -> None:
-    app.command("spec-bench")(spec_bench)
+app = typer.Typer()
 
 
 def _live_table(report, names) -> Table:
@@ -60,10 +47,12 @@ def _live_table(report, names) -> Table:
     return table
 
 
+@app.command("spec-bench")
+@options.shared_options
 def spec_bench(
+    *,
     args: Annotated[Optional[list[str]], typer.Argument(help="[PAIR]: a catalog pair name.", show_default=False)] = None,
-    model: ModelOpt = None,
-    model_draft: DraftOpt = None,
+    model, model_draft,
     drafts: Annotated[Optional[list[str]], typer.Option("--draft", help="A draft to compare (repeatable): catalog name, user/repo:QUANT, user/repo/file.gguf or a path.")] = None,
     calibrate_costs: Annotated[bool, typer.Option("--cost-curve/--no-cost-curve", help="Measure the verify-batch cost curve (k = 1..16) and each draft's token cost.")] = True,
     prompts: Annotated[Optional[Path], typer.Option("--prompts", readable=False, help="Spec-Bench JSONL, JSONL with prompt/category, a text file (prompts separated by blank lines), or - for stdin.")] = None,
@@ -73,9 +62,7 @@ def spec_bench(
     group_mt_bench: Annotated[bool, typer.Option("--group-mt-bench", help="Report Spec-Bench's eight MT-bench categories as one (as the Spec-Bench paper does).")] = False,
     strategies: Annotated[str, typer.Option("--strategies", help="Comma-separated strategies to compare with plain decoding.")] = "draft,ngram,hybrid,auto",
     sweep: Annotated[Optional[list[str]], typer.Option("--sweep", help=SWEEP_HELP)] = None,
-    n_max: DraftMaxOpt = None,
-    n_min: DraftMinOpt = None,
-    p_min: DraftPMinOpt = None,
+    n_max, n_min, p_min,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Tokens generated per prompt.")] = 128,
     reps: Annotated[int, typer.Option("--reps", help="Repetitions of every (prompt, configuration).")] = 1,
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="One short unrecorded run first.")] = True,
@@ -85,12 +72,7 @@ def spec_bench(
     predict: Annotated[Optional[list[str]], typer.Option("--predict", help="Also predict the speedup on this hardware profile from the measured acceptance (repeatable; labelled as a prediction).")] = None,
     predict_costs: Annotated[Optional[Path], typer.Option("--predict-costs", exists=True, dir_okay=False, help="Also predict the speedup with the costs scripts/gpu_check.sh measured on a machine (its JSON; shapes matched to this pair by model size).")] = None,
     tune: Annotated[bool, typer.Option("--tune", help="Save the fastest configuration for run, chat and --strategy auto.")] = False,
-    n_ctx: OptCtxOpt = None,
-    n_threads: OptThreadsOpt = None,
-    exact: ExactOpt = False,
-    rpc: RpcOpt = None,
-    rpc_timeout: RpcTimeoutOpt = None,
-    verbose: VerboseOpt = False,
+    n_ctx, n_threads, exact, rpc, rpc_timeout, verbose,
 ):
     """Measure plain decoding against speculative strategies on a workload, side by side.
 
@@ -104,49 +86,62 @@ def spec_bench(
 
       tandem spec-bench --strategies draft --sweep draft-max=2,4,8 --sweep p-min=0,0.5 --tune
     """
-    from tandem.bench.session import BenchRequest, BenchSession, load_prompts
+    from tandem.bench.session import BenchRequest, BenchSession
     from tandem.bench.sweep import parse_sweep
-    from tandem.commands import options as app_module
     from tandem.models.store import tandem_home
 
     request = BenchRequest(
         strategies=tuple(s.strip() for s in strategies.split(",") if s.strip()),
         max_tokens=max_tokens, reps=reps, warmup=warmup, cost_curve=calibrate_costs,
         predict=tuple(predict or ()), predict_costs=predict_costs, tune=tune, out=out)
-    request.check(tandem_home())
+    request.check(tandem_home())  # refused now, not after an hour of runs
     if quick:
         per_category = per_category or 2
         request = replace(request, max_tokens=min(max_tokens, 64))
-    pair, rest = app_module.split_pair_and_prompt(args or [])
+    pair, rest = options.split_pair_and_prompt(args or [])
     if rest:
         raise UsageError(f"unexpected argument {rest!r}", "spec-bench takes an optional pair name")
-    if prompts is not None and str(prompts) != "-" and os.path.lexists(prompts):
-        # before a byte is read: a FIFO blocked forever, /dev/zero ran out of memory
-        check_input_file(prompts, "prompts file", PROMPTS_MAX_BYTES)
-    conversations = []
-    if multi_turn:
-        from tandem.bench import multiturn
-
-        conversations = multiturn.builtin_conversations() + (
-            multiturn.spec_bench_conversations(prompts) if prompts is not None else [])
-        conversations = multiturn.select(conversations, per_category)
-        items = []
-    else:
-        items = load_prompts(prompts, app_module.read_stdin, per_category, category,
-                             group_mt_bench)
+    items, conversations = _workload(prompts, multi_turn, per_category, category, group_mt_bench)
     grid = parse_sweep(sweep or [])
     # the same settings chain as run and chat (flags > env > config > tuned > profile)
-    prepared = app_module.prepare_pair(
-        pair, model, model_draft, app_module.setting_flags(
+    prepared = options.prepare_pair(
+        pair, model, model_draft, options.setting_flags(
             exact, strategy="none", n_max=n_max, n_min=n_min, p_min=p_min, n_ctx=n_ctx,
             n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout), verbose)
     target_path, draft_path, planned = prepared.target, prepared.draft, prepared.options
     draft_paths = [_fetch(ref) for ref in drafts] if drafts else ([draft_path] if draft_path else [])
     bench = BenchSession(request, target_path, draft_paths, planned, items, grid, conversations)
     err = Console(stderr=True, no_color=bool(os.environ.get("NO_COLOR")) or None)
+    partial = _run(bench, err, verbose, as_json)
+    _show_outcome(bench, bench.report(partial), err, as_json)
+    if partial:
+        err.print("Interrupted: partial results above (marked partial in the files).")
+        raise typer.Exit(130)
+
+
+def _workload(prompts, multi_turn: bool, per_category, category, group_mt_bench: bool):
+    """(prompts, conversations): what the benchmark runs; --multi-turn runs conversations."""
+    from tandem.bench.session import load_prompts
+
+    if prompts is not None and str(prompts) != "-" and os.path.lexists(prompts):
+        # before a byte is read: a FIFO blocked forever, /dev/zero ran out of memory
+        check_input_file(prompts, "prompts file", PROMPTS_MAX_BYTES)
+    if not multi_turn:
+        return load_prompts(prompts, options.read_stdin, per_category, category,
+                            group_mt_bench), []
+    from tandem.bench import multiturn
+
+    conversations = multiturn.builtin_conversations() + (
+        multiturn.spec_bench_conversations(prompts) if prompts is not None else [])
+    return [], multiturn.select(conversations, per_category)
+
+
+def _run(bench, err: Console, verbose: bool, as_json: bool) -> bool:
+    """The benchmark's runs; True when Ctrl-C cut them short. The first Ctrl-C finishes the
+    current run and keeps what was measured, a second one stops at once."""
     stop = {"now": False}
 
-    def on_sigint(signum, frame):  # first Ctrl-C: finish the current run, keep what we have
+    def on_sigint(signum, frame):
         if stop["now"]:
             raise KeyboardInterrupt
         stop["now"] = True
@@ -159,12 +154,7 @@ def spec_bench(
         raise failed from None
     finally:
         signal.signal(signal.SIGINT, old)
-    partial = stop["now"]
-    report = bench.report(partial)
-    _show_outcome(bench, report, err, as_json)
-    if partial:
-        err.print("Interrupted: partial results above (marked partial in the files).")
-        raise typer.Exit(130)
+    return stop["now"]
 
 
 def _keep_partial(bench, err: Console, as_json: bool) -> None:

@@ -3,8 +3,6 @@
 The loop only wires things: ChatSession (tandem.chat.session) does the work and yields data, ChatView
 (tandem.chat.tui) shows it. Ctrl-C during an answer stops that answer; Ctrl-C twice or Ctrl-D exits.
 """
-# No `from __future__ import annotations` here: Typer reads the option annotations, and the
-# shared aliases are imported inside register() (tandem.commands.app imports this module).
 import signal
 import threading
 from pathlib import Path
@@ -12,91 +10,39 @@ from typing import Annotated, Optional
 
 import typer
 
+from tandem.commands import options
 from tandem.errors import RemoteError, TandemError, UsageError
 
-
-def register(app: typer.Typer) -> None:
-    from tandem.commands.options import (
-        ContextFileOpt,
-        DraftMaxOpt,
-        DraftMinOpt,
-        DraftOpt,
-        DraftPMinOpt,
-        ExactOpt,
-        MinPOpt,
-        ModelOpt,
-        NoHistoryOpt,
-        OptCtxOpt,
-        OptThreadsOpt,
-        RepeatPenaltyOpt,
-        RpcOpt,
-        RpcTimeoutOpt,
-        SeedOpt,
-        StrategyOpt,
-        SystemOpt,
-        TempOpt,
-        TopKOpt,
-        TopPOpt,
-        VerboseOpt,
-    )
-
-    @app.command()
-    def chat(
-        pair: Annotated[Optional[str], typer.Argument(help="Catalog pair name (default: the default pair).", show_default=False)] = None,
-        system: SystemOpt = None,
-        model: ModelOpt = None,
-        model_draft: DraftOpt = None,
-        strategy: StrategyOpt = None,
-        n_max: DraftMaxOpt = None,
-        n_min: DraftMinOpt = None,
-        p_min: DraftPMinOpt = None,
-        max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens per answer.")] = 1024,
-        temp: TempOpt = 0.0,
-        top_k: TopKOpt = 40,
-        top_p: TopPOpt = 1.0,
-        min_p: MinPOpt = 0.0,
-        repeat_penalty: RepeatPenaltyOpt = 1.0,
-        seed: SeedOpt = None,
-        n_ctx: OptCtxOpt = None,
-        n_threads: OptThreadsOpt = None,
-        show_draft: Annotated[bool, typer.Option("--show-draft", help="Colour the tokens the target accepted from the draft.")] = False,
-        plain_probe: Annotated[int, typer.Option("--plain-probe", help="Tokens of plain decoding measured at start for the speedup figure (0: off; plain turns also count).")] = 16,
-        exact: ExactOpt = False,
-        context_file: ContextFileOpt = None,
-        no_history: NoHistoryOpt = False,
-        rpc: RpcOpt = None,
-        rpc_timeout: RpcTimeoutOpt = None,
-        verbose: VerboseOpt = False,
-    ):
-        """Chat in the terminal, with live tokens/s, draft acceptance and speedup.
-
-        Slash commands: /help /stats /strategy NAME /draft N /temp X /max-tokens N /system TEXT
-        /add FILE /reset /save FILE /exit. Ctrl-C stops an answer; Ctrl-C twice or Ctrl-D exits.
-
-        Examples:
-
-          tandem chat
-
-          tandem chat -m target.gguf -md draft.gguf --draft-max 6 --show-draft
-
-          tandem chat --rpc 192.168.1.20:50052     # the target's layers on that rpc-server
-        """
-        _chat(pair=pair, system=system, model=model, model_draft=model_draft, strategy=strategy,
-              n_max=n_max, n_min=n_min, p_min=p_min,
-              max_tokens=max_tokens, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-              repeat_penalty=repeat_penalty, seed=seed, n_ctx=n_ctx, n_threads=n_threads,
-              show_draft=show_draft, plain_probe=plain_probe, verbose=verbose, exact=exact,
-              context_file=context_file, no_history=no_history, rpc=rpc,
-              rpc_timeout=rpc_timeout)
+app = typer.Typer()
 
 
-def _chat(*, pair, system, model, model_draft, strategy, n_max, n_min, p_min,
-          max_tokens, temp, top_k, top_p, min_p, repeat_penalty, seed, n_ctx, n_threads,
-          show_draft, plain_probe, verbose, exact=False, context_file=None,
-          no_history=False, rpc=None, rpc_timeout=None) -> None:
+@app.command()
+@options.shared_options
+def chat(
+    *,
+    pair: Annotated[Optional[str], typer.Argument(help="Catalog pair name (default: the default pair).", show_default=False)] = None,
+    system, model, model_draft, strategy, n_max, n_min, p_min,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens per answer.")] = 1024,
+    temp, top_k, top_p, min_p, repeat_penalty, seed, n_ctx, n_threads,
+    show_draft: Annotated[bool, typer.Option("--show-draft", help="Colour the tokens the target accepted from the draft.")] = False,
+    plain_probe: Annotated[int, typer.Option("--plain-probe", help="Tokens of plain decoding measured at start for the speedup figure (0: off; plain turns also count).")] = 16,
+    exact, context_file, no_history, rpc, rpc_timeout, verbose,
+):
+    """Chat in the terminal, with live tokens/s, draft acceptance and speedup.
+
+    Slash commands: /help /stats /strategy NAME /draft N /temp X /max-tokens N /system TEXT
+    /add FILE /reset /save FILE /exit. Ctrl-C stops an answer; Ctrl-C twice or Ctrl-D exits.
+
+    Examples:
+
+      tandem chat
+
+      tandem chat -m target.gguf -md draft.gguf --draft-max 6 --show-draft
+
+      tandem chat --rpc 192.168.1.20:50052     # the target's layers on that rpc-server
+    """
     from tandem.chat.session import ChatSession
     from tandem.chat.tui import ChatView, make_console
-    from tandem.commands import options
     from tandem.config.schema import check_max_tokens
     from tandem.commands.engine import open_pair
     from tandem.engine.speculative import GenParams
@@ -151,7 +97,6 @@ def _read_lines_leniently() -> None:
 
 def _loop(chat, view) -> None:
     from tandem.chat.session import message_text
-    from tandem.commands.options import check_text
 
     armed = False  # a Ctrl-C was just pressed: another one exits
     while True:
@@ -169,7 +114,7 @@ def _loop(chat, view) -> None:
             continue
         armed = False
         try:
-            check_text(line, "that line")
+            options.check_text(line, "that line")
             result = chat.command(line)
             if result is not None:
                 if result.action == "exit":

@@ -17,18 +17,15 @@ from tandem.fsutil import blocking_file, fmt_bytes, storage_error
 from tandem.engine.history import clear_histories, history_dir, list_histories
 from tandem.models.store import tandem_home
 
-history_app = typer.Typer(
+app = typer.Typer(
+    name="history",
     help="Earlier answers kept for drafting: show what is stored, or clear it.",
     no_args_is_help=False,
     invoke_without_command=True,
 )
 
 
-def register(app: typer.Typer) -> None:
-    app.add_typer(history_app, name="history")
-
-
-@history_app.callback()
+@app.callback()
 def _default(ctx: typer.Context):
     """Earlier answers kept for drafting (turn off with `history: off` in the config,
     TANDEM_HISTORY=off or --no-history)."""
@@ -48,7 +45,7 @@ def _usable_home() -> Path:
     return home
 
 
-@history_app.command("show")
+@app.command("show")
 def show(as_json: Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")] = False):
     """List the stored histories: target model, answers, tokens and size on disk."""
     home = _usable_home()
@@ -71,7 +68,7 @@ def show(as_json: Annotated[bool, typer.Option("--json", help="Print JSON on std
     print(f"total {fmt_bytes(total, decimal=True)} in {history_dir(home)}")
 
 
-@history_app.command("clear")
+@app.command("clear")
 def clear():
     """Delete every stored history of this TANDEM_HOME."""
     home = _usable_home()

@@ -2,7 +2,6 @@
 offload/memory plan for a pair. The core (hardware, profiles, settings, planner) computes;
 this module only renders, as Rich tables or one JSON object, on stdout.
 """
-# No `from __future__ import annotations`: Typer reads the option annotations at runtime.
 import json
 from pathlib import Path
 from typing import Annotated, Optional
@@ -10,39 +9,41 @@ from typing import Annotated, Optional
 import typer
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("hw")
-    def hw(
-        profile: Annotated[Optional[str], typer.Option("--profile", help="Use this profile instead of the detected one.")] = None,
-        pair: Annotated[Optional[str], typer.Option("--pair", help="Plan for this catalog pair (default: the configured or default pair).")] = None,
-        model: Annotated[Optional[Path], typer.Option("--model", "-m", readable=False, help="Plan for this target GGUF instead of a pair.")] = None,
-        model_draft: Annotated[Optional[Path], typer.Option("--model-draft", "-md", readable=False, help="Draft GGUF (with --model).")] = None,
-        ctx_size: Annotated[Optional[int], typer.Option("--ctx-size", "-c", help="Plan for this context size.")] = None,
-        force_profile: Annotated[bool, typer.Option("--force-profile", help="Use --profile even if it does not match this machine.")] = False,
-        as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
-        rpc: Annotated[Optional[str], typer.Option("--rpc", help="Also plan the target over these llama.cpp RPC servers, HOST:PORT[,HOST:PORT...] (asks each for its free memory).")] = None,
-    ):
-        """Show the detected hardware, the chosen profile and the offload/memory plan.
+app = typer.Typer()
 
-        The plan places the draft fully on the GPU first, then as many target layers as still
-        fit, and counts weights, KV caches and compute buffers of both models.
 
-        Examples:
+@app.command("hw")
+def hw(
+    profile: Annotated[Optional[str], typer.Option("--profile", help="Use this profile instead of the detected one.")] = None,
+    pair: Annotated[Optional[str], typer.Option("--pair", help="Plan for this catalog pair (default: the configured or default pair).")] = None,
+    model: Annotated[Optional[Path], typer.Option("--model", "-m", readable=False, help="Plan for this target GGUF instead of a pair.")] = None,
+    model_draft: Annotated[Optional[Path], typer.Option("--model-draft", "-md", readable=False, help="Draft GGUF (with --model).")] = None,
+    ctx_size: Annotated[Optional[int], typer.Option("--ctx-size", "-c", help="Plan for this context size.")] = None,
+    force_profile: Annotated[bool, typer.Option("--force-profile", help="Use --profile even if it does not match this machine.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+    rpc: Annotated[Optional[str], typer.Option("--rpc", help="Also plan the target over these llama.cpp RPC servers, HOST:PORT[,HOST:PORT...] (asks each for its free memory).")] = None,
+):
+    """Show the detected hardware, the chosen profile and the offload/memory plan.
 
-          tandem hw
+    The plan places the draft fully on the GPU first, then as many target layers as still
+    fit, and counts weights, KV caches and compute buffers of both models.
 
-          tandem hw --pair qwen2.5-coder-7b --ctx-size 16384
+    Examples:
 
-          tandem hw --profile rtx-4090 --force-profile --json
+      tandem hw
 
-          tandem hw --rpc 192.168.1.20:50052    # layers and bytes per device, link traffic
-        """
-        report = build_report(profile=profile, pair=pair, model=model, model_draft=model_draft,
-                              ctx_size=ctx_size, force_profile=force_profile, rpc=rpc)
-        if as_json:
-            print(json.dumps(report_json(report), indent=2))
-        else:
-            render(report)
+      tandem hw --pair qwen2.5-coder-7b --ctx-size 16384
+
+      tandem hw --profile rtx-4090 --force-profile --json
+
+      tandem hw --rpc 192.168.1.20:50052    # layers and bytes per device, link traffic
+    """
+    report = build_report(profile=profile, pair=pair, model=model, model_draft=model_draft,
+                          ctx_size=ctx_size, force_profile=force_profile, rpc=rpc)
+    if as_json:
+        print(json.dumps(report_json(report), indent=2))
+    else:
+        render(report)
 
 
 # ------------------------------------------------------------------------------ collect

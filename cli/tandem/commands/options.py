@@ -14,28 +14,53 @@ import typer
 from tandem.errors import ModelError, TandemError, UsageError
 from tandem.fsutil import decode_text, read_stream
 
-ModelOpt = Annotated[Optional[Path], typer.Option("--model", "-m", readable=False, help="Target GGUF path (instead of a pair name).")]
-DraftOpt = Annotated[Optional[Path], typer.Option("--model-draft", "-md", "--spec-draft-model", readable=False, help="Draft GGUF path.")]
-StrategyOpt = Annotated[Optional[str], typer.Option("--strategy", help="none | draft | ngram | hybrid | auto.")]
-DraftMaxOpt = Annotated[Optional[int], typer.Option("--draft-max", "--spec-draft-n-max", help="Most tokens drafted per step.")]
-DraftMinOpt = Annotated[Optional[int], typer.Option("--draft-min", "--spec-draft-n-min", help="Drafts shorter than this are dropped.")]
-DraftPMinOpt = Annotated[Optional[float], typer.Option("--draft-p-min", "--spec-draft-p-min", help="Stop drafting below this draft probability.")]
-# run/chat: unset means "from the profile, tuned settings or config" (see `tandem hw`)
-OptCtxOpt = Annotated[Optional[int], typer.Option("--ctx-size", "-c", help="Context size in tokens (default: from the hardware profile).")]
-OptThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", help="CPU threads (0: all cores; default: from the profile).")]
-VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log on stderr.")]
-ExactOpt = Annotated[bool, typer.Option("--exact", help="Exact mode: output bit-identical to plain decoding (unrepacked weights, q8_0 KV, verify batches of <= 7 tokens on a CPU; slower). Default (fast): llama.cpp's own kernels, greedy output equal to plain decoding up to floating-point rounding (a near-tie may flip).")]
-NoHistoryOpt = Annotated[bool, typer.Option("--no-history", help="Do not draft from earlier answers kept on disk, nor keep this one (config: `history: off`, env TANDEM_HISTORY=off).")]
-ContextFileOpt = Annotated[Optional[list[Path]], typer.Option("--context-file", readable=False, help="A text file auto may draft from (repeatable): code or notes the answer will quote.")]
-RpcOpt = Annotated[Optional[str], typer.Option("--rpc", help="llama.cpp RPC servers for the target's layers, HOST:PORT[,HOST:PORT...] (start one with `tandem rpc-server`); the draft stays on this machine. Config `rpc:`, env TANDEM_RPC.")]
-RpcTimeoutOpt = Annotated[Optional[float], typer.Option("--rpc-timeout", help="Seconds without progress over --rpc before the request ends with exit 6 (default 60; config `rpc_timeout:`, env TANDEM_RPC_TIMEOUT).")]
-SystemOpt = Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.")]
-TempOpt = Annotated[float, typer.Option("--temp", help="Temperature; 0 is greedy.")]
-TopKOpt = Annotated[int, typer.Option("--top-k", help="Top-k (0: off).")]
-TopPOpt = Annotated[float, typer.Option("--top-p", help="Top-p (1: off).")]
-MinPOpt = Annotated[float, typer.Option("--min-p", help="Min-p (0: off).")]
-RepeatPenaltyOpt = Annotated[float, typer.Option("--repeat-penalty", help="Repetition penalty (1: off).")]
-SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed for sampling. none, draft, ngram and hybrid then reproduce their text exactly; auto's draft lengths follow measured timings, so at temperature > 0 its text is reproducible only in distribution.")]
+# The options run, chat, serve and spec-bench share (spelled as llama.cpp spells them), with
+# their defaults: {parameter name: (type with its typer.Option, default)}. A command names each
+# one where its --help lists it, as a keyword-only parameter with neither annotation nor
+# default, and @shared_options fills both in: each is declared once, here.
+SHARED = {
+    "system": (Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.")], None),
+    "model": (Annotated[Optional[Path], typer.Option("--model", "-m", readable=False, help="Target GGUF path (instead of a pair name).")], None),
+    "model_draft": (Annotated[Optional[Path], typer.Option("--model-draft", "-md", "--spec-draft-model", readable=False, help="Draft GGUF path.")], None),
+    "strategy": (Annotated[Optional[str], typer.Option("--strategy", help="none | draft | ngram | hybrid | auto.")], None),
+    "n_max": (Annotated[Optional[int], typer.Option("--draft-max", "--spec-draft-n-max", help="Most tokens drafted per step.")], None),
+    "n_min": (Annotated[Optional[int], typer.Option("--draft-min", "--spec-draft-n-min", help="Drafts shorter than this are dropped.")], None),
+    "p_min": (Annotated[Optional[float], typer.Option("--draft-p-min", "--spec-draft-p-min", help="Stop drafting below this draft probability.")], None),
+    "temp": (Annotated[float, typer.Option("--temp", help="Temperature; 0 is greedy.")], 0.0),
+    "top_k": (Annotated[int, typer.Option("--top-k", help="Top-k (0: off).")], 40),
+    "top_p": (Annotated[float, typer.Option("--top-p", help="Top-p (1: off).")], 1.0),
+    "min_p": (Annotated[float, typer.Option("--min-p", help="Min-p (0: off).")], 0.0),
+    "repeat_penalty": (Annotated[float, typer.Option("--repeat-penalty", help="Repetition penalty (1: off).")], 1.0),
+    "seed": (Annotated[Optional[int], typer.Option("--seed", help="Random seed for sampling. none, draft, ngram and hybrid then reproduce their text exactly; auto's draft lengths follow measured timings, so at temperature > 0 its text is reproducible only in distribution.")], None),
+    # run/chat/serve: unset means "from the profile, tuned settings or config" (`tandem hw`)
+    "n_ctx": (Annotated[Optional[int], typer.Option("--ctx-size", "-c", help="Context size in tokens (default: from the hardware profile).")], None),
+    "n_threads": (Annotated[Optional[int], typer.Option("--threads", "-t", help="CPU threads (0: all cores; default: from the profile).")], None),
+    "exact": (Annotated[bool, typer.Option("--exact", help="Exact mode: output bit-identical to plain decoding (unrepacked weights, q8_0 KV, verify batches of <= 7 tokens on a CPU; slower). Default (fast): llama.cpp's own kernels, greedy output equal to plain decoding up to floating-point rounding (a near-tie may flip).")], False),
+    "context_file": (Annotated[Optional[list[Path]], typer.Option("--context-file", readable=False, help="A text file auto may draft from (repeatable): code or notes the answer will quote.")], None),
+    "no_history": (Annotated[bool, typer.Option("--no-history", help="Do not draft from earlier answers kept on disk, nor keep this one (config: `history: off`, env TANDEM_HISTORY=off).")], False),
+    "rpc": (Annotated[Optional[str], typer.Option("--rpc", help="llama.cpp RPC servers for the target's layers, HOST:PORT[,HOST:PORT...] (start one with `tandem rpc-server`); the draft stays on this machine. Config `rpc:`, env TANDEM_RPC.")], None),
+    "rpc_timeout": (Annotated[Optional[float], typer.Option("--rpc-timeout", help="Seconds without progress over --rpc before the request ends with exit 6 (default 60; config `rpc_timeout:`, env TANDEM_RPC_TIMEOUT).")], None),
+    "verbose": (Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log on stderr.")], False),
+}
+
+
+def shared_options(command):
+    """A command's shared options filled in from SHARED (Typer reads the signature): each
+    parameter with neither an annotation nor a default must be one of them."""
+    import inspect
+
+    signature = inspect.signature(command, eval_str=True)
+    params = []
+    for p in signature.parameters.values():
+        if p.annotation is p.empty and p.default is p.empty:
+            if p.name not in SHARED:
+                raise TypeError(f"{command.__name__}(): {p.name!r} is not a shared option "
+                                "(tandem.commands.options.SHARED); declare it in full")
+            annotation, default = SHARED[p.name]
+            p = p.replace(annotation=annotation, default=default)
+        params.append(p)
+    command.__signature__ = signature.replace(parameters=params)
+    return command
 
 
 def read_stdin() -> str:

