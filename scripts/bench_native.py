@@ -102,7 +102,7 @@ def main() -> int:
     from tandem.engine import template as chat_template
     from tandem.engine.events import DoneEvent
     from tandem.engine.llama import ContextParams
-    from tandem.engine.session import PairSession, SessionOptions
+    from tandem.engine.pair import PairSession, SessionOptions
     from tandem.engine.strategies import DraftParams
     from tandem.engine.speculative import GenParams
 

@@ -31,7 +31,7 @@ def record(out: Path, mt_bench: Path | None, per_group: int, n: int, threads: in
     from tandem.bench import multiturn
     from tandem.bench.runner import BenchConfig
     from tandem.engine.llama import ContextParams
-    from tandem.engine.session import PairSession, SessionOptions
+    from tandem.engine.pair import PairSession, SessionOptions
     from tandem.engine.speculative import GenParams
     from tandem.models.catalog import get_pair
     from tandem.models.store import Store

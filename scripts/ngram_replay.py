@@ -24,7 +24,7 @@ def record(prompts_file: Path, out: Path, per_category: int, n: int, threads: in
     from tandem.bench.workloads import group_mt_bench, read_file, select
     from tandem.engine.events import DoneEvent
     from tandem.engine.llama import ContextParams
-    from tandem.engine.session import PairSession, SessionOptions
+    from tandem.engine.pair import PairSession, SessionOptions
     from tandem.engine.speculative import GenParams
     from tandem.models.catalog import get_pair
     from tandem.models.store import Store

@@ -108,7 +108,7 @@ def test_spec_bench_runs_single_prompts_cold(tiny_models, tmp_path, monkeypatch)
     """Every run evaluates its whole prompt (the previous configuration left it cached)."""
     from tandem.bench.runner import BenchConfig, run_bench
     from tandem.engine.llama import ContextParams
-    from tandem.engine.session import PairSession, SessionOptions
+    from tandem.engine.pair import PairSession, SessionOptions
     from tandem.engine.speculative import GenParams
 
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path))

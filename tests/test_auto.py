@@ -10,7 +10,7 @@ from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent
 from tandem.engine.llama import ContextParams
 from tandem.engine.sampling import SamplingParams
 from tandem.engine.auto import AUTO_MODEL_GAIN
-from tandem.engine.session import PairSession, SessionOptions
+from tandem.engine.pair import PairSession, SessionOptions
 from tandem.engine.strategies import DraftParams
 from tandem.engine.speculative import GenParams
 
@@ -166,7 +166,7 @@ def test_a_prompt_too_long_for_the_draft_context_decodes_plainly(tiny_models, tm
 
 def test_a_chat_turn_never_reads_the_draft_where_auto_turned_the_model_off(
         tiny_models, tmp_path, monkeypatch):
-    from tandem.chat.session import ChatSession
+    from tandem.chat.conversation import ChatSession
 
     with _auto(tiny_models, tmp_path, monkeypatch, CPU) as s:
         chat = ChatSession(s, gen=GenParams(max_tokens=8), strategy="auto")

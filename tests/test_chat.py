@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from tandem.engine import template as chat_template  # noqa: E402
-from tandem.chat.session import (  # noqa: E402
+from tandem.chat.conversation import (  # noqa: E402
     COMMANDS,
     ChatSession,
     Notice,
@@ -18,7 +18,7 @@ from tandem.chat.session import (  # noqa: E402
 )
 from tandem.engine.events import DoneEvent, PrefillEvent, TokenEvent  # noqa: E402
 from tandem.engine.llama import ContextParams, common_prefix  # noqa: E402
-from tandem.engine.session import PairSession, SessionOptions  # noqa: E402
+from tandem.engine.pair import PairSession, SessionOptions  # noqa: E402
 from tandem.engine.speculative import GenParams  # noqa: E402
 from tandem.errors import ContextOverflowError, TandemError, UsageError  # noqa: E402
 

@@ -9,7 +9,7 @@ import pytest
 from tandem.engine import costs as costs_mod
 from tandem.engine.costs import CostModel, calibrate
 from tandem.engine.llama import ContextParams
-from tandem.engine.session import PairSession, SessionOptions
+from tandem.engine.pair import PairSession, SessionOptions
 
 pytest.importorskip("llama_cpp")
 

@@ -195,7 +195,7 @@ def test_auto_drafts_from_history_and_says_so():
 def test_pair_session_records_answers_reports_sources_and_opt_out_writes_nothing(
         tiny_models, tmp_path, monkeypatch):
     from tandem.engine.llama import ContextParams
-    from tandem.engine.session import PairSession, SessionOptions
+    from tandem.engine.pair import PairSession, SessionOptions
     from tandem.engine.speculative import GenParams
 
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
@@ -225,7 +225,7 @@ def test_pair_session_records_answers_reports_sources_and_opt_out_writes_nothing
 
 def test_opt_out_reads_and_writes_nothing(tiny_models, tmp_path, monkeypatch):
     from tandem.engine.llama import ContextParams
-    from tandem.engine.session import PairSession, SessionOptions
+    from tandem.engine.pair import PairSession, SessionOptions
     from tandem.engine.speculative import GenParams
 
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))

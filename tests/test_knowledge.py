@@ -138,7 +138,7 @@ def test_the_file_is_written_atomically_and_bounded(tmp_path):
 def test_a_second_session_starts_from_the_first_ones_file(tiny_models, tmp_path, monkeypatch):
     from tandem.engine import pricing
     from tandem.engine.llama import ContextParams
-    from tandem.engine.session import PairSession, SessionOptions
+    from tandem.engine.pair import PairSession, SessionOptions
     from tandem.engine.speculative import GenParams
 
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path))

@@ -451,7 +451,7 @@ def test_greedy_with_history_is_identical_to_plain_in_exact_mode(tiny_models):
     from tandem.engine.events import DoneEvent
     from tandem.engine.llama import ContextParams
     from tandem.engine.llama import exact_context
-    from tandem.engine.session import PairSession, SessionOptions
+    from tandem.engine.pair import PairSession, SessionOptions
     from tandem.engine.speculative import GenParams
 
     ctx = exact_context(ContextParams(n_ctx=512, n_threads=1))

@@ -7,7 +7,7 @@ pytest.importorskip("llama_cpp")
 
 from tandem.engine.events import DoneEvent  # noqa: E402
 from tandem.engine.llama import ContextParams  # noqa: E402
-from tandem.engine.session import PairSession, SessionOptions  # noqa: E402
+from tandem.engine.pair import PairSession, SessionOptions  # noqa: E402
 from tandem.engine.strategies import DraftParams  # noqa: E402
 from tandem.engine.speculative import GenParams  # noqa: E402
 

@@ -448,7 +448,7 @@ def test_run_does_not_import_the_http_stack():
 @pytest.fixture(scope="module")
 def pair(tiny_models, tmp_path_factory):
     from tandem.engine.llama import ContextParams
-    from tandem.engine.session import PairSession, SessionOptions
+    from tandem.engine.pair import PairSession, SessionOptions
 
     os.environ.setdefault("TANDEM_HOME", str(tmp_path_factory.mktemp("pair-home")))
     opts = SessionOptions(strategy="draft", target_ctx=ContextParams(n_ctx=2048, n_threads=1,
@@ -458,7 +458,7 @@ def pair(tiny_models, tmp_path_factory):
 
 
 def _run_job(worker, make, on_text=None):
-    from tandem.serve.worker import Job
+    from tandem.serve.engine_thread import Job
 
     got: list = []
     done = threading.Event()
@@ -479,7 +479,7 @@ def _run_job(worker, make, on_text=None):
 def test_cancel_stops_within_one_step(pair):
     from tandem.engine.sampling import SamplingParams
     from tandem.engine.speculative import GenParams
-    from tandem.serve.worker import EngineWorker
+    from tandem.serve.engine_thread import EngineWorker
 
     worker = EngineWorker(pair, strategy="draft", record=False, queue_size=2)
     worker.start()
@@ -507,7 +507,7 @@ def test_cancel_stops_within_one_step(pair):
 
 
 def test_queue_is_bounded(pair):
-    from tandem.serve.worker import EngineWorker, Job, QueueFull
+    from tandem.serve.engine_thread import EngineWorker, Job, QueueFull
 
     worker = EngineWorker(pair, queue_size=2)  # not started: nothing is taken off the queue
     outcomes = []
@@ -522,7 +522,7 @@ def test_queue_is_bounded(pair):
 
 def test_protocol_checks():
     from tandem.serve import protocol
-    from tandem.serve.app import is_loopback
+    from tandem.serve.routes import is_loopback
 
     req = protocol.parse_chat({"messages": [
         {"role": "developer", "content": [{"type": "text", "text": "a"},
@@ -544,7 +544,7 @@ def test_both_caches_keep_the_common_prefix(pair):
     follows turn 1 (the draft's prefill is counted directly on its context)."""
     from tandem.engine.llama import common_prefix
     from tandem.serve import protocol
-    from tandem.serve.worker import Defaults, EngineWorker, prepare
+    from tandem.serve.engine_thread import Defaults, EngineWorker, prepare
 
     worker = EngineWorker(pair, strategy="draft", record=False)
     worker.start()
@@ -614,8 +614,8 @@ def _asgi(app, method: str, path: str, body: bytes = b"") -> tuple[int, dict]:
 
 
 def test_a_bug_is_a_500_json_error_and_the_app_goes_on():
-    from tandem.serve.app import ServeConfig, build_app
-    from tandem.serve.worker import Defaults
+    from tandem.serve.routes import ServeConfig, build_app
+    from tandem.serve.engine_thread import Defaults
 
     class Broken:
         busy, waiting, capacity, served, cancelled, last_cancel = False, 0, 1, 0, 0, None

@@ -9,7 +9,7 @@ import pytest
 from hw_fixtures import machine
 from tandem.config import tuned as tuned_file
 from tandem.commands.plan import resolve, session_options
-from tandem.engine.session import SessionOptions
+from tandem.engine.pair import SessionOptions
 from tandem.config.settings import SOURCES
 from tandem.machine.fit import plan_for_settings
 from tandem.errors import UsageError
@@ -319,7 +319,7 @@ def test_planned_options_load_and_run_a_session(home, tiny_models):
     """What `tandem run` does once wired: settings -> plan -> SessionOptions -> PairSession."""
     from tandem.commands.plan import prepare_session
     from tandem.engine.events import DoneEvent
-    from tandem.engine.session import PairSession
+    from tandem.engine.pair import PairSession
     from tandem.engine.speculative import GenParams
 
     # one thread: two OpenMP threads spin against whatever else runs on a 2-core machine

@@ -95,7 +95,7 @@ def test_dependency_rules():
     ui = _importers("typer") | _importers("rich")
     assert all(m.startswith("tandem.commands.") or m == "tandem.chat.tui" for m in ui), ui
     # the HTTP stack only where `tandem serve` runs it (tandem run never loads it)
-    assert _importers("starlette") | _importers("uvicorn") == {"tandem.serve.app"}
+    assert _importers("starlette") | _importers("uvicorn") == {"tandem.serve.routes"}
 
 
 def _literals(path: Path):
@@ -451,3 +451,18 @@ def test_shared_options_are_declared_once():
 def _option_flags(annotation) -> set[str]:
     info = annotation.__metadata__[0]
     return {d for d in (info.default, *(info.param_decls or ())) if isinstance(d, str)}
+
+
+def test_module_names_say_what_they_hold():
+    """No two modules share a file name (three `session.py`, two `app.py` and two `worker.py`
+    once did), except a command's module named after its command (commands/history.py runs
+    the answers engine/history.py keeps)."""
+    import collections
+
+    by_stem = collections.defaultdict(list)
+    for path in PKG.rglob("*.py"):
+        if path.name not in ("__init__.py", "__main__.py"):
+            by_stem[path.stem].append(_module_name(path))
+    shared = {stem: sorted(mods) for stem, mods in by_stem.items() if len(mods) > 1
+              and len([m for m in mods if not m.startswith("tandem.commands.")]) > 1}
+    assert shared == {}, shared

@@ -165,7 +165,7 @@ def test_a_valid_cost_file_still_loads(tmp_path):
 
 def test_a_session_recalibrates_over_a_damaged_cost_file(tiny_models, tmp_path, monkeypatch):
     from tandem.engine.llama import ContextParams
-    from tandem.engine.session import PairSession, SessionOptions
+    from tandem.engine.pair import PairSession, SessionOptions
 
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
     monkeypatch.setattr(costs_mod, "others_share", lambda before, after: 0.0)  # quiet machine

@@ -11,7 +11,7 @@ import time
 from typing import Iterator, Sequence
 
 from tandem.engine.events import DoneEvent, PrefillEvent, TokenEvent
-from tandem.engine.session import PairSession
+from tandem.engine.pair import PairSession
 from tandem.engine.strategies import DraftParams
 from tandem.engine.speculative import GenParams
 from tandem.engine.stats import GenStats

@@ -86,7 +86,7 @@ def spec_bench(
 
       tandem spec-bench --strategies draft --sweep draft-max=2,4,8 --sweep p-min=0,0.5 --tune
     """
-    from tandem.bench.session import BenchRequest, BenchSession
+    from tandem.bench.benchmark import BenchRequest, BenchSession
     from tandem.bench.sweep import parse_sweep
     from tandem.models.store import tandem_home
 
@@ -121,7 +121,7 @@ def spec_bench(
 
 def _workload(prompts, multi_turn: bool, per_category, category, group_mt_bench: bool):
     """(prompts, conversations): what the benchmark runs; --multi-turn runs conversations."""
-    from tandem.bench.session import load_prompts
+    from tandem.bench.benchmark import load_prompts
 
     if prompts is not None and str(prompts) != "-" and os.path.lexists(prompts):
         # before a byte is read: a FIFO blocked forever, /dev/zero ran out of memory

@@ -1,6 +1,6 @@
 """`tandem chat`: a terminal chat with a live throughput panel.
 
-The loop only wires things: ChatSession (tandem.chat.session) does the work and yields data, ChatView
+The loop only wires things: ChatSession (tandem.chat.conversation) does the work and yields data, ChatView
 (tandem.chat.tui) shows it. Ctrl-C during an answer stops that answer; Ctrl-C twice or Ctrl-D exits.
 """
 import signal
@@ -41,7 +41,7 @@ def chat(
 
       tandem chat --rpc 192.168.1.20:50052     # the target's layers on that rpc-server
     """
-    from tandem.chat.session import ChatSession
+    from tandem.chat.conversation import ChatSession
     from tandem.chat.tui import ChatView, make_console
     from tandem.config.schema import check_max_tokens
     from tandem.commands.engine import open_pair
@@ -96,7 +96,7 @@ def _read_lines_leniently() -> None:
 
 
 def _loop(chat, view) -> None:
-    from tandem.chat.session import message_text
+    from tandem.chat.conversation import message_text
 
     armed = False  # a Ctrl-C was just pressed: another one exits
     while True:
@@ -176,7 +176,7 @@ class _CtrlC:
 
 def _answer(chat, view, text: str) -> bool:
     """Stream one answer into the view; True when Ctrl-C stopped it."""
-    from tandem.chat.session import Notice
+    from tandem.chat.conversation import Notice
 
     stream = chat.send(text)
     view.start_answer(chat.strategy, chat.draft.n_max)

@@ -12,6 +12,6 @@ def open_pair(target_path: Path, draft_path: Path | None, opts):
         from tandem.engine.worker import RemotePair
 
         return RemotePair(target_path, draft_path, opts)
-    from tandem.engine.session import PairSession
+    from tandem.engine.pair import PairSession
 
     return PairSession(target_path, draft_path, opts)

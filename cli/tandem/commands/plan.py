@@ -15,7 +15,7 @@ from tandem.config.settings import CONFIG_NAME, Settings, read_sources, resolve_
 from tandem.config.tuned import tuned_values
 from tandem.engine.llama import ContextParams, exact_context
 from tandem.engine.rpc import server_info
-from tandem.engine.session import SessionOptions
+from tandem.engine.pair import SessionOptions
 from tandem.engine.strategies import DraftParams
 from tandem.machine.fit import plan_for_settings, remote_plan_for_settings
 from tandem.fsutil import fmt_bytes

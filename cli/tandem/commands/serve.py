@@ -72,8 +72,8 @@ def serve(
     prepared = prepare_pair(pair, model, model_draft, flags, verbose)
     target_path, draft_path, opts = prepared.target, prepared.draft, prepared.options
 
-    from tandem.serve import app as server  # Starlette and uvicorn: only now
-    from tandem.serve.worker import Defaults, EngineWorker
+    from tandem.serve import routes as server  # Starlette and uvicorn: only now
+    from tandem.serve.engine_thread import Defaults, EngineWorker
 
     sock = server.bind(host, port)  # before the models load: a busy port fails fast
     if not server.is_loopback(host) and api_key is None:

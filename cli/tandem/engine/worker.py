@@ -368,7 +368,7 @@ def _error(exc: BaseException) -> tuple:
 
 def _serve(conn, job: Job) -> None:
     """Load the pair, then answer calls until "quit" (or the parent's end of the pipe)."""
-    from tandem.engine.session import PairSession
+    from tandem.engine.pair import PairSession
 
     last = [0.0]
 

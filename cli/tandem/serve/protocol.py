@@ -2,7 +2,7 @@
 response and stream-chunk shapes, with usage and llama-server's `timings` object.
 
 Everything a client can get wrong raises ApiError (an HTTP status and OpenAI's error object),
-so the routes in serve/app.py never see a malformed value. What tandem does not implement
+so the routes in serve/routes.py never see a malformed value. What tandem does not implement
 (n > 1, tools, JSON modes, logprobs, penalties other than llama.cpp's repeat penalty) is
 refused by name rather than silently ignored.
 """

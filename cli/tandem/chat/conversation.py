@@ -20,7 +20,7 @@ from tandem.chat.transcript import Turn
 from tandem.engine.events import DoneEvent
 from tandem.engine.sampling import SamplingParams
 from tandem.config.schema import FIELDS_BY_KEY, STRATEGIES, check_strategy
-from tandem.engine.session import PairSession
+from tandem.engine.pair import PairSession
 from tandem.engine.strategies import DraftParams
 from tandem.engine.speculative import GenParams
 from tandem.engine.stats import GenStats

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 from tandem.chat.answer import Answer
 from tandem.engine.events import PrefillEvent, TokenEvent
-from tandem.engine.session import PairSession
+from tandem.engine.pair import PairSession
 from tandem.engine.sampling import SamplingParams
 from tandem.engine.speculative import GenParams
 from tandem.errors import ContextOverflowError, TandemError

@@ -28,7 +28,7 @@ from tandem.bench.sweep import build_configs
 from tandem.bench.workloads import Prompt
 from tandem.engine.history import Library
 from tandem.engine.sampling import SamplingParams
-from tandem.engine.session import PairSession, SessionOptions
+from tandem.engine.pair import PairSession, SessionOptions
 from tandem.engine.speculative import GenParams
 from tandem.errors import StorageError, UsageError
 from tandem.fsutil import blocking_file, storage_error

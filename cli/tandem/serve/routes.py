@@ -27,7 +27,7 @@ from starlette.routing import Route
 from tandem.errors import ContextOverflowError, RemoteError, TandemError, UsageError
 from tandem.serve import protocol
 from tandem.serve.protocol import ApiError
-from tandem.serve.worker import Defaults, EngineWorker, Job, QueueFull, prepare
+from tandem.serve.engine_thread import Defaults, EngineWorker, Job, QueueFull, prepare
 
 MAX_BODY = 4 << 20  # bytes: a whole conversation with files fits; a flood does not
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
