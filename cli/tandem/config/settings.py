@@ -23,7 +23,16 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from tandem.config.files import Located, SettingsFileError, load_yaml, parse_setting_sections
+from tandem.config.files import (
+    Located,
+    SettingsFileError,
+    convert,
+    line_at,
+    load_yaml,
+    normalized,
+    settings_struct,
+    values_of,
+)
 from tandem.config.schema import FIELDS_BY_KEY, SETTING_FIELDS, broken_rules, unknown_env
 from tandem.config.tuned import tuned_values
 from tandem.errors import UsageError
@@ -143,18 +152,30 @@ def load_user_config(path: Path) -> tuple[dict[str, Located], dict[str, Located]
         return {}, {}
     if not isinstance(doc, dict):
         raise SettingsFileError(path, None, None, "the config file must be a YAML mapping of keys")
-    extra: dict[str, Located] = {}
-    for key in CONFIG_ONLY_KEYS:
-        if key not in doc:
-            continue
-        value, line = doc[key], doc.line_of(key) if hasattr(doc, "line_of") else None
-        if key == "force_profile":
-            if not isinstance(value, bool):
-                raise SettingsFileError(path, line, key, f"must be true or false, got {value!r}")
-        elif not isinstance(value, str) or not value.strip():
-            raise SettingsFileError(path, line, key, f"must be a name, got {value!r}")
-        extra[key] = Located(value.strip() if isinstance(value, str) else value, str(path), line)
-    return parse_setting_sections(doc, path, skip=CONFIG_ONLY_KEYS), extra
+    from msgspec import UNSET
+
+    obj = convert(normalized(doc), config_struct(), path, shown=doc)
+    extra = {key: Located(value.strip() if isinstance(value, str) else value, str(path),
+                          line_at(doc, key))
+             for key in CONFIG_ONLY_KEYS if (value := getattr(obj, key)) is not UNSET}
+    return values_of(obj, doc, path), extra
+
+
+def config_struct() -> type:
+    """config.yaml's shape for msgspec: the settings and CONFIG_ONLY_KEYS (built once)."""
+    global _CONFIG
+    if _CONFIG is None:
+        from typing import Annotated
+
+        from msgspec import UNSET, Meta
+
+        name = Annotated[str, Meta(pattern=r"\S", extra={"says": "must be a name"})]
+        _CONFIG = settings_struct("config", [("profile", name, UNSET), ("pair", name, UNSET),
+                                             ("force_profile", bool, UNSET)])
+    return _CONFIG
+
+
+_CONFIG = None
 
 
 def _first(*candidates) -> Setting | None:
