@@ -27,8 +27,8 @@ from tandem.errors import UsageError
 
 class SettingsFileError(UsageError):
     """A settings file (config.yaml, a profile, a tuned result) is invalid: `path`, `line` and
-    `key` say where. machine.profiles.ProfileError is the profiles' own kind of it."""
-
+    `key` say where. machine.profiles.ProfileError, its subclass, is raised for profiles alone
+    (config.yaml and tuned files raise this class itself)."""
 
     def __init__(self, path: str | Path, line: int | None, key: str | None, problem: str,
                  hint: str | None = None):
@@ -154,17 +154,12 @@ class Located:
 def _setting_fields() -> tuple[tuple[str, Any, Any], ...]:
     """The settings as msgspec Struct fields, one per key of schema.SETTING_FIELDS: a scalar
     (context) or a section Struct (batch: n_batch, n_ubatch), each optional."""
-    sections: dict[str, list[tuple[str, Any, Any]]] = {}
-    out: dict[str, Any] = {}
+    places: dict[str, list] = {}
     for f in SETTING_FIELDS:
-        if len(f.path) == 1:
-            out[f.path[0]] = f.type
-        else:
-            out.setdefault(f.path[0], None)
-            sections.setdefault(f.path[0], []).append((f.path[1], f.type, msgspec.UNSET))
-    for name, fields in sections.items():
-        out[name] = msgspec.defstruct(name, fields, forbid_unknown_fields=True, kw_only=True)
-    return tuple((name, t, msgspec.UNSET) for name, t in out.items())
+        places.setdefault(f.path[0], []).append(f)
+    return tuple((name, fs[0].type if len(fs[0].path) == 1 else msgspec.defstruct(
+        name, [(f.path[1], f.type, msgspec.UNSET) for f in fs], forbid_unknown_fields=True,
+        kw_only=True), msgspec.UNSET) for name, fs in places.items())
 
 
 def settings_struct(name: str, own: Iterable[tuple] = ()) -> type:
@@ -194,11 +189,11 @@ def normalized(doc: Any) -> Any:
 
 def convert(doc: Any, kind: type, path: str | Path, error: type = SettingsFileError,
             shown: Any = None) -> Any:
-    """`doc` (from load_yaml) as a `kind`, checked by msgspec; what is wrong names the
-    file, the line and the dotted key (raised as `error`). `shown`: the document as written,
-    when `doc` is its normalized copy."""
+    """`doc` (from load_yaml) as a `kind`, checked by msgspec once normalized(); what is
+    wrong names the file, the line and the dotted key (raised as `error`). `shown`: the
+    document as written, when `doc` is a copy adjusted further."""
     try:
-        return msgspec.convert(doc, kind)
+        return msgspec.convert(normalized(doc), kind)
     except msgspec.ValidationError as exc:
         line, key, problem = translate(str(exc), doc if shown is None else shown, kind)
         raise error(path, line, key, problem) from None
@@ -286,7 +281,7 @@ def _unknown(name: Any, struct: type) -> str:
 
 def read_settings(doc: Any, path: str | Path) -> dict[str, Located]:
     """The settings of a mapping of settings alone (a tuned file): {flat key: Located}."""
-    return values_of(convert(normalized(doc), _settings_only(), path, shown=doc), doc, path)
+    return values_of(convert(doc, _settings_only(), path), doc, path)
 
 
 @lru_cache(maxsize=None)

@@ -193,7 +193,7 @@ def explain(info: Any, raw: Any, message: str, text: bool = False, key: Any = No
         return f"must be text, got {shown}"
     if isinstance(info, mi.BoolType):
         return f"must be true or false, got {raw!r}"
-    return f"{message.split(' - at ')[0]}, got {shown}"
+    return message if ", got `" in message else f"{message}, got {shown}"
 
 
 MAX_RPC_SERVERS = 16  # GGML_RPC_MAX_SERVERS (ggml-rpc.h)

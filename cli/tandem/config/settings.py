@@ -23,16 +23,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from tandem.config.files import (
-    Located,
-    SettingsFileError,
-    convert,
-    line_at,
-    load_yaml,
-    normalized,
-    settings_struct,
-    values_of,
-)
+from tandem.config.files import Located, SettingsFileError, convert, load_yaml, values_of
 from tandem.config.schema import FIELDS_BY_KEY, SETTING_FIELDS, broken_rules, unknown_env
 from tandem.config.tuned import tuned_values
 from tandem.errors import UsageError
@@ -154,28 +145,24 @@ def load_user_config(path: Path) -> tuple[dict[str, Located], dict[str, Located]
         raise SettingsFileError(path, None, None, "the config file must be a YAML mapping of keys")
     from msgspec import UNSET
 
-    obj = convert(normalized(doc), config_struct(), path, shown=doc)
+    obj = convert(doc, config_struct(), path)
     extra = {key: Located(value.strip() if isinstance(value, str) else value, str(path),
-                          line_at(doc, key))
+                          doc.line_of(key))
              for key in CONFIG_ONLY_KEYS if (value := getattr(obj, key)) is not UNSET}
     return values_of(obj, doc, path), extra
 
 
 def config_struct() -> type:
-    """config.yaml's shape for msgspec: the settings and CONFIG_ONLY_KEYS (built once)."""
-    global _CONFIG
-    if _CONFIG is None:
-        from typing import Annotated
+    """config.yaml's shape for msgspec: the settings and CONFIG_ONLY_KEYS."""
+    from typing import Annotated
 
-        from msgspec import UNSET, Meta
+    from msgspec import UNSET, Meta
 
-        name = Annotated[str, Meta(pattern=r"\S", extra={"says": "must be a name"})]
-        _CONFIG = settings_struct("config", [("profile", name, UNSET), ("pair", name, UNSET),
-                                             ("force_profile", bool, UNSET)])
-    return _CONFIG
+    from tandem.config.files import settings_struct
 
-
-_CONFIG = None
+    name = Annotated[str, Meta(pattern=r"\S", extra={"says": "must be a name"})]
+    return settings_struct("config", [("profile", name, UNSET), ("pair", name, UNSET),
+                                      ("force_profile", bool, UNSET)])
 
 
 def _first(*candidates) -> Setting | None:

@@ -14,7 +14,7 @@ this package sits in (an editable install keeps it there). User profiles live in
 keys it sets, and `extends: NAME` starts a new profile from another one.
 
 Over 400 lines because a profile file has more than settings (match rules, memory tiers,
-cost figures, `extends` across user files) and each part is validated with the file's line.
+cost figures, `extends` across user files), each declared as a msgspec Struct.
 """
 from __future__ import annotations
 
@@ -61,14 +61,32 @@ class ProfileMismatchError(UsageError):
 # ------------------------------------------------------------------------------ profile
 
 
-@dataclass(frozen=True)
-class MatchRules:
-    vendor: str = "any"
-    gpu_name: tuple[str, ...] = ()
-    chip: tuple[str, ...] = ()
-    os: tuple[str, ...] = ()
-    min_memory_gib: float | None = None
-    max_memory_gib: float | None = None
+# the shapes of a profile's parts, checked by msgspec (config.files.convert words its errors)
+_Name = Annotated[str, Meta(pattern=r"\S")]
+_Names = Annotated[Union[_Name, list[_Name]], Meta(extra={"says": "must be a list of names"})]
+_GiB = Annotated[float, Meta(ge=0)]
+_Positive = Annotated[float, Meta(gt=0)]
+_Fraction = Annotated[float, Meta(gt=0, le=1.5, extra={"range": "must be a fraction (0..1.5)"})]
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    return tuple(v.strip() for v in ([value] if isinstance(value, str) else value or ()))
+
+
+class MatchRules(Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    section: ClassVar[str] = "match"
+    vendor: one_of(VENDORS) = "any"
+    gpu_name: _Names = ()
+    chip: _Names = ()
+    os: _Names = ()
+    min_memory_gib: Optional[_GiB] = None
+    max_memory_gib: Optional[_GiB] = None
+
+    def __post_init__(self):  # a bare name is a list of one; OS names compare lower-case
+        for key in ("gpu_name", "chip", "os"):
+            names = _names(getattr(self, key))
+            msgspec.structs.force_setattr(self, key, tuple(
+                n.lower() for n in names) if key == "os" else names)
 
 
 @dataclass(frozen=True)
@@ -182,23 +200,6 @@ def _describe(hw) -> str:
 
 
 # ------------------------------------------------------------------------------- parsing
-# A profile file's shape, checked by msgspec (config.files.convert words its errors)
-
-_Name = Annotated[str, Meta(pattern=r"\S")]
-_Names = Annotated[Union[_Name, list[_Name]], Meta(extra={"says": "must be a list of names"})]
-_GiB = Annotated[float, Meta(ge=0)]
-_Positive = Annotated[float, Meta(gt=0)]
-_Fraction = Annotated[float, Meta(gt=0, le=1.5, extra={"range": "must be a fraction (0..1.5)"})]
-
-
-class _Match(Struct, forbid_unknown_fields=True, kw_only=True):
-    section: ClassVar[str] = "match"
-    vendor: one_of(VENDORS) = "any"
-    gpu_name: _Names = ()
-    chip: _Names = ()
-    os: _Names = ()
-    min_memory_gib: Optional[_GiB] = None
-    max_memory_gib: Optional[_GiB] = None
 
 
 class _CostFigures(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -224,18 +225,14 @@ class _Cost(_CostFigures, forbid_unknown_fields=True, kw_only=True):
     variants: dict[Union[str, int], _CostFigures] = UNSET
 
 
-_Tier = settings_struct("tier", [("min_memory_gib", _GiB), ("recommended_pairs", Optional[_Names], None),
-                                 ("note", str, "")])
+_Pairs = ("recommended_pairs", Optional[_Names], None)
+_Tier = settings_struct("tier", [("min_memory_gib", _GiB), _Pairs, ("note", str, "")])
 _Profile = settings_struct("profile", [
     ("name", str, UNSET), ("description", str, ""), ("priority", int, 0), ("extends", str, UNSET),
-    ("match", _Match), ("backend", one_of(BACKENDS)), ("recommended_pairs", Optional[_Names], None),
-    ("tiers", list[_Tier], []), ("cost", Optional[_Cost], None), ("notes", Optional[_Names], None)])
+    ("match", MatchRules), ("backend", one_of(BACKENDS)), _Pairs, ("tiers", list[_Tier], []),
+    ("cost", Optional[_Cost], None), ("notes", Optional[_Names], None)])
 PROFILE_KEYS = tuple(f.name for f in msgspec.structs.fields(_Profile)
                      if f.name not in SECTIONS | SCALARS)
-
-
-def _names(value: Any) -> tuple[str, ...]:
-    return tuple(v.strip() for v in ([value] if isinstance(value, str) else value or ()))
 
 
 def _figures(cost: _CostFigures) -> dict[str, Any]:
@@ -266,8 +263,6 @@ def parse_profile(doc: Any, path: str | Path, name: str, origin: str = "builtin"
         shape["tiers"] = [normalized(t) for t in shape["tiers"]]
     p = convert(shape, _Profile, path, ProfileError, doc)
     m = p.match
-    match = MatchRules(m.vendor, _names(m.gpu_name), _names(m.chip),
-                       tuple(v.lower() for v in _names(m.os)), m.min_memory_gib, m.max_memory_gib)
     if m.min_memory_gib is not None and m.max_memory_gib is not None \
             and m.min_memory_gib > m.max_memory_gib:
         raise ProfileError(path, line_at(doc["match"], "max_memory_gib"), "match.max_memory_gib",
@@ -285,7 +280,7 @@ def parse_profile(doc: Any, path: str | Path, name: str, origin: str = "builtin"
     for tier in tiers:
         check_rules({**values, **tier.values}, path, ProfileError)
     return Profile(name=name, path=str(path), description=p.description, priority=p.priority,
-                   match=match, backend=p.backend, values=MappingProxyType(values),
+                   match=m, backend=p.backend, values=MappingProxyType(values),
                    recommended_pairs=_names(p.recommended_pairs), tiers=tiers,
                    cost=MappingProxyType(_figures(p.cost) if p.cost else {}),
                    notes=_names(p.notes), origin=origin)
@@ -404,8 +399,9 @@ def _load_user(name, user_docs, resolved, profiles, stack) -> Profile:
         merged.pop("name", None)  # the base's own name; this file's name is its stem
         if isinstance(merged.get("tiers"), list):
             # what the user set for the whole profile must not be undone by the base's tiers
-            mine = [f.path for f in FIELDS_BY_KEY.values() if f.path[0] in doc and (
-                len(f.path) == 1 or isinstance(doc[f.path[0]], dict) and f.path[1] in doc[f.path[0]])]
+            sections = {k: v for k, v in doc.items() if isinstance(v, dict)}
+            mine = [f.path for f in FIELDS_BY_KEY.values()
+                    if f.path[-1] in (doc if len(f.path) == 1 else sections.get(f.path[0], ()))]
             merged["tiers"] = [_without(t, mine) for t in merged["tiers"]]
         if isinstance(doc, LineDict):
             merged.key_lines.update(doc.key_lines)
