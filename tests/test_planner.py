@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 from hw_fixtures import CPU_ONLY, machine
-from tandem.config.settings import resolve_settings
+from tandem.commands.plan import resolve
 from tandem.machine.fit import plan_for_settings, recommended_pairs
 from tandem.machine.placement import ContextSpec, place, repackable
 from tandem.machine.planner import FITS, NO_FIT, PARTIAL, Budget, GiB, MiB, plan
@@ -189,13 +189,14 @@ def test_hardware_md_sizes_on_the_recorded_gpus():
     big = (_spec("qwen2.5-32b-instruct-q4_k_m", 19.85), _spec("qwen2.5-0.5b-instruct", 0.398))
     mid = (_spec("qwen2.5-14b-instruct-q4_k_m", 8.99), big[1])
     for kind, fits_big in (("rtx4090", True), ("rtx4080", False)):
-        s = resolve_settings({}, env={}, home=_empty_home(), hardware=machine(kind))
-        p = plan_for_settings(s, *big)
+        r = resolve({}, env={}, home=_empty_home(), hardware=machine(kind))
+        s, on = r.settings, dict(hardware=r.hardware, backend=r.backend)
+        p = plan_for_settings(s, *big, **on)
         assert p.draft.on_gpu
         assert (p.status == FITS) is fits_big
         if not fits_big:
             assert p.status == PARTIAL and p.target.gpu_layers < p.target.max_layers
-        p = plan_for_settings(s, *mid)
+        p = plan_for_settings(s, *mid, **on)
         assert p.status == FITS and p.target.on_gpu
 
 
@@ -212,9 +213,10 @@ def test_recommended_pairs_fit_the_recorded_machines(kind, profile, tmp_path):
     """Every recommended pair the catalog knows gets a plan that fits, all on the GPU where
     there is one (sizes from the catalog; estimated architectures)."""
     hw = machine(kind)
-    s = resolve_settings({}, env={}, home=tmp_path, hardware=hw)
+    r = resolve({}, env={}, home=tmp_path, hardware=hw)
+    s, on = r.settings, dict(hardware=r.hardware, backend=r.backend)
     assert s.profile == profile
-    advice = recommended_pairs(s)
+    advice = recommended_pairs(s, r.profile, **on)
     assert advice
     known = [a for a in advice if a.status != "unknown"]
     catalog = load_catalog()
@@ -227,16 +229,16 @@ def test_recommended_pairs_fit_the_recorded_machines(kind, profile, tmp_path):
         else:
             assert a.plan.backend == "cpu" and a.plan.ram_left >= 0
     # the default pair, whatever the profile recommends, fits everywhere
-    default = plan_for_settings(s, catalog[s.pair].target, catalog[s.pair].draft)
+    default = plan_for_settings(s, catalog[s.pair].target, catalog[s.pair].draft, **on)
     assert default.status == FITS
 
 
 def test_gpu_box_with_cpu_only_binding_plans_for_the_cpu(tmp_path):
     hw = machine("rtx4090", backend=CPU_ONLY)
-    s = resolve_settings({}, env={}, home=tmp_path, hardware=hw)
-    assert s.profile == "rtx-4090" and s.backend == "cpu"
-    assert any("--backend cuda" in w for w in s.warnings)
-    assert Budget.for_hardware(hw, backend=s.backend).backend == "cpu"
+    r = resolve({}, env={}, home=tmp_path, hardware=hw)
+    assert r.settings.profile == "rtx-4090" and r.backend == "cpu"
+    assert any("--backend cuda" in w for w in r.warnings)
+    assert Budget.for_hardware(hw, backend=r.backend).backend == "cpu"
 
 
 # --------------------------------------------------------------------------- estimates

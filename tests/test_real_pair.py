@@ -39,13 +39,11 @@ def session(real_pair):
 def shipped(real_pair, tmp_path_factory):
     """The session `tandem run --exact` builds on this machine: profile, settings chain and
     all (CPU profile: auto, q8_0 KV, flash attention, unrepacked target, drafts <= 6)."""
-    from tandem.config.settings import resolve_settings
+    from tandem.commands.plan import resolve, session_options
 
     home = tmp_path_factory.mktemp("home")
-    settings = resolve_settings({"mode": "exact", "n_ctx": 2048}, env={}, home=home)
-    from tandem.commands.plan import session_options
-
-    opts = session_options(settings, home=home)
+    resolved = resolve({"mode": "exact", "n_ctx": 2048}, env={}, home=home)
+    opts = session_options(resolved.settings, backend=resolved.backend, home=home)
     assert opts.target_ctx.exact and not opts.repack and opts.target_ctx.type_k == "q8_0"
     with PairSession(*real_pair, opts) as s:
         yield s

@@ -8,9 +8,9 @@ import textwrap
 import pytest
 from hw_fixtures import machine
 from tandem.config import tuned as tuned_file
-from tandem.commands.plan import session_options
+from tandem.commands.plan import resolve, session_options
 from tandem.engine.session import SessionOptions
-from tandem.config.settings import SOURCES, resolve_settings
+from tandem.config.settings import SOURCES
 from tandem.machine.fit import plan_for_settings
 from tandem.errors import UsageError
 from tandem.machine.placement import ContextSpec
@@ -63,6 +63,11 @@ def write_tuned(home, models, spec=None, **ctx):
     return path
 
 
+def settings_of(cli, models=None, **kw):
+    """The Settings that commands/plan.py's resolve() merges for `cli` (and `models`' files)."""
+    return resolve(cli, models, **kw).settings
+
+
 VALUES = {"cli": 1800, "env": 1700, "config": 1600, "tuned": 1500, "profile": 1400,
           "default": 512}
 
@@ -87,8 +92,8 @@ def test_each_source_wins_over_the_next(top, home, tmp_path):
                            if "profile" in weaker else "")
     (d / "test.yaml").write_text(body)
     profiles = load_profiles(builtin_dir=d, include_user=False)
-    s = resolve_settings(cli, env=env, home=home, hardware=CPU_BOX, profiles=profiles,
-                         models=models)
+    s = settings_of(cli, env=env, home=home, hardware=CPU_BOX, profiles=profiles,
+                    models=models)
     assert s.n_batch == VALUES[top]
     assert s.source("n_batch") == top
     origin = {"cli": "n_batch", "env": "TANDEM_BATCH_SIZE",
@@ -99,7 +104,7 @@ def test_each_source_wins_over_the_next(top, home, tmp_path):
 
 
 def test_every_key_has_a_value_and_a_source(home, profiles):
-    s = resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+    s = settings_of({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
     assert (s.n_ctx, s.source("n_ctx")) == (4000, "profile")
     assert (s.n_max, s.source("n_max")) == (5, "profile")
     assert (s.n_batch, s.source("n_batch")) == (512, "default")
@@ -129,22 +134,22 @@ def test_defaults_match_the_engine_defaults():
 
 def test_env_and_cli_values_are_checked(home, profiles):
     with pytest.raises(UsageError, match="TANDEM_CTX_SIZE: must be a whole number, got 'big'"):
-        resolve_settings({}, env={"TANDEM_CTX_SIZE": "big"}, home=home, hardware=CPU_BOX,
-                         profiles=profiles)
+        settings_of({}, env={"TANDEM_CTX_SIZE": "big"}, home=home, hardware=CPU_BOX,
+                    profiles=profiles)
     with pytest.raises(UsageError, match="TANDEM_DRAFT_P_MIN: must be in 0..1"):
-        resolve_settings({}, env={"TANDEM_DRAFT_P_MIN": "2"}, home=home, hardware=CPU_BOX,
-                         profiles=profiles)
+        settings_of({}, env={"TANDEM_DRAFT_P_MIN": "2"}, home=home, hardware=CPU_BOX,
+                    profiles=profiles)
     with pytest.raises(UsageError, match="context size must be in 256..1048576, got 10"):
-        resolve_settings({"n_ctx": 10}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+        settings_of({"n_ctx": 10}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
     with pytest.raises(UsageError, match="draft max must be in 0..64, got 100"):
-        resolve_settings({"n_max": 100}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+        settings_of({"n_max": 100}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
     with pytest.raises(UsageError, match=r"unknown strategy 'warp' \(--strategy\)") as e:
-        resolve_settings({"strategy": "warp"}, env={}, home=home, hardware=CPU_BOX,
-                         profiles=profiles)
+        settings_of({"strategy": "warp"}, env={}, home=home, hardware=CPU_BOX,
+                    profiles=profiles)
     assert e.value.hint.startswith("choose one of: none, draft")
-    s = resolve_settings({}, env={"TANDEM_GPU_LAYERS": "all", "TANDEM_FLASH_ATTN": "OFF",
-                                  "TANDEM_CACHE_TYPE_K": "q8_0", "TANDEM_DRAFT_P_MIN": "0.9"},
-                         home=home, hardware=CPU_BOX, profiles=profiles)
+    s = settings_of({}, env={"TANDEM_GPU_LAYERS": "all", "TANDEM_FLASH_ATTN": "OFF",
+                             "TANDEM_CACHE_TYPE_K": "q8_0", "TANDEM_DRAFT_P_MIN": "0.9"},
+                    home=home, hardware=CPU_BOX, profiles=profiles)
     assert (s.target_gpu_layers, s.flash_attn, s.type_k, s.p_min) == ("all", "off", "q8_0", 0.9)
 
 
@@ -179,12 +184,12 @@ def test_text_values_go_through_the_same_types(home, profiles):
 
 
 def test_unset_flags_are_dropped_and_unknown_keys_refused(home, profiles):
-    s = resolve_settings({"n_ctx": None, "n_max": 6, "n_threads": 2, "profile": "test"},
-                         env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+    s = settings_of({"n_ctx": None, "n_max": 6, "n_threads": 2, "profile": "test"},
+                    env={}, home=home, hardware=CPU_BOX, profiles=profiles)
     assert (s.n_ctx, s.source("n_ctx")) == (4000, "profile")
     assert (s.n_max, s.source("n_max"), s.origin("n_max")) == (6, "cli", "--draft-max")
     with pytest.raises(TypeError):
-        resolve_settings({"nonsense": 1}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+        settings_of({"nonsense": 1}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
 
 
 def test_config_file_errors_name_file_line_and_key(home, profiles):
@@ -195,83 +200,84 @@ def test_config_file_errors_name_file_line_and_key(home, profiles):
           pmin: 0.5
         """)
     with pytest.raises(SettingsFileError) as e:
-        resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+        settings_of({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
     assert e.value.path == str(home / "config.yaml") and e.value.line == 4
     assert e.value.key == "speculative.pmin"
     assert not isinstance(e.value, ProfileError)  # config.yaml is not a profile
     write_config(home, "context: [8192\n")
     with pytest.raises(SettingsFileError, match="YAML syntax error"):
-        resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+        settings_of({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
     write_config(home, "profile: 12\n")
     with pytest.raises(SettingsFileError, match="key 'profile': must be a name"):
-        resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+        settings_of({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
     write_config(home, "")  # an empty file is no configuration
-    assert resolve_settings({}, env={}, home=home, hardware=CPU_BOX,
-                            profiles=profiles).n_ctx == 4000
+    assert settings_of({}, env={}, home=home, hardware=CPU_BOX,
+                       profiles=profiles).n_ctx == 4000
 
 
 def test_profile_choice_precedence_and_refusal(home):
     profiles = load_profiles(include_user=False)
     hw = machine("rtx4090")
-    s = resolve_settings({}, env={}, home=home, hardware=hw, profiles=profiles)
+    s = settings_of({}, env={}, home=home, hardware=hw, profiles=profiles)
     assert (s.profile, s.source("profile")) == ("rtx-4090", "detected")
     assert s.n_ctx == 8192 and s.source("n_ctx") == "profile"
     write_config(home, "profile: nvidia-generic\n")
-    s = resolve_settings({}, env={}, home=home, hardware=hw, profiles=profiles)
+    s = settings_of({}, env={}, home=home, hardware=hw, profiles=profiles)
     assert (s.profile, s.source("profile")) == ("nvidia-generic", "config")
     assert s.origin("n_ctx").startswith("nvidia-generic (tier >= 20 GiB)")
-    s = resolve_settings({}, env={"TANDEM_PROFILE": "cpu"}, home=home, hardware=hw,
-                         profiles=profiles)
-    assert (s.profile, s.source("profile")) == ("cpu", "env")
-    assert s.backend == "cpu"  # the user asked for the CPU profile on a GPU box
-    s = resolve_settings({"profile": "rtx-4090"}, env={"TANDEM_PROFILE": "cpu"}, home=home,
-                         hardware=hw, profiles=profiles)
+    r = resolve({}, env={"TANDEM_PROFILE": "cpu"}, home=home, hardware=hw, profiles=profiles)
+    assert (r.settings.profile, r.settings.source("profile")) == ("cpu", "env")
+    assert r.backend == "cpu"  # the user asked for the CPU profile on a GPU box
+    s = settings_of({"profile": "rtx-4090"}, env={"TANDEM_PROFILE": "cpu"}, home=home,
+                    hardware=hw, profiles=profiles)
     assert (s.profile, s.source("profile")) == ("rtx-4090", "cli")
     # a profile for other hardware is refused with the reason, unless forced
     with pytest.raises(ProfileMismatchError, match="GPU named like 'RTX 4080'"):
-        resolve_settings({"profile": "rtx-4080"}, env={}, home=home, hardware=hw,
-                         profiles=profiles)
-    s = resolve_settings({"profile": "rtx-4080"}, env={"TANDEM_FORCE_PROFILE": "1"}, home=home,
-                         hardware=hw, profiles=profiles)
-    assert s.profile == "rtx-4080" and any("forced" in w for w in s.warnings)
+        settings_of({"profile": "rtx-4080"}, env={}, home=home, hardware=hw,
+                    profiles=profiles)
+    r = resolve({"profile": "rtx-4080"}, env={"TANDEM_FORCE_PROFILE": "1"}, home=home,
+                hardware=hw, profiles=profiles)
+    assert r.settings.profile == "rtx-4080" and any("forced" in w for w in r.warnings)
     write_config(home, "profile: rtx-4080\n")
     with pytest.raises(ProfileMismatchError, match=r"profile set by .*config.yaml:1"):
-        resolve_settings({}, env={}, home=home, hardware=hw, profiles=profiles)
+        settings_of({}, env={}, home=home, hardware=hw, profiles=profiles)
     write_config(home, "profile: rtx-4080\nforce_profile: true\n")
-    assert resolve_settings({}, env={}, home=home, hardware=hw, profiles=profiles).profile == \
+    assert settings_of({}, env={}, home=home, hardware=hw, profiles=profiles).profile == \
         "rtx-4080"
 
 
 def test_user_profiles_come_from_the_home(home):
     (home / "profiles").mkdir()
     (home / "profiles" / "cpu.yaml").write_text("context: 2048\n")
-    s = resolve_settings({}, env={}, home=home, hardware=CPU_BOX)
-    assert s.profile == "cpu" and s.n_ctx == 2048 and s.profile_obj.origin == "user override"
+    r = resolve({}, env={}, home=home, hardware=CPU_BOX)
+    assert r.settings.profile == "cpu" and r.settings.n_ctx == 2048
+    assert r.profile.origin == "user override"
 
 
 def test_pair_precedence(home, profiles):
     write_config(home, "pair: qwen2.5-coder-3b\n")
-    s = resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+    s = settings_of({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
     assert (s.pair, s.source("pair")) == ("qwen2.5-coder-3b", "config")
-    s = resolve_settings({"pair": "x"}, env={"TANDEM_PAIR": "y"}, home=home, hardware=CPU_BOX,
-                         profiles=profiles)
+    s = settings_of({"pair": "x"}, env={"TANDEM_PAIR": "y"}, home=home, hardware=CPU_BOX,
+                    profiles=profiles)
     assert (s.pair, s.source("pair")) == ("x", "cli")
 
 
 def test_weaker_conflicting_values_yield(home, profiles):
     # the profile sets n_max 5; the user's --draft-min 7 is stronger, so n_max follows it
-    s = resolve_settings({"n_min": 7}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+    r = resolve({"n_min": 7}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+    s = r.settings
     assert (s.n_min, s.n_max) == (7, 7) and s.source("n_max") == "cli"
-    assert any("draft min 7 exceeds draft max 5" in w for w in s.warnings)
-    s = resolve_settings({"n_max": 1}, env={"TANDEM_DRAFT_MIN": "3"}, home=home,
-                         hardware=CPU_BOX, profiles=profiles)
+    assert any("draft min 7 exceeds draft max 5" in w for w in r.warnings)
+    s = settings_of({"n_max": 1}, env={"TANDEM_DRAFT_MIN": "3"}, home=home,
+                    hardware=CPU_BOX, profiles=profiles)
     assert (s.n_min, s.n_max) == (1, 1)
-    s = resolve_settings({"flash_attn": "off"}, env={"TANDEM_CACHE_TYPE_V": "q8_0"}, home=home,
-                         hardware=CPU_BOX, profiles=profiles)
+    s = settings_of({"flash_attn": "off"}, env={"TANDEM_CACHE_TYPE_V": "q8_0"}, home=home,
+                    hardware=CPU_BOX, profiles=profiles)
     assert (s.flash_attn, s.type_v) == ("off", "f16")
     with pytest.raises(UsageError, match="both from cli"):
-        resolve_settings({"n_min": 4, "n_max": 2}, env={}, home=home, hardware=CPU_BOX,
-                         profiles=profiles)
+        settings_of({"n_min": 4, "n_max": 2}, env={}, home=home, hardware=CPU_BOX,
+                    profiles=profiles)
 
 
 # ---------------------------------------------------------------------------- tuned
@@ -281,13 +287,13 @@ def test_tuned_settings_round_trip_and_tolerate_absence(home, profiles, tmp_path
     models = model_files(tmp_path)
     assert tuned_file.tuned_values(home, models, 0) == ({}, None, [])
     path = write_tuned(home, models, {"n_max": 2}, n_ubatch=256, n_batch=256)
-    s = resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles,
-                         models=models)
+    r = resolve({}, models, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+    s = r.settings
     assert (s.n_max, s.source("n_max"), s.origin("n_max")) == (2, "tuned", str(path))
-    assert (s.n_ubatch, s.n_batch) == (256, 256) and s.tuned_path == str(path)
+    assert (s.n_ubatch, s.n_batch) == (256, 256) and r.tuned_path == path
     # measured for other files: not applied
-    other = resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles,
-                             models=model_files(tmp_path, "draft2.gguf"))
+    other = settings_of({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles,
+                        models=model_files(tmp_path, "draft2.gguf"))
     assert other.n_max == 5 and other.source("n_max") == "profile"
 
 
@@ -296,19 +302,18 @@ def test_broken_tuned_files_are_skipped_with_a_warning(home, profiles, tmp_path)
     path = write_tuned(home, models, {"n_max": 3})
     for content in ("{not json", json.dumps({"overall": {"strategy": "draft", "n_max": -1}})):
         path.write_text(content)
-        s = resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles,
-                             models=models)
-        assert s.n_max == 5 and s.tuned_path is None
-        assert sum("ignored tuned settings" in w for w in s.warnings) == 1
+        r = resolve({}, models, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+        assert r.settings.n_max == 5 and r.tuned_path is None
+        assert sum("ignored tuned settings" in w for w in r.warnings) == 1
 
 
 # --------------------------------------------------------------------- engine options
 
 
 def test_session_options_from_settings_and_plan(home, profiles, tiny_models):
-    s = resolve_settings({"n_ctx": 1024, "n_max": 6, "strategy": "draft"},
-                         env={"TANDEM_THREADS": "2", "TANDEM_CACHE_TYPE_K": "q8_0"}, home=home,
-                         hardware=CPU_BOX, profiles=profiles)
+    s = settings_of({"n_ctx": 1024, "n_max": 6, "strategy": "draft"},
+                    env={"TANDEM_THREADS": "2", "TANDEM_CACHE_TYPE_K": "q8_0"}, home=home,
+                    hardware=CPU_BOX, profiles=profiles)
     opts = session_options(s, verbose=True)
     assert opts.strategy == "draft" and opts.verbose
     assert (opts.draft.n_max, opts.draft.n_min, opts.draft.p_min) == (6, 0, 0.5)
@@ -318,23 +323,25 @@ def test_session_options_from_settings_and_plan(home, profiles, tiny_models):
     assert opts.draft_ctx is None  # the draft uses the target's context settings
     assert (opts.target_gpu_layers, opts.draft_gpu_layers) == (0, 0)  # cpu backend, auto
 
-    p = plan_for_settings(s, tiny_models["target"], tiny_models["draft"])
+    p = plan_for_settings(s, tiny_models["target"], tiny_models["draft"], hardware=CPU_BOX,
+                          backend="cpu")
     assert p.status == "fits" and p.target.exact
     opts = session_options(s, p)
     assert (opts.target_gpu_layers, opts.draft_gpu_layers) == (0, 0)
 
 
 def test_session_options_take_gpu_layers_from_the_plan(home):
-    s = resolve_settings({}, env={}, home=home, hardware=machine("rtx4090"))
+    r = resolve({}, env={}, home=home, hardware=machine("rtx4090"))
+    s = r.settings
     from tandem.machine.shapes import ModelShape
 
     t = ModelShape.estimate("qwen2.5-coder-7b-instruct-q4_k_m", int(4.68e9))
     d = ModelShape.estimate("qwen2.5-coder-0.5b-instruct-q4_k_m", 491400064)
-    p = plan(t, d, Budget.for_hardware(s.hardware, s.gpu_reserve_mb, s.backend),
+    p = plan(t, d, Budget.for_hardware(r.hardware, s.gpu_reserve_mb, r.backend),
              ContextSpec(n_ctx=s.n_ctx))
     opts = session_options(s, p)
     assert (opts.target_gpu_layers, opts.draft_gpu_layers) == (29, 25)  # all, output included
-    no_plan = session_options(s)
+    no_plan = session_options(s, backend=r.backend)
     assert (no_plan.target_gpu_layers, no_plan.draft_gpu_layers) == (-1, -1)  # llama.cpp: all
 
 
@@ -383,31 +390,67 @@ def test_spec_bench_tuned_results_apply_to_their_model_files(home, profiles, tin
                               "type_v": "f16"}, "draft_ctx": None}
     path = tune.tuned_path(home, target, draft, 0)
     tune.save(path, {"overall": overall, "by_category": {}, "partial": False}, {"target": "t"})
-    s = resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
-    assert s.n_max == 5 and not s.warnings  # files unknown yet: not applied, no noise
-    s = resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles,
-                         models=(target, draft))
+    r = resolve({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+    assert r.settings.n_max == 5 and not r.warnings  # files unknown yet: not applied, no noise
+    s = settings_of({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles,
+                    models=(target, draft))
     assert (s.n_max, s.n_min, s.p_min, s.n_ubatch, s.n_batch) == (3, 1, 0.6, 128, 256)
     assert s.source("n_max") == "tuned" and s.origin("n_max") == str(path)
     assert s.n_ctx == 4000 and s.source("n_ctx") == "profile"  # the context is the user's
-    other = resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles,
-                             models=(target, tiny_models["draft_weak"]))
+    other = settings_of({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles,
+                        models=(target, tiny_models["draft_weak"]))
     assert other.n_max == 5
 
 
 def test_history_is_on_by_default_and_each_source_can_turn_it_off(home, profiles):
-    s = resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+    s = settings_of({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
     assert s.history == "on" and session_options(s).history
-    s = resolve_settings({"history": "off"}, env={}, home=home, hardware=CPU_BOX,
-                         profiles=profiles)
+    s = settings_of({"history": "off"}, env={}, home=home, hardware=CPU_BOX,
+                    profiles=profiles)
     assert s.source("history") == "cli" and s.origin("history") == "--no-history"
     assert not session_options(s).history
-    s = resolve_settings({}, env={"TANDEM_HISTORY": "off"}, home=home, hardware=CPU_BOX,
-                         profiles=profiles)
+    s = settings_of({}, env={"TANDEM_HISTORY": "off"}, home=home, hardware=CPU_BOX,
+                    profiles=profiles)
     assert s.history == "off" and s.source("history") == "env"
     (home / "config.yaml").write_text("history: off\n")  # YAML reads a bare off as false
-    s = resolve_settings({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+    s = settings_of({}, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
     assert s.history == "off" and s.source("history") == "config"
     with pytest.raises(UsageError, match="TANDEM_HISTORY"):
-        resolve_settings({}, env={"TANDEM_HISTORY": "maybe"}, home=home, hardware=CPU_BOX,
-                         profiles=profiles)
+        settings_of({}, env={"TANDEM_HISTORY": "maybe"}, home=home, hardware=CPU_BOX,
+                    profiles=profiles)
+
+
+def test_the_merge_takes_plain_data(home):
+    """config/settings.py merges what it is given: no hardware, profile object or catalog."""
+    from tandem.config.files import Located
+    from tandem.config.settings import Setting, read_sources, resolve_settings
+
+    write_config(home, "speculative: {n_max: 4}\n")
+    sources = read_sources({"n_threads": 16}, {"TANDEM_PAIR": "mine"}, home / "config.yaml",
+                           "the-default")
+    assert (sources.pair.value, sources.pair.source) == ("mine", "env")
+    assert sources.profile is None and not sources.force_profile and sources.threads == 16
+    s, warnings = resolve_settings(
+        sources, Setting("profile", "p", "detected", "why"),
+        {"n_ctx": Located(3000, "p", 1), "n_max": Located(2, "p", 2)},
+        {"n_batch": Located(128, "tuned.json", None)}, cpu_threads=8)
+    assert (s.n_ctx, s.source("n_ctx"), s.n_max, s.source("n_max")) == (3000, "profile", 4,
+                                                                         "config")
+    assert (s.n_batch, s.source("n_batch"), s.profile) == (128, "tuned", "p")
+    assert s.n_threads == 8 and any("exceeds this machine's 8 CPU threads" in w
+                                    for w in warnings)
+    assert read_sources({}, {}, home / "none.yaml", "the-default").pair.source == "default"
+
+
+def test_a_bad_flag_fails_before_the_files_are_looked_for(home, profiles):
+    def files(pair):
+        raise AssertionError(f"files of {pair} looked for before the flags were checked")
+
+    with pytest.raises(UsageError, match="draft max must be in 0..64"):
+        resolve({"n_max": 100}, files, env={}, home=home, hardware=CPU_BOX, profiles=profiles)
+    with pytest.raises(UsageError, match="TANDEM_CTX_SIZE"):
+        resolve({}, files, env={"TANDEM_CTX_SIZE": "big"}, home=home, hardware=CPU_BOX,
+                profiles=profiles)
+    with pytest.raises(ProfileMismatchError):
+        resolve({"profile": "rtx-4080"}, files, env={}, home=home, hardware=CPU_BOX,
+                profiles=load_profiles(include_user=False))

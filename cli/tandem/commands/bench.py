@@ -136,10 +136,11 @@ def spec_bench(
                              group_mt_bench)
     grid = parse_sweep(sweep or [])
     # the same settings chain as run and chat (flags > env > config > tuned > profile)
-    target_path, draft_path, planned = app_module.load_plan(
+    prepared = app_module.prepare_pair(
         pair, model, model_draft, app_module.setting_flags(
             exact, strategy="none", n_max=n_max, n_min=n_min, p_min=p_min, n_ctx=n_ctx,
             n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout), verbose)
+    target_path, draft_path, planned = prepared.target, prepared.draft, prepared.options
     draft_paths = [_fetch(ref) for ref in drafts] if drafts else ([draft_path] if draft_path else [])
     bench = BenchSession(request, target_path, draft_paths, planned, items, grid, conversations)
     err = Console(stderr=True, no_color=bool(os.environ.get("NO_COLOR")) or None)

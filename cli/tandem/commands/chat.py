@@ -112,10 +112,11 @@ def _chat(*, pair, system, model, model_draft, strategy, n_max, n_min, p_min,
     _read_lines_leniently()
     view = ChatView(make_console(), show_draft=show_draft)
     # no spinner here: a download on the way draws its own progress on stderr
-    target_path, draft_path, opts = options.load_plan(
+    prepared = options.prepare_pair(
         pair, model, model_draft, options.setting_flags(
             exact, no_history, strategy=strategy, n_max=n_max, n_min=n_min, p_min=p_min, n_ctx=n_ctx,
             n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout), verbose)
+    target_path, draft_path, opts = prepared.target, prepared.draft, prepared.options
     gen = GenParams(max_tokens=max_tokens, sampling=sampling)
     names = target_path.name + (f" + {Path(draft_path).name}" if draft_path else "")
     with view.loading(f"Loading {names}…"):

@@ -52,7 +52,7 @@ def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size
                  force_profile=False, hardware=None, rpc=None) -> dict:
     """Everything `tandem hw` shows, as objects (the renderers only format)."""
     from tandem.commands.options import check_model_path, check_pair_or_files
-    from tandem.config.settings import resolve_settings
+    from tandem.commands.plan import resolve
     from tandem.errors import UsageError
     from tandem.machine import hardware as hwmod
     from tandem.machine.fit import plan_for_settings, recommended_pairs
@@ -81,11 +81,12 @@ def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size
                           label=(spec.target.name, spec.draft.name))
         return _files_on_disk(store, chosen["target"], chosen["draft"])
 
-    settings = resolve_settings({"profile": profile, "pair": pair, "n_ctx": ctx_size, "rpc": rpc},
-                                hardware=hw, force_profile=force_profile or None, models=files)
+    resolved = resolve({"profile": profile, "pair": pair, "n_ctx": ctx_size, "rpc": rpc,
+                        "force_profile": force_profile or None}, files, hardware=hw)
+    settings, machine = resolved.settings, dict(hardware=hw, backend=resolved.backend)
     target, draft, pair_name, label = (chosen["target"], chosen["draft"], chosen["name"],
                                        chosen["label"])
-    plan = plan_for_settings(settings, target, draft, store=store)
+    plan = plan_for_settings(settings, target, draft, store=store, **machine)
     remote = None
     if settings.rpc:
         from tandem.config.schema import endpoints
@@ -94,8 +95,9 @@ def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size
 
         servers = [server_info(ep) for ep in endpoints(settings.rpc)]
         remote = remote_plan_for_settings(settings, target, servers, store=store)
-    return {"hardware": hw, "settings": settings, "pair": pair_name, "labels": label,
-            "plan": plan, "recommended": recommended_pairs(settings, store), "remote": remote}
+    return {"hardware": hw, "resolved": resolved, "pair": pair_name, "labels": label,
+            "plan": plan, "remote": remote,
+            "recommended": recommended_pairs(settings, resolved.profile, store=store, **machine)}
 
 
 def _files_on_disk(store, target, draft):
@@ -114,14 +116,15 @@ def _files_on_disk(store, target, draft):
 
 
 def report_json(r: dict) -> dict:
-    s, hw, plan = r["settings"], r["hardware"], r["plan"]
-    prof = s.profile_obj
+    res, hw, plan = r["resolved"], r["hardware"], r["plan"]
+    s, prof = res.settings, res.profile
     return {
         "hardware": hw.to_dict(),
-        "profile": {"name": prof.name, "description": prof.description, "reason": s.profile_reason,
-                    "source": s.source("profile"), "origin": prof.origin, "path": prof.path,
-                    "backend": prof.backend, "cost": prof.cost_for(hw)},
-        "backend": s.backend,
+        "profile": {"name": prof.name, "description": prof.description,
+                    "reason": res.profile_reason, "source": s.source("profile"),
+                    "origin": prof.origin, "path": prof.path, "backend": prof.backend,
+                    "cost": prof.cost_for(hw)},
+        "backend": res.backend,
         "settings": s.to_dict(),
         "pair": r["pair"],
         "plan": plan.to_dict(),
@@ -130,7 +133,7 @@ def report_json(r: dict) -> dict:
                                "exact": a.exact,
                                "total": _needs(a.plan)}
                               for a in r["recommended"]],
-        "warnings": list(s.warnings),
+        "warnings": list(res.warnings),
         "notes": list(hw.notes),
     }
 
@@ -154,13 +157,13 @@ def render(r: dict, console=None) -> None:
     from rich.console import Console
 
     console = console or Console(highlight=False)
-    hw, s = r["hardware"], r["settings"]
+    hw, res = r["hardware"], r["resolved"]
     _render_hardware(hw, console)
-    _render_profile(s, hw, console)
-    _render_settings(s, console)
+    _render_profile(res, hw, console)
+    _render_settings(res.settings, console)
     _render_plan(r, console)
-    _render_recommended(r, s.profile_obj, console)
-    for w in s.warnings:
+    _render_recommended(r, res.profile, console)
+    for w in res.warnings:
         console.print(f"[yellow]Warning:[/yellow] {w}")
     for n in hw.notes:
         console.print(f"Note: {n}")
@@ -195,10 +198,10 @@ def _render_hardware(hw, console) -> None:
     console.print()
 
 
-def _render_profile(s, hw, console) -> None:
+def _render_profile(res, hw, console) -> None:
     from rich.table import Table
 
-    prof = s.profile_obj
+    s, prof = res.settings, res.profile
     pt = Table(title="Profile", title_justify="left", show_header=False, box=None,
                pad_edge=False)
     pt.add_column(style="bold")
@@ -206,13 +209,13 @@ def _render_profile(s, hw, console) -> None:
     pt.add_row("Name", f"{prof.name}: {prof.description}"
                + (f" ({prof.origin})" if prof.origin != "builtin" else ""))
     chosen = "detected" if s.source("profile") == "detected" else f"set by {s.origin('profile')}"
-    pt.add_row("Chosen", f"{chosen}; {s.profile_reason}")
+    pt.add_row("Chosen", f"{chosen}; {res.profile_reason}")
     tier = prof.tier_for(hw.accelerator_memory)
     if tier is not None:
         pt.add_row("Tier", f">= {tier.min_memory_gib:g} GiB" + (f" ({tier.note})" if tier.note
                                                                else ""))
-    pt.add_row("Backend", s.backend + ("" if s.backend == prof.backend else
-                                       f" (the profile asks for {prof.backend})"))
+    pt.add_row("Backend", res.backend + ("" if res.backend == prof.backend else
+                                         f" (the profile asks for {prof.backend})"))
     console.print(pt)
     console.print()
 

@@ -1,5 +1,5 @@
 """What the commands share: option declarations (spelled as llama.cpp spells them), input
-checks, and the path from flags to a loaded pair's files and engine options."""
+checks, and the path from flags to a pair prepared to load (prepare_pair)."""
 from __future__ import annotations
 
 import math
@@ -179,10 +179,13 @@ def check_pair_or_files(pair: str | None, model: Path | None, model_draft: Path 
                          "drop the pair name to use your own files, or drop -m/-md")
 
 
-def load_plan(pair, model, model_draft, flags: dict, verbose: bool):
-    """Settings (flags > env > config > tuned > profile > defaults) -> model files -> memory
-    plan -> SessionOptions; warnings go to stderr. `flags`: {settings key: value or None}.
-    Shared by run, chat and spec-bench."""
+def prepare_pair(pair, model, model_draft, flags: dict, verbose: bool):
+    """The command's pair prepared to load (commands.plan.Prepared): settings (flags > env >
+    config > tuned > profile > defaults) -> model files -> memory plan -> SessionOptions;
+    warnings go to stderr. `flags`: {settings key: value or None}. A lone -m runs plain
+    decoding, so its Prepared has no draft. Shared by run, chat, serve and spec-bench."""
+    from dataclasses import replace
+
     from tandem.commands.plan import prepare_session
 
     check_pair_or_files(pair, model, model_draft)
@@ -201,10 +204,9 @@ def load_plan(pair, model, model_draft, flags: dict, verbose: bool):
         view.close()
     for warning in prepared.warnings:
         print(f"Warning: {warning}", file=sys.stderr)
-    draft = prepared.draft
     if prepared.options.strategy == "none" and model is not None and model_draft is None:
-        draft = None
-    return prepared.target, draft, prepared.options
+        prepared = replace(prepared, draft=None)
+    return prepared
 
 
 def setting_flags(exact: bool = False, no_history: bool = False, **flags) -> dict:

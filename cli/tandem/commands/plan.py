@@ -1,41 +1,99 @@
-"""From resolved settings to what the engine loads: the memory plan, the engine's
-SessionOptions (session_options) and the pair's files. `run`, `chat`, `serve` and
-`spec-bench` prepare a session here: the composition of the config, machine and engine
-layers belongs above them, beside the commands."""
+"""From the command's flags to what the engine loads: the settings resolved with this
+machine's profile and the pair's files (resolve -> Resolved), the memory plan, the engine's
+SessionOptions (session_options). `run`, `chat`, `serve` and `spec-bench` prepare a session
+here (prepare_session -> Prepared), `hw` resolves here: the composition of the config, machine,
+models and engine layers belongs above them, beside the commands."""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from tandem.config.schema import endpoints
-from tandem.config.settings import Settings, resolve_settings
+from tandem.config.settings import CONFIG_NAME, Settings, read_sources, resolve_settings
+from tandem.config.tuned import tuned_values
 from tandem.engine.llama import ContextParams, exact_context
 from tandem.engine.rpc import server_info
 from tandem.engine.session import SessionOptions
 from tandem.engine.strategies import DraftParams
 from tandem.machine.fit import plan_for_settings, remote_plan_for_settings
 from tandem.fsutil import fmt_bytes
-from tandem.machine.hardware import detect
-from tandem.machine.planner import PlanError, require_fit
+from tandem.machine.hardware import Hardware, detect
+from tandem.machine.planner import Plan, PlanError, require_fit
+from tandem.machine.profiles import Profile, choose_profile, load_profiles
+from tandem.models.catalog import get_pair
+from tandem.models.store import tandem_home
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A command's settings and what resolving them took: this machine, the profile chosen for
+    it (and why), the backend that will run, the pair's files when known (paths or catalog
+    ModelSpecs), the tuned file that applied, and the warnings for stderr."""
+
+    settings: Settings
+    hardware: Hardware
+    profile: Profile
+    profile_reason: str
+    backend: str
+    files: tuple[Any, Any] | None = None
+    tuned_path: Path | None = None
+    warnings: tuple[str, ...] = ()
+
+
+def resolve(cli: Mapping[str, Any] | None, files: Any = None, *,
+            env: Mapping[str, str] | None = None, home: Path | None = None,
+            hardware: Hardware | None = None,
+            profiles: Mapping[str, Profile] | None = None) -> Resolved:
+    """Flags, env and config.yaml read and checked -> the profile chosen -> the pair's files
+    -> their tuned values -> config.settings.resolve_settings, once.
+
+    `cli`: {settings key: value or None} plus pair, profile and force_profile. `files`: the
+    (target, draft) of the pair, or a function from the pair's name to them, called only once
+    the flags, env and config have been checked (so a bad flag fails before a download); the
+    tuned settings spec-bench saved for those files then apply. `env` defaults to os.environ,
+    `home` to tandem_home(), `hardware` to detect(), `profiles` to the built-in ones and the
+    home's."""
+    env = os.environ if env is None else env
+    home = Path(home) if home is not None else tandem_home()
+    hardware = hardware or detect()
+    sources = read_sources(cli or {}, env, home / CONFIG_NAME, get_pair().name)
+    if profiles is None:
+        profiles = load_profiles(user_dir=home / "profiles")
+    choice = choose_profile(sources.profile, hardware, profiles, sources.force_profile)
+    if callable(files):
+        files = files(sources.pair.value)
+    tuned, tuned_path, tuned_warnings = tuned_values(home, files, sources.threads)
+    settings, merged = resolve_settings(sources, choice.setting, choice.values, tuned,
+                                        cpu_threads=hardware.cpu.logical_cores or 0)
+    warnings = [*hardware.warnings, *sources.warnings, *choice.warnings, *tuned_warnings,
+                *merged]
+    return Resolved(settings, hardware, choice.profile, choice.reason, choice.backend,
+                    tuple(files) if files is not None else None, tuned_path,
+                    tuple(dict.fromkeys(warnings)))
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """What `run` / `chat` need to load a pair: settings, the plan and the engine options."""
+    """What `run`, `chat`, `serve` and `spec-bench` need to load a pair: the resolved settings,
+    the plan, the engine options and the pair's files."""
 
-    settings: Settings
-    plan: Any  # tandem.machine.planner.Plan
-    options: Any  # tandem.engine.session.SessionOptions
+    resolved: Resolved
+    plan: Plan
+    options: SessionOptions
     target: Path
     draft: Path | None
+
+    @property
+    def settings(self) -> Settings:
+        return self.resolved.settings
 
     @property
     def warnings(self) -> list[str]:
         """For stderr: the settings' warnings, the pair's oddities and why a partial plan will
         be slow."""
-        return (list(self.settings.warnings) + pair_warnings(self.target, self.draft)
+        return (list(self.resolved.warnings) + pair_warnings(self.target, self.draft)
                 + list(self.plan.problems))
 
 
@@ -58,8 +116,9 @@ def pair_warnings(target: Path, draft: Path | None) -> list[str]:
     return []
 
 
-def prepare_session(cli: Mapping[str, Any] | None, resolve_models, *, verbose: bool = False,
-                    hardware: Any = None, home: Path | None = None) -> Prepared:
+def prepare_session(cli: Mapping[str, Any] | None,
+                    resolve_models: Callable[[str], tuple[Any, Any]], *, verbose: bool = False,
+                    hardware: Hardware | None = None, home: Path | None = None) -> Prepared:
     """Settings -> model paths -> plan -> SessionOptions, in that order.
 
     `resolve_models(pair_name) -> (target_path, draft_path or None)` finds (or downloads) the
@@ -67,30 +126,27 @@ def prepare_session(cli: Mapping[str, Any] | None, resolve_models, *, verbose: b
     (default: $TANDEM_HOME or ~/.tandem), where settings, costs and history are kept. Raises
     planner.PlanError (exit 3, with what to change) when the pair cannot be loaded at all.
     """
-    if home is None:
-        from tandem.models.store import tandem_home
-
-        home = tandem_home()
-    settings = resolve_settings(cli, hardware=hardware or detect(), home=home,
-                                models=resolve_models)
-    target, draft = settings.files
+    home = Path(home) if home is not None else tandem_home()
+    r = resolve(cli, resolve_models, hardware=hardware, home=home)
+    settings, (target, draft) = r.settings, r.files
     servers = endpoints(settings.rpc)
-    p = plan_for_settings(settings, target, draft)
+    p = plan_for_settings(settings, target, draft, hardware=r.hardware, backend=r.backend)
     if servers:
         # before llama.cpp sees them: it aborts the process on a server it cannot use
         infos = [server_info(ep) for ep in servers]
         require_remote_fit(p, remote_plan_for_settings(settings, target, infos))
     else:
         p = require_fit(p)
-    return Prepared(settings, p, session_options(settings, p, home=home, verbose=verbose),
+    return Prepared(r, p, session_options(settings, p, home=home, verbose=verbose),
                     Path(target), Path(draft) if draft is not None else None)
 
 
-def session_options(s: Settings, plan=None, *, home: Path | None = None,
-                    verbose: bool = False) -> SessionOptions:
+def session_options(s: Settings, plan: Plan | None = None, *, backend: str = "cpu",
+                    home: Path | None = None, verbose: bool = False) -> SessionOptions:
     """The engine's options for resolved settings: the draft length and its stops become the
     session's DraftParams; GPU layers come from `plan` (the planner resolves `auto`), else
-    from the settings themselves. `home`: where the session keeps costs and history."""
+    from the settings themselves on `backend` (Resolved.backend). `home`: where the session
+    keeps costs and history."""
     exact = s.mode == "exact"
     ctx = ContextParams(n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
                         n_threads=s.n_threads, n_threads_batch=s.n_threads_batch,
@@ -98,8 +154,8 @@ def session_options(s: Settings, plan=None, *, home: Path | None = None,
     if plan is not None:
         layers = (plan.target.gpu_layers, plan.draft.gpu_layers if plan.draft else 0)
     else:
-        layers = (gpu_layers_value(s.target_gpu_layers, s.backend),
-                  gpu_layers_value(s.draft_gpu_layers, s.backend))
+        layers = (gpu_layers_value(s.target_gpu_layers, backend),
+                  gpu_layers_value(s.draft_gpu_layers, backend))
     rpc = endpoints(s.rpc)
     if rpc:
         # the offloaded layers go to the servers: all of them, unless the user chose a

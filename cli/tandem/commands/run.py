@@ -30,7 +30,7 @@ from tandem.commands.options import (
     TopPOpt,
     VerboseOpt,
     check_text,
-    load_plan,
+    prepare_pair,
     read_context_files,
     read_stdin,
     sampling_params,
@@ -106,7 +106,8 @@ def run(
     contexts = read_context_files(context_file)
     flags = setting_flags(exact, no_history, strategy=strategy, n_max=n_max, n_min=n_min, p_min=p_min,
                           n_ctx=n_ctx, n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout)
-    target_path, draft_path, opts = load_plan(pair, model, model_draft, flags, verbose)
+    prepared = prepare_pair(pair, model, model_draft, flags, verbose)
+    target_path, draft_path, opts = prepared.target, prepared.draft, prepared.options
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt}]
     show_stats = sys.stderr.isatty() if stats is None else stats

@@ -1,7 +1,7 @@
 """`tandem serve`: the OpenAI-compatible HTTP API on the same engine as run and chat.
 
 Thin on purpose: the flags go through the same settings path as `run` (commands/options.py:
-load_plan), the server lives in tandem.serve, and Starlette/uvicorn are imported only once this
+prepare_pair), the server lives in tandem.serve, and Starlette/uvicorn are imported only once this
 command runs (`tandem run` does not pay for them).
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from tandem.commands.options import (
     TopKOpt,
     TopPOpt,
     VerboseOpt,
-    load_plan,
+    prepare_pair,
     read_context_files,
     sampling_params,
     setting_flags,
@@ -101,7 +101,8 @@ def serve(
     flags = setting_flags(exact, no_history, strategy=strategy, n_max=n_max, n_min=n_min,
                           p_min=p_min, n_ctx=n_ctx, n_threads=n_threads, rpc=rpc,
                           rpc_timeout=rpc_timeout)
-    target_path, draft_path, opts = load_plan(pair, model, model_draft, flags, verbose)
+    prepared = prepare_pair(pair, model, model_draft, flags, verbose)
+    target_path, draft_path, opts = prepared.target, prepared.draft, prepared.options
 
     from tandem.serve import app as server  # Starlette and uvicorn: only now
     from tandem.serve.worker import Defaults, EngineWorker

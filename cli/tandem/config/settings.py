@@ -1,23 +1,26 @@
-"""Settings, resolved once per command into one frozen object in which every value knows where
+"""Settings, merged once per command into one frozen object in which every value knows where
 it came from. Precedence, highest first:
 
     cli      command-line flags
     env      environment variables (TANDEM_CTX_SIZE, TANDEM_DRAFT_MAX, ...; see config.schema)
     config   the user config file, <tandem_home>/config.yaml
     tuned    spec-bench --tune's result for these model files (config.tuned)
-    profile  the hardware profile (detected, or chosen with --profile / TANDEM_PROFILE /
-             `profile:` in the config file), with its memory tier applied
+    profile  the hardware profile's values, with its memory tier applied
     default  the schema's defaults
 
-The profile itself is chosen with the same precedence (cli > env > config > detection). A named
-profile that does not match this machine is refused with the reason unless it is forced
-(--force-profile, TANDEM_FORCE_PROFILE=1 or `force_profile: true` in the config); a forced one
-is used with a warning. Of two values that break a rule across keys (config.schema.RULES), the
-one from the weaker source yields, with a warning.
+Two steps, so that a bad flag fails before anything is downloaded: read_sources() reads and
+checks the flags, the environment and the config file, and names the pair (cli > env > config
+> the catalog's default, which the caller passes in) and the profile if one was named; the
+caller (commands/plan.py) then chooses the profile (machine.profiles.choose_profile), finds
+the pair's files and reads their tuned values, and resolve_settings() merges it all. Of two
+values that break a rule across keys (config.schema.RULES), the one from the weaker source
+yields, with a warning.
+
+This module is config's bottom layer: it reads files and merges plain data, and imports
+nothing from the machine, the models or the engine (tests/test_structure.py).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
@@ -25,7 +28,6 @@ from typing import Any, Mapping
 
 from tandem.config.files import Located, SettingsFileError, convert, load_yaml, values_of
 from tandem.config.schema import FIELDS_BY_KEY, SETTING_FIELDS, broken_rules, unknown_env
-from tandem.config.tuned import tuned_values
 from tandem.errors import UsageError
 
 SOURCES = ("cli", "env", "config", "tuned", "profile", "default")
@@ -48,7 +50,9 @@ class Setting:
 @dataclass(frozen=True)
 class Settings:
     """Resolved settings: one attribute per key of the schema (config.schema.SETTING_FIELDS)
-    plus pair and profile; `source(key)` and `origin(key)` say where each came from."""
+    plus pair and profile; `source(key)` and `origin(key)` say where each came from. Values
+    only: the hardware, the profile object and the pair's files that resolving them took are
+    the caller's (commands/plan.py: Resolved)."""
 
     pair: str
     profile: str
@@ -72,13 +76,6 @@ class Settings:
     rpc: str  # HOST:PORT,... of llama.cpp RPC servers for the target ("": all local)
     rpc_timeout: float
     sources: Mapping[str, Setting] = field(repr=False, default_factory=dict)
-    profile_obj: Any = None  # tandem.machine.profiles.Profile
-    profile_reason: str = ""
-    hardware: Any = None  # tandem.machine.hardware.Hardware
-    backend: str = "cpu"  # what will actually run: the profile's backend if the binding can
-    warnings: tuple[str, ...] = ()
-    tuned_path: str | None = None
-    files: tuple[Any, Any] | None = None  # the (target, draft) files, when known
 
     def source(self, key: str) -> str:
         return self.sources[key].source
@@ -189,65 +186,63 @@ ENV_OF = {"pair": ENV_PAIR, "profile": ENV_PROFILE}
 # ------------------------------------------------------------------------------ resolve
 
 
-def resolve_settings(cli: Mapping[str, Any] | None = None, *, env: Mapping[str, str] | None = None,
-                     home: Path | None = None, hardware: Any = None,
-                     profiles: Mapping[str, Any] | None = None,
-                     force_profile: bool | None = None,
-                     models: Any = None) -> Settings:
-    """Merge every source into one Settings (see the module docstring for the order).
+@dataclass(frozen=True)
+class Sources:
+    """The user's own sources, read and checked (read_sources): the flags, the environment
+    and the config file, each {key: Located}; the pair (cli > env > config > default) and the
+    profile's name when one was named (cli > env > config; None: detect one); whether a named
+    profile that does not match this machine is forced; warnings (stray TANDEM_ variables)."""
+
+    cli: Mapping[str, Located]
+    env: Mapping[str, Located]
+    config: Mapping[str, Located]
+    pair: Setting
+    profile: Setting | None
+    force_profile: bool
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def threads(self) -> int:
+        """The thread count the user set (0: all), as spec-bench keyed its tuned result."""
+        return next((v["n_threads"].value for v in (self.cli, self.env, self.config)
+                     if "n_threads" in v), 0)
+
+
+def read_sources(cli: Mapping[str, Any], env: Mapping[str, str], config_path: Path,
+                 default_pair: str) -> Sources:
+    """Step one: the flags, the environment and the config file at `config_path`, checked (a
+    bad value fails here, before the caller downloads anything), and the config-only keys.
 
     `cli`: {key: value} of the flags the user gave (None: not given), keys as in the schema
-    plus pair, profile and force_profile; `env` defaults to os.environ, `home` to
-    tandem_home(), `hardware` to detect(), `profiles` to the built-in and user profiles.
-    `models`, the (target, draft) paths or a function from the pair's name to them (called
-    once every other source has been checked, so a bad flag fails before a download), lets
-    spec-bench's tuned settings for those files apply; Settings.files keeps them.
-    """
-    from tandem.models.store import tandem_home
-
-    cli = dict(cli or {})
-    env = os.environ if env is None else env
-    home = home or tandem_home()
-    if hardware is None:
-        from tandem.machine.hardware import detect
-
-        hardware = detect()
-    warnings: list[str] = list(hardware.warnings)
-    stray = unknown_env(env)
-    if stray:
-        warnings.append(stray)
+    plus pair, profile and force_profile. `default_pair`: the pair when none is named."""
+    cli = dict(cli)
+    warnings = [w for w in (unknown_env(env),) if w]
     cli_vals = cli_values(cli)
     env_vals = env_values(env)
-    cfg_vals, cfg_extra = load_user_config(home / CONFIG_NAME)
-
-    force = force_profile if force_profile is not None else cli.get("force_profile")
+    cfg_vals, cfg_extra = load_user_config(config_path)
+    force = cli.get("force_profile")
     if force is None:
         force = (env.get(ENV_FORCE) or "").strip().lower() in ("1", "true", "yes", "on") or \
             bool(cfg_extra["force_profile"].value if "force_profile" in cfg_extra else False)
-    profile, chosen, reason, w = _profile(_named("profile", cli, env, cfg_extra), hardware,
-                                          profiles, home, bool(force))
-    warnings += w
-    values = {"profile": chosen}
-    pair = _named("pair", cli, env, cfg_extra)
-    if pair is None:
-        from tandem.models.catalog import get_pair
+    pair = _named("pair", cli, env, cfg_extra) or Setting("pair", default_pair, "default",
+                                                          "catalog default")
+    return Sources(cli_vals, env_vals, cfg_vals, pair, _named("profile", cli, env, cfg_extra),
+                   bool(force), tuple(warnings))
 
-        pair = Setting("pair", get_pair().name, "default", "catalog default")
-    values["pair"] = pair
-    if callable(models):
-        models = models(pair.value)
 
-    threads = next((v["n_threads"].value for v in (cli_vals, env_vals, cfg_vals)
-                    if "n_threads" in v), 0)  # what spec-bench keyed its result with
-    tuned_vals, tpath, tw = tuned_values(home, models, threads)
-    warnings += tw
-    tier = profile.tier_for(hardware.accelerator_memory)
-    prof_vals = {k: Located(loc.value, profile.name + (
-        f" (tier >= {tier.min_memory_gib:g} GiB)" if tier is not None and k in tier.values
-        else ""), loc.line) for k, loc in profile.values_for(hardware).items()}
+def resolve_settings(sources: Sources, profile: Setting, profile_values: Mapping[str, Located],
+                     tuned: Mapping[str, Located] | None = None,
+                     cpu_threads: int = 0) -> tuple[Settings, list[str]]:
+    """Step two: merge every source into one Settings (see the module docstring for the
+    order) and nothing else. (Settings, the warnings of the merge.)
 
-    layers = [("cli", cli_vals), ("env", env_vals), ("config", cfg_vals),
-              ("tuned", tuned_vals), ("profile", prof_vals)]
+    `profile`: the chosen profile's name with its source and why; `profile_values`: its
+    values for this machine, each Located at the profile (and tier) it came from; `tuned`:
+    spec-bench's values for the pair's files (config.tuned.tuned_values); `cpu_threads`: this
+    machine's CPU threads, which cap a thread count (0: unknown, no cap)."""
+    values = {"profile": profile, "pair": sources.pair}
+    layers = [("cli", sources.cli), ("env", sources.env), ("config", sources.config),
+              ("tuned", tuned or {}), ("profile", profile_values)]
     for f in SETTING_FIELDS:
         source, loc = next(((s, vals[f.key]) for s, vals in layers if f.key in vals),
                            ("default", None))
@@ -257,41 +252,10 @@ def resolve_settings(cli: Mapping[str, Any] | None = None, *, env: Mapping[str, 
             origin = loc.path + (f":{loc.line}" if loc.line and source in ("config", "tuned")
                                  else "")
             values[f.key] = Setting(f.key, loc.value, source, origin)
-    warnings += _reconcile(values)
-    warnings += _thread_warnings(values, hardware)
-    return Settings(**{k: values[k].value for k in VALUE_KEYS},
-                    sources=MappingProxyType(values), profile_obj=profile,
-                    profile_reason=reason, hardware=hardware,
-                    backend=effective_backend(profile, hardware),
-                    warnings=tuple(dict.fromkeys(warnings)),
-                    tuned_path=str(tpath) if tpath else None, files=models)
-
-
-def _profile(named: Setting | None, hardware: Any, profiles: Mapping[str, Any] | None,
-             home: Path, force: bool) -> tuple[Any, Setting, str, list[str]]:
-    """The profile: named (cli > env > config), else detected. (profile, its setting, why
-    it was chosen, warnings)."""
-    from tandem.machine.profiles import (
-        ProfileMismatchError,
-        get_profile,
-        load_profiles,
-        select_profile,
-    )
-
-    if profiles is None:
-        profiles = load_profiles(user_dir=home / "profiles")
-    if named is None:
-        profile, reason = select_profile(hardware, profiles)
-        return profile, Setting("profile", profile.name, "detected", reason), reason, []
-    try:
-        profile, warnings = get_profile(named.value, hardware, profiles, force=force)
-    except ProfileMismatchError as exc:
-        if named.source != "cli":  # say where the name came from: it may be long forgotten
-            exc.message = f"{exc.message} (profile set by {named.origin})"
-            exc.args = (exc.message,)
-        raise
-    return (profile, Setting("profile", profile.name, named.source, named.origin),
-            f"chosen with {named.origin}", list(warnings))
+    warnings = _reconcile(values)
+    warnings += _thread_warnings(values, cpu_threads)
+    return (Settings(**{k: values[k].value for k in VALUE_KEYS},
+                     sources=MappingProxyType(values)), warnings)
 
 
 def _rank(s: Setting) -> int:
@@ -321,11 +285,10 @@ def _reconcile(values: dict[str, Setting]) -> list[str]:
 THREADS_OVER_CORES = 4  # above this many times the CPU's threads a count is surely a typo
 
 
-def _thread_warnings(values: dict[str, Setting], hardware: Any) -> list[str]:
+def _thread_warnings(values: dict[str, Setting], cores: int) -> list[str]:
     """More threads than the CPU has only makes llama.cpp's threads wait for each other (-t 1000
-    on 2 cores ran 100x slower): a count above the CPU's threads is capped to them with a
-    warning, one above THREADS_OVER_CORES times them is refused, whatever its source."""
-    cores = getattr(getattr(hardware, "cpu", None), "logical_cores", 0) or 0
+    on 2 cores ran 100x slower): a count above the CPU's `cores` threads is capped to them with
+    a warning, one above THREADS_OVER_CORES times them is refused, whatever its source."""
     warnings: list[str] = []
     for key in ("n_threads", "n_threads_batch"):
         s = values[key]
@@ -341,12 +304,3 @@ def _thread_warnings(values: dict[str, Setting], hardware: Any) -> list[str]:
                         f"threads; using {cores} (more would be slower, not faster)")
     return warnings
 
-
-def effective_backend(profile: Any, hardware: Any) -> str:
-    """The backend that will run: the profile's, if the installed binding can offload."""
-    if profile.backend == "cpu" or hardware is None:
-        return profile.backend if hardware is None else "cpu"
-    binding = hardware.backend.name if hardware.backend is not None else "unknown"
-    if binding in ("cpu", "unknown"):
-        return "cpu"
-    return binding if binding in ("cuda", "metal") else profile.backend

@@ -58,14 +58,16 @@ def _shape_from_file(path: Path, name: str | None):
     return _SHAPES[key]
 
 
-def plan_for_settings(settings, target: Any, draft: Any = None, *, store: Any = None,
-                      suggest_pairs: bool = True):
+def plan_for_settings(settings, target: Any, draft: Any = None, *, hardware, backend: str,
+                      store: Any = None, suggest_pairs: bool = True):
     """Offload plan for `target` + `draft` (paths, catalog ModelSpecs or ModelShapes) under
-    `settings` on its hardware. Smaller catalog pairs are suggested when it does not fit."""
+    `settings` on `hardware` (machine.hardware.Hardware), running on `backend` (the profile's
+    backend as the binding allows: machine.profiles.effective_backend). Smaller catalog pairs
+    are suggested when it does not fit."""
     t_shape = _shape_of(target, store, "target")
     d_shape = _shape_of(draft, store, "draft") if draft is not None else None
-    budget = Budget.for_hardware(settings.hardware, settings.gpu_reserve_mb,
-                                 backend=settings.backend, repack=ENGINE_REPACK[settings.mode])
+    budget = Budget.for_hardware(hardware, settings.gpu_reserve_mb, backend=backend,
+                                 repack=ENGINE_REPACK[settings.mode])
     same_draft = getattr(draft, "name", None)
     alternatives = _smaller_pairs(t_shape, same_draft) if suggest_pairs else ()
     return plan(t_shape, d_shape, budget, context_spec(settings, "target"),
@@ -107,22 +109,23 @@ class PairAdvice:
     note: str = ""
 
 
-def recommended_pairs(settings, store: Any = None) -> list[PairAdvice]:
-    """The profile's recommended pairs for this machine's memory, each planned."""
+def recommended_pairs(settings, profile, *, hardware, backend: str,
+                      store: Any = None) -> list[PairAdvice]:
+    """`profile`'s recommended pairs for the memory of `hardware`, each planned."""
     catalog = load_catalog()
     lookup = {n.lower(): n for n in catalog}
     for n, p in catalog.items():
         for a in p.aliases:
             lookup.setdefault(a.lower(), n)
     out = []
-    for name in settings.profile_obj.pairs_for(settings.hardware):
+    for name in profile.pairs_for(hardware):
         canonical = lookup.get(name.lower())
         if canonical is None:
             out.append(PairAdvice(name, "unknown", note="not in this catalog"))
             continue
         pair = catalog[canonical]
-        p = plan_for_settings(settings, pair.target, pair.draft, store=store,
-                              suggest_pairs=False)
+        p = plan_for_settings(settings, pair.target, pair.draft, hardware=hardware,
+                              backend=backend, store=store, suggest_pairs=False)
         out.append(PairAdvice(canonical, p.status, p, exact=p.target.exact))
     return out
 

@@ -42,6 +42,7 @@ from tandem.config.files import (
     values_of,
 )
 from tandem.config.schema import FIELDS_BY_KEY, SCALARS, SECTIONS, one_of
+from tandem.config.settings import Setting
 from tandem.errors import UsageError
 from tandem.fsutil import fmt_bytes
 
@@ -466,3 +467,58 @@ def get_profile(name: str, hw=None, profiles: Mapping[str, Profile] | None = Non
     warnings = [f"profile {profile.name!r} forced although it does not match this machine: "
                 f"{'; '.join(reasons)}"] if reasons else []
     return profile, warnings
+
+
+# ------------------------------------------------------------------------------ choice
+
+
+@dataclass(frozen=True)
+class ProfileChoice:
+    """The profile a command runs with, and what config.settings.resolve_settings takes from
+    it: `setting` (its name, the source that chose it and why), `values` (its settings for
+    this machine, each Located at the profile and tier it came from); `backend` is what will
+    run (effective_backend) and `warnings` say when it was forced."""
+
+    profile: Profile
+    setting: Setting
+    reason: str
+    values: Mapping[str, Located]
+    backend: str
+    warnings: tuple[str, ...] = ()
+
+
+def choose_profile(named: Setting | None, hw, profiles: Mapping[str, Profile],
+                   force: bool = False) -> ProfileChoice:
+    """The profile named (cli > env > config: config.settings.Sources.profile), else the one
+    detected for `hw`. A named profile that does not match `hw` is refused with the reason, and
+    with where its name came from when that was not the command line (it may be long
+    forgotten), unless `force`: then it is used with a warning."""
+    if named is None:
+        profile, reason = select_profile(hw, profiles)
+        setting, warnings = Setting("profile", profile.name, "detected", reason), []
+    else:
+        try:
+            profile, warnings = get_profile(named.value, hw, profiles, force=force)
+        except ProfileMismatchError as exc:
+            if named.source != "cli":
+                exc.message = f"{exc.message} (profile set by {named.origin})"
+                exc.args = (exc.message,)
+            raise
+        reason = f"chosen with {named.origin}"
+        setting = Setting("profile", profile.name, named.source, named.origin)
+    tier = profile.tier_for(hw.accelerator_memory)
+    values = {k: Located(loc.value, profile.name + (
+        f" (tier >= {tier.min_memory_gib:g} GiB)" if tier is not None and k in tier.values
+        else ""), loc.line) for k, loc in profile.values_for(hw).items()}
+    return ProfileChoice(profile, setting, reason, MappingProxyType(values),
+                         effective_backend(profile, hw), tuple(warnings))
+
+
+def effective_backend(profile: Profile, hw) -> str:
+    """The backend that will run: the profile's, if the installed binding can offload."""
+    if profile.backend == "cpu" or hw is None:
+        return profile.backend if hw is None else "cpu"
+    binding = hw.backend.name if hw.backend is not None else "unknown"
+    if binding in ("cpu", "unknown"):
+        return "cpu"
+    return binding if binding in ("cuda", "metal") else profile.backend
