@@ -270,6 +270,8 @@ def test_the_validation_is_msgspecs_and_its_paths_map_to_lines(tmp_path):
     assert e.value.problem == "must be in 1..65536, got 0"  # the schema's range, worded
     assert translate("Expected `int` >= 1 - at `$.tiers[1].batch.n_batch`", doc,
                      mod._Profile) == (12, "tiers[1].batch.n_batch", "must be in 1..65536, got 0")
+    with pytest.raises(SettingsFileError, match="t0_ms': must be a finite number, got inf"):
+        _load_one(tmp_path, GOOD + "    cost: {t0_ms: .inf}\n")  # no bound of msgspec's own
 
 
 def test_the_translator_finds_entries_msgspec_writes_as_dots(tmp_path):

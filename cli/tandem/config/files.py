@@ -170,20 +170,17 @@ def settings_struct(name: str, own: Iterable[tuple] = ()) -> type:
 
 
 def normalized(doc: Any) -> Any:
-    """A copy of a mapping with setting sections whose values Field.normal adjusted (case,
-    YAML 1.1 booleans): msgspec checks the copy, errors show the original."""
+    """A copy of a mapping (and of the mappings in its lists: a profile's tiers) with the
+    settings' values adjusted by Field.normal (case, YAML 1.1 booleans): msgspec checks the
+    copy, errors show the original."""
     if not isinstance(doc, dict):
         return doc
-    out = dict(doc)
+    out = {k: dict(v) if k in SECTIONS and isinstance(v, dict) else
+           [normalized(i) for i in v] if isinstance(v, list) else v for k, v in doc.items()}
     for f in SETTING_FIELDS:
-        node = out
-        for part in f.path[:-1]:
-            if not isinstance(node.get(part), dict):
-                break
-            node[part] = node = dict(node[part])
-        else:
-            if f.path[-1] in node:
-                node[f.path[-1]] = f.normal(node[f.path[-1]])
+        node = out if len(f.path) == 1 else out.get(f.path[0])
+        if isinstance(node, dict) and f.path[-1] in node:
+            node[f.path[-1]] = f.normal(node[f.path[-1]])
     return out
 
 

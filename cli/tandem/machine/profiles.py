@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -65,8 +66,9 @@ class ProfileMismatchError(UsageError):
 # the shapes of a profile's parts, checked by msgspec (config.files.convert words its errors)
 _Name = Annotated[str, Meta(pattern=r"\S")]
 _Names = Annotated[Union[_Name, list[_Name]], Meta(extra={"says": "must be a list of names"})]
-_GiB = Annotated[float, Meta(ge=0)]
-_Positive = Annotated[float, Meta(gt=0)]
+# at most the largest finite float: YAML's .inf is refused, as .nan is by any bound
+_GiB = Annotated[float, Meta(ge=0, le=sys.float_info.max, extra={"range": "must be >= 0"})]
+_Positive = Annotated[float, Meta(gt=0, le=sys.float_info.max, extra={"range": "must be > 0"})]
 _Fraction = Annotated[float, Meta(gt=0, le=1.5, extra={"range": "must be a fraction (0..1.5)"})]
 
 
@@ -260,8 +262,6 @@ def parse_profile(doc: Any, path: str | Path, name: str, origin: str = "builtin"
         shape["backend"] = shape["backend"].strip().lower()
     if isinstance(shape.get("match"), dict) and isinstance(shape["match"].get("vendor"), str):
         shape["match"] = {**shape["match"], "vendor": shape["match"]["vendor"].strip().lower()}
-    if isinstance(shape.get("tiers"), list):
-        shape["tiers"] = [normalized(t) for t in shape["tiers"]]
     p = convert(shape, _Profile, path, ProfileError, doc)
     m = p.match
     if m.min_memory_gib is not None and m.max_memory_gib is not None \
@@ -301,8 +301,6 @@ def profiles_dir() -> Path:
     source = Path(__file__).resolve().parents[3] / "profiles"
     if source.is_dir():
         return source
-    import sys
-
     return Path(sys.prefix) / "share" / "tandem" / "profiles"
 
 
