@@ -246,6 +246,86 @@ def test_impossible_speculative_and_match(tmp_path):
         _load_one(tmp_path, GOOD.replace("    backend: cpu\n", ""))
 
 
+def test_the_validation_is_msgspecs_and_its_paths_map_to_lines(tmp_path):
+    """msgspec checks the file against the profile's Struct; its error path
+    ($.tiers[1].batch.n_batch) becomes the file's line and the dotted key."""
+    import msgspec
+    from tandem.config.files import load_yaml, translate
+    from tandem.machine import profiles as mod
+
+    body = GOOD + textwrap.indent(textwrap.dedent("""
+        tiers:
+          - {min_memory_gib: 8}
+          - min_memory_gib: 16
+            batch:
+              n_ubatch: 64
+              n_batch: 0
+        """), "    ")
+    doc = load_yaml(tmp_path / "x.yaml", textwrap.dedent(body).lstrip())
+    with pytest.raises(msgspec.ValidationError, match=r"at `\$\.tiers\[1\]\.batch\.n_batch`"):
+        msgspec.convert(doc, mod._Profile)
+    with pytest.raises(SettingsFileError) as e:
+        _load_one(tmp_path, body)
+    assert (e.value.line, e.value.key) == (12, "tiers[1].batch.n_batch")
+    assert e.value.problem == "must be in 1..65536, got 0"  # the schema's range, worded
+    assert translate("Expected `int` >= 1 - at `$.tiers[1].batch.n_batch`", doc,
+                     mod._Profile) == (12, "tiers[1].batch.n_batch", "must be in 1..65536, got 0")
+    with pytest.raises(SettingsFileError, match="t0_ms': must be a finite number, got inf"):
+        _load_one(tmp_path, GOOD + "    cost: {t0_ms: .inf}\n")  # no bound of msgspec's own
+
+
+def test_the_translator_finds_entries_msgspec_writes_as_dots(tmp_path):
+    """msgspec names a mapping's entry `[...]` (and a key `key` in `$...`): the translator
+    finds which one, down to cost.variants.<name>.verify_ratio.<n>."""
+    from tandem.config.files import load_yaml, translate
+    from tandem.machine import profiles as mod
+
+    body = GOOD + textwrap.indent(textwrap.dedent("""
+        cost:
+          variants:
+            "M1 Max": {verify_ratio: {2: 1.5}}
+            "M2 Max":
+              eta: 0.6
+              verify_ratio: {2: 1.5, 4: 0.5}
+        """), "    ")
+    doc = load_yaml(tmp_path / "x.yaml", textwrap.dedent(body).lstrip())
+    want = (12, "cost.variants.M2 Max.verify_ratio.4",
+            "a batch of 4 cannot cost less than one token, got 0.5")
+    assert translate("Expected `float` >= 1.0 - at `$.cost.variants[...].verify_ratio[...]`",
+                     doc, mod._Profile) == want
+    with pytest.raises(SettingsFileError) as e:
+        _load_one(tmp_path, body)
+    assert (e.value.line, e.value.key, e.value.problem) == want
+    with pytest.raises(SettingsFileError) as e:
+        _load_one(tmp_path, body.replace("{2: 1.5, 4: 0.5}", "{0: 2.0}"))
+    assert (e.value.line, e.value.key) == (12, "cost.variants.M2 Max.verify_ratio.0")
+    assert e.value.problem.startswith("batch size must be a whole number >= 1")
+    with pytest.raises(SettingsFileError) as e:
+        _load_one(tmp_path, body.replace("eta: 0.6", "eta: 2"))
+    assert (e.value.line, e.value.key) == (11, "cost.variants.M2 Max.eta")
+    assert e.value.problem == "must be a fraction (0..1.5), got 2"
+    with pytest.raises(SettingsFileError) as e:
+        _load_one(tmp_path, body.replace("eta: 0.6", "etta: 0.6"))
+    assert (e.value.line, e.value.key) == (11, "cost.variants.M2 Max.etta")
+    assert "unknown key; cost takes: source, bandwidth_gbps" in e.value.problem
+    assert "variants" not in e.value.problem  # a variant has none of its own
+
+
+def test_the_setting_types_come_from_the_schema():
+    """One definition per setting: the profile's section Structs carry schema.Field.type."""
+    import msgspec
+    from tandem.config.schema import SETTING_FIELDS
+    from tandem.machine import profiles as mod
+
+    top = {f.name: f.type for f in msgspec.structs.fields(mod._Profile)}
+    for field in SETTING_FIELDS:
+        if len(field.path) == 1:
+            assert top[field.path[0]] == field.type, field.key
+        else:
+            inner = {f.name: f.type for f in msgspec.structs.fields(top[field.path[0]])}
+            assert inner[field.path[1]] == field.type, field.key
+
+
 def test_bare_on_off_are_read_as_flash_attention_modes(tmp_path):
     p = _load_one(tmp_path, GOOD + "    flash_attn: on\n", "x.yaml")["x"]
     assert p.values["flash_attn"].value == "on"

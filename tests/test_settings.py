@@ -153,6 +153,36 @@ def test_env_and_cli_values_are_checked(home, profiles):
     assert (s.target_gpu_layers, s.flash_attn, s.type_k, s.p_min) == ("all", "off", "q8_0", 0.9)
 
 
+def test_text_values_go_through_the_same_types(home, profiles):
+    """Flags and variables are converted by msgspec with the files' types (strict=False
+    reads "5" as 5); only case and YAML 1.1 booleans are adjusted before."""
+    from tandem.config.schema import FIELDS_BY_KEY
+    from tandem.config.settings import cli_values, env_values, load_user_config
+
+    got = env_values({"TANDEM_GPU_LAYERS_DRAFT": "5", "TANDEM_THREADS": " 2 ",
+                      "TANDEM_HISTORY": "Off", "TANDEM_RPC": "a:1, b:2"})
+    assert {k: v.value for k, v in got.items()} == {
+        "draft_gpu_layers": 5, "n_threads": 2, "history": "off", "rpc": "a:1,b:2"}
+    for env, problem in (({"TANDEM_RPC_TIMEOUT": "nan"}, "must be a finite number, got nan"),
+                         ({"TANDEM_GPU_LAYERS": "-1"}, "layer count >= 0, got -1"),
+                         ({"TANDEM_THREADS": "2.5"}, "must be a whole number, got '2.5'")):
+        with pytest.raises(UsageError, match=problem):
+            env_values(env)
+    assert cli_values({"p_min": 0.25, "target_gpu_layers": "ALL"})["target_gpu_layers"].value \
+        == "all"
+    assert FIELDS_BY_KEY["n_ctx"].type.__metadata__[0].ge == 256  # the range msgspec checks
+    (home / "config.yaml").write_text("flash_attn: off\nforce_profile: yes\npair: ' x '\n")
+    values, extra = load_user_config(home / "config.yaml")
+    assert values["flash_attn"].value == "off" and extra["pair"].value == "x"
+    assert extra["force_profile"].value is True  # YAML 1.1's yes
+    (home / "config.yaml").write_text("flash_attn: off\nforce_profile: 1\n")
+    with pytest.raises(SettingsFileError) as e:
+        load_user_config(home / "config.yaml")
+    assert (e.value.line, e.value.key) == (2, "force_profile")
+    assert e.value.problem == "must be true or false, got 1"
+    assert not isinstance(e.value, ProfileError)
+
+
 def test_unset_flags_are_dropped_and_unknown_keys_refused(home, profiles):
     s = settings_of({"n_ctx": None, "n_max": 6, "n_threads": 2, "profile": "test"},
                     env={}, home=home, hardware=CPU_BOX, profiles=profiles)

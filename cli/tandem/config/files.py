@@ -1,30 +1,34 @@
 """Settings files (profiles, the config file, tuned results): YAML read with the line of each
-key, and their setting sections validated against the schema, so every error names the file,
-the line and the dotted key."""
+key, and validated by msgspec against Structs built from the schema, its errors translated so
+that every one names the file, the line and the dotted key."""
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Annotated, Any, Iterable, Mapping, Union, get_args, get_origin
 
+import msgspec
 import yaml
 
 from tandem.config.schema import (
     FIELDS_BY_KEY,
-    FIELDS_BY_PATH,
     SCALARS,
     SECTIONS,
-    Field,
+    SETTING_FIELDS,
     broken_rules,
-    show,
+    check_endpoints,
+    explain,
 )
 from tandem.errors import UsageError
 
 
 class SettingsFileError(UsageError):
     """A settings file (config.yaml, a profile, a tuned result) is invalid: `path`, `line` and
-    `key` say where. machine.profiles.ProfileError is the profiles' own kind of it."""
+    `key` say where. machine.profiles.ProfileError, its subclass, is raised for profiles alone
+    (config.yaml and tuned files raise this class itself)."""
 
     def __init__(self, path: str | Path, line: int | None, key: str | None, problem: str,
                  hint: str | None = None):
@@ -139,42 +143,169 @@ class Located:
     line: int | None
 
 
-def parse_setting_sections(doc: Mapping, path: str | Path, *, skip: Iterable[str] = (),
-                           prefix: str = "") -> dict[str, Located]:
-    """Validate the setting sections of a mapping (profile, tier, user config, tuned file).
+# ---------------------------------------------------------------------- validation (msgspec)
+#
+# A file's shape is a msgspec.Struct; msgspec.convert checks the YAML-loaded mapping against
+# it. Its error (" - at `$.tiers[1].batch.n_batch`") is translated into the file's line, the
+# dotted key and a problem worded by schema.explain from the declared type.
 
-    Returns {flat key: Located}. Keys listed in `skip` belong to the caller and are ignored
-    here; any other unknown key is an error naming its line.
-    """
-    skip = set(skip)
-    out: dict[str, Located] = {}
-    for key, value in doc.items():
-        if key in skip:
-            continue
-        line = line_at(doc, key)
-        dotted = f"{prefix}{key}"
-        if key in SCALARS:
-            out.update(_one(FIELDS_BY_PATH[(key,)], value, path, line, dotted))
-        elif key in SECTIONS:
-            if not isinstance(value, dict):
-                raise SettingsFileError(path, line, dotted, f"must be a mapping, got {show(value)}")
-            for sub, subval in value.items():
-                f = FIELDS_BY_PATH.get((key, sub))
-                if f is None:
-                    known = [p[1] for p in FIELDS_BY_PATH if p[0] == key]
-                    raise SettingsFileError(path, line_at(value, sub), f"{dotted}.{sub}",
-                                       f"unknown key; {key} takes: {', '.join(known)}")
-                out.update(_one(f, subval, path, line_at(value, sub), f"{dotted}.{sub}"))
-        else:
-            raise SettingsFileError(path, line, dotted, "unknown key" + suggest(key, skip))
+
+@lru_cache(maxsize=None)
+def _setting_fields() -> tuple[tuple[str, Any, Any], ...]:
+    """The settings as msgspec Struct fields, one per key of schema.SETTING_FIELDS: a scalar
+    (context) or a section Struct (batch: n_batch, n_ubatch), each optional."""
+    places: dict[str, list] = {}
+    for f in SETTING_FIELDS:
+        places.setdefault(f.path[0], []).append(f)
+    return tuple((name, fs[0].type if len(fs[0].path) == 1 else msgspec.defstruct(
+        name, [(f.path[1], f.type, msgspec.UNSET) for f in fs], forbid_unknown_fields=True,
+        kw_only=True), msgspec.UNSET) for name, fs in places.items())
+
+
+def settings_struct(name: str, own: Iterable[tuple] = ()) -> type:
+    """A Struct for a file of settings: its `own` fields ((name, type[, default]) as for
+    msgspec.defstruct) and every setting; unknown keys are errors."""
+    return msgspec.defstruct(name, [*own, *_setting_fields()], forbid_unknown_fields=True,
+                             kw_only=True)
+
+
+def normalized(doc: Any) -> Any:
+    """A copy of a mapping (and of the mappings in its lists: a profile's tiers) with the
+    settings' values adjusted by Field.normal (case, YAML 1.1 booleans): msgspec checks the
+    copy, errors show the original."""
+    if not isinstance(doc, dict):
+        return doc
+    out = {k: dict(v) if k in SECTIONS and isinstance(v, dict) else
+           [normalized(i) for i in v] if isinstance(v, list) else v for k, v in doc.items()}
+    for f in SETTING_FIELDS:
+        node = out if len(f.path) == 1 else out.get(f.path[0])
+        if isinstance(node, dict) and f.path[-1] in node:
+            node[f.path[-1]] = f.normal(node[f.path[-1]])
     return out
 
 
-def _one(f: Field, value: Any, path, line, dotted) -> dict[str, Located]:
-    v, problem = f.check(value)
-    if problem:
-        raise SettingsFileError(path, line, dotted, problem)
-    return {f.key: Located(v, str(path), line)}
+def convert(doc: Any, kind: type, path: str | Path, error: type = SettingsFileError,
+            shown: Any = None) -> Any:
+    """`doc` (from load_yaml) as a `kind`, checked by msgspec once normalized(); what is
+    wrong names the file, the line and the dotted key (raised as `error`). `shown`: the
+    document as written, when `doc` is a copy adjusted further."""
+    try:
+        return msgspec.convert(normalized(doc), kind)
+    except msgspec.ValidationError as exc:
+        line, key, problem = translate(str(exc), doc if shown is None else shown, kind)
+        raise error(path, line, key, problem) from None
+
+
+_AT = re.compile(r"^(.*?)(?: - at `(.*?)`(?: in `(.*)`)?)?$", re.S)
+_STEP = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
+
+
+def translate(message: str, doc: Any, kind: Any, key: str = "", line: int | None = None
+              ) -> tuple[int | None, str | None, str]:
+    """msgspec's ValidationError message for `doc` converted to `kind` -> (line, dotted key,
+    problem). msgspec writes a mapping's entry as `[...]` and a bad key as `key` in `$...`:
+    that entry is found by converting each one alone."""
+    what, at, within = _AT.match(message).groups()
+    raw = doc
+    for name, index in _STEP.findall((within or at or "$")[1:]):
+        kind = _member(kind, raw)
+        if name:  # a Struct field
+            kind = next(f.type for f in msgspec.structs.fields(kind) if f.name == name)
+            line = line_at(raw, name) or line
+            raw, key = raw.get(name), _join(key, name)
+        elif index != "...":  # a list item
+            kind, raw, key = get_args(kind)[0], raw[int(index)], f"{key}[{index}]"
+        else:  # a mapping's entry: the first one msgspec refuses alone
+            value_type = get_args(kind)[1]
+            for k, v in raw.items():
+                try:
+                    msgspec.convert(v, value_type)
+                except msgspec.ValidationError as exc:
+                    return translate(str(exc), v, value_type, _join(key, k),
+                                     line_at(raw, k) or line)
+            return line, key or None, what  # not refused alone: msgspec's own words
+    declared, kind = kind, _member(kind, raw)
+    if within is not None:  # a key msgspec refuses
+        struct = msgspec.inspect.is_struct_type(kind)
+        for k in raw:
+            key_type = str if struct else get_args(kind)[0]
+            try:
+                msgspec.convert(k, key_type)
+            except msgspec.ValidationError as exc:
+                return line_at(raw, k) or line, _join(key, k), _unknown(k, kind) if struct \
+                    else explain(msgspec.inspect.type_info(key_type), k, str(exc), key=k)
+    field = re.match(r"Object (contains unknown|missing required) field `(.*)`", what)
+    if field and field.group(1) == "missing required":
+        return (raw.line if key and isinstance(raw, LineDict) else line), \
+            _join(key, field.group(2)), "is required"
+    if field:
+        return line_at(raw, field.group(2)) or line, _join(key, field.group(2)), \
+            _unknown(field.group(2), kind)
+    return line, key or None, explain(msgspec.inspect.type_info(declared), raw, what,
+                                      key=key.rpartition(".")[2])
+
+
+def _join(key: str, name: Any) -> str:
+    return f"{key}.{name}" if key else str(name)
+
+
+def _member(kind: Any, raw: Any) -> Any:
+    """The declared type without Annotated and, in a union (a value or nothing, a name or a
+    list of names), the member a mapping or a list is meant for."""
+    while True:
+        if get_origin(kind) is Annotated:
+            kind = get_args(kind)[0]
+        elif get_origin(kind) is Union:
+            want = dict if isinstance(raw, dict) else list
+            fit = [t for t in get_args(kind) if
+                   (msgspec.inspect.is_struct_type(_member(t, raw)) and want is dict)
+                   or get_origin(_member(t, raw)) is want]
+            if not fit:
+                return kind
+            kind = fit[0]
+        else:
+            return kind
+
+
+def _unknown(name: Any, struct: type) -> str:
+    """An unknown key: close matches among a settings file's keys, or what a section takes."""
+    own = [f.name for f in msgspec.structs.fields(struct)]
+    if SCALARS <= set(own):  # a file of settings (with its own keys)
+        return "unknown key" + suggest(name, set(own) - SECTIONS - SCALARS)
+    section = getattr(struct, "section", struct.__name__)
+    return f"unknown key; {section} takes: {', '.join(own)}"
+
+
+def read_settings(doc: Any, path: str | Path) -> dict[str, Located]:
+    """The settings of a mapping of settings alone (a tuned file): {flat key: Located}."""
+    return values_of(convert(doc, _settings_only(), path), doc, path)
+
+
+@lru_cache(maxsize=None)
+def _settings_only() -> type:
+    return settings_struct("settings")
+
+
+def values_of(obj: Any, doc: Mapping, path: str | Path, prefix: str = "",
+              error: type = SettingsFileError) -> dict[str, Located]:
+    """{flat key: Located} of the settings a converted Struct holds; the line is the key's in
+    `doc`. The endpoint syntax is the one check msgspec cannot make."""
+    out: dict[str, Located] = {}
+    for f in SETTING_FIELDS:
+        value, node = obj, doc
+        for part in f.path:
+            value = getattr(value, part)
+            if value is msgspec.UNSET:
+                break
+            container, node = node, node.get(part)
+        else:
+            line = line_at(container, f.path[-1])
+            if f.kind == "endpoints":
+                value, problem = check_endpoints(value)
+                if problem:
+                    raise error(path, line, prefix + f.dotted, problem)
+            out[f.key] = Located(value, str(path), line)
+    return out
 
 
 def line_at(doc: Any, key: Any) -> int | None:
@@ -189,9 +320,10 @@ def suggest(key: Any, own: Iterable[str] = ()) -> str:
     return f" (did you mean '{close[0]}'?)" if close else f"; known keys: {', '.join(known)}"
 
 
-def check_rules(values: Mapping[str, Located], path: str | Path) -> None:
+def check_rules(values: Mapping[str, Located], path: str | Path,
+                error: type = SettingsFileError) -> None:
     """The schema's rules across keys, for the values of one file."""
     plain = {k: v.value for k, v in values.items()}
     for rule in broken_rules(plain):
-        raise SettingsFileError(path, values[rule.key].line, FIELDS_BY_KEY[rule.key].dotted,
-                           rule.problem(plain))
+        raise error(path, values[rule.key].line, FIELDS_BY_KEY[rule.key].dotted,
+                    rule.problem(plain))

@@ -1,5 +1,6 @@
 """The settings schema, defined once: each key with its YAML place, environment variable, flag
-and check; the vocabularies the engine maps to llama.cpp's integers; the rules across keys.
+and type (checked by msgspec, and its errors worded here); the vocabularies the engine maps to
+llama.cpp's integers; the rules across keys.
 
 Profiles, the config file, tuned results, the environment and the flags are all read through
 it, so a key is spelled, checked and explained in one place (docs/hardware.md lists them).
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sized
 
@@ -78,53 +80,120 @@ class Field:
     def where(self) -> str:
         return self.flag or self.env
 
+    @property
+    def type(self) -> Any:
+        """The value's type for msgspec, from kind, range and choices (built on first use:
+        msgspec loads only when a value is checked, not for `tandem --help`)."""
+        return _field_type(self)
+
+    def normal(self, value: Any) -> Any:
+        """What a library cannot know: choices are case-insensitive, and YAML 1.1 reads a
+        bare on/off as a boolean."""
+        if isinstance(value, bool) and "on" in self.choices:
+            return "on" if value else "off"
+        if isinstance(value, str) and self.kind in ("choice", "layers"):
+            return value.strip().lower()
+        return value
+
     def parse(self, text: str) -> tuple[Any, str | None]:
         """A value written as text (environment, flags): (value, None) or (None, problem)."""
-        raw, text = text, text.strip()
-        if self.kind == "endpoints":
-            return self.check(text)
-        try:
-            if self.kind == "int" or (self.kind == "layers" and text.lower() not in ("auto", "all")):
-                return self.check(int(text))
-            if self.kind == "float":
-                return self.check(float(text))
-        except ValueError:
-            want = {"int": "a whole number", "float": "a number"}.get(
-                self.kind, "auto, all or a layer count")
-            return None, f"must be {want}, got {raw!r}"
-        return self.check(text)
+        return self.check(text.strip(), text=True)
 
-    def check(self, value: Any) -> tuple[Any, str | None]:
-        """(normalized value, None) or (None, what is wrong)."""
-        if self.kind == "endpoints":
-            return check_endpoints(value)
-        if self.kind == "choice":
-            if isinstance(value, bool) and "on" in self.choices:
-                value = "on" if value else "off"  # YAML 1.1 reads bare on/off as booleans
-            v = value.strip().lower() if isinstance(value, str) else None
-            if v not in self.choices:
-                got = repr(value) if isinstance(value, str) else show(value)
-                return None, f"must be one of {', '.join(self.choices)}, got {got}"
-            return v, None
-        if self.kind == "layers":
-            if isinstance(value, str) and value.strip().lower() in ("auto", "all"):
-                return value.strip().lower(), None
-            if isinstance(value, bool) or not isinstance(value, int):
-                return None, f"must be auto, all or a layer count, got {show(value)}"
-            if value < 0:
-                return None, f"must be auto, all or a layer count >= 0, got {value}"
-            return value, None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-                self.kind == "int" and not isinstance(value, int)):
-            return None, f"must be {'a whole number' if self.kind == 'int' else 'a number'}, " \
-                         f"got {show(value)}"
-        if self.kind == "float":
-            value = float(value)
-            if not math.isfinite(value):  # NaN passes every range check below
-                return None, f"must be a finite number, got {value}"
-        if self.lo is not None and value < self.lo or self.hi is not None and value > self.hi:
-            return None, f"must be in {num(self.lo)}..{num(self.hi)}, got {value}"
-        return value, None
+    def check(self, value: Any, *, text: bool = False) -> tuple[Any, str | None]:
+        """(normalized value, None) or (None, what is wrong), checked by msgspec against
+        self.type; `text`: "12" may stand for 12 (environment, flags)."""
+        import msgspec
+
+        try:
+            good = msgspec.convert(self.normal(value), self.type, strict=not text)
+        except msgspec.ValidationError as exc:
+            return None, explain(msgspec.inspect.type_info(self.type), value, str(exc), text)
+        return check_endpoints(good) if self.kind == "endpoints" else (good, None)
+
+
+@lru_cache(maxsize=None)
+def _field_type(f: Field) -> Any:
+    from typing import Annotated, Literal, Union
+
+    from msgspec import Meta
+
+    if f.kind == "int":
+        return Annotated[int, Meta(ge=f.lo, le=f.hi)]
+    if f.kind == "float":
+        return Annotated[float, Meta(ge=f.lo, le=f.hi)]
+    if f.kind == "choice":
+        return one_of(f.choices)
+    if f.kind == "layers":
+        return Annotated[Union[Literal["auto", "all"], Annotated[int, Meta(ge=0)]], Meta(extra={
+            "says": "must be auto, all or a layer count",
+            "range": "must be auto, all or a layer count >= 0"})]
+    # endpoints: a string or a list of them; check_endpoints says the rest
+    return Annotated[Union[str, list[str], None, bool],
+                     Meta(extra={"says": "must be HOST:PORT[,HOST:PORT...]"})]
+
+
+def one_of(choices: tuple[str, ...]) -> Any:
+    """A choice among words, for msgspec, its message listing them in their order."""
+    from typing import Annotated, Literal
+
+    from msgspec import Meta
+
+    return Annotated[Literal[choices], Meta(extra={"says": f"must be one of {', '.join(choices)}"})]
+
+
+def explain(info: Any, raw: Any, message: str, text: bool = False, key: Any = None) -> str:
+    """What is wrong with `raw`, in tandem's words: rendered from the declared type `info`
+    (msgspec.inspect), whose check msgspec reported as `message`. Meta(extra=...) may word
+    it: "says" for a value of the wrong kind, "range" for one out of range ({key}: the
+    `key` it sits under)."""
+    from msgspec import inspect as mi
+
+    extra: dict[str, Any] = {}
+    enum = message.startswith("Invalid enum")
+    kind_error = enum or ", got `" in message
+
+    def unwrap(t: Any) -> Any:
+        while isinstance(t, mi.Metadata):
+            extra.update({k: v for k, v in (t.extra or {}).items() if k not in extra})
+            t = t.type
+        return t
+
+    info = unwrap(info)
+    if isinstance(info, mi.UnionType):  # the member the value is meant for, if one
+        kinds = {int: mi.IntType, float: (mi.FloatType, mi.IntType), str: mi.StrType,
+                 dict: (mi.StructType, mi.DictType), list: mi.ListType}
+        members = [unwrap(t) for t in info.types if not isinstance(t, mi.NoneType)]
+        fit = [t for t in members if isinstance(t, kinds.get(type(raw), ()))]
+        info = fit[0] if len(fit) == 1 else members[0] if len(members) == 1 else info
+    shown = repr(raw) if text or enum else show(raw)
+    if isinstance(info, mi.FloatType) and not kind_error:
+        try:
+            if not math.isfinite(float(raw)):
+                return f"must be a finite number, got {float(raw)}"
+        except (TypeError, ValueError):
+            pass
+    if not kind_error and "range" in extra:
+        return f"{extra['range'].format(key=key)}, got {raw}"
+    if "says" in extra:
+        return f"{extra['says'].format(key=key)}, got {shown}"
+    if isinstance(info, (mi.IntType, mi.FloatType)):
+        if kind_error:
+            return f"must be {'a whole number' if isinstance(info, mi.IntType) else 'a number'}, " \
+                   f"got {shown}"
+        lo, hi = (info.ge if info.ge is not None else info.gt), info.le
+        if lo is not None and hi is not None:
+            return f"must be in {num(lo)}..{num(hi)}, got {raw}"
+        return f"must be {'>' if info.gt is not None else '>=' if lo is not None else '<='} " \
+               f"{num(lo if lo is not None else hi)}, got {raw}"
+    if isinstance(info, (mi.StructType, mi.DictType)):
+        return f"must be a mapping, got {shown}"
+    if isinstance(info, mi.ListType):
+        return f"must be a list, got {shown}"
+    if isinstance(info, mi.StrType):
+        return f"must be text, got {shown}"
+    if isinstance(info, mi.BoolType):
+        return f"must be true or false, got {raw!r}"
+    return message if ", got `" in message else f"{message}, got {shown}"
 
 
 MAX_RPC_SERVERS = 16  # GGML_RPC_MAX_SERVERS (ggml-rpc.h)
@@ -150,9 +219,7 @@ def check_endpoints(value: Any) -> tuple[Any, str | None]:
     to the comma-separated string; empty: no RPC server (everything local)."""
     if value is None or value is False:
         return "", None
-    if isinstance(value, (list, tuple)):
-        if not all(isinstance(v, str) for v in value):
-            return None, f"must be a list of HOST:PORT strings, got {show(value)}"
+    if isinstance(value, (list, tuple)):  # of strings: Field.type says so
         parts = [v.strip() for v in value]
     elif isinstance(value, str):
         parts = [v.strip() for v in value.split(",")] if value.strip() else []

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from tandem.config.files import Located, SettingsFileError, load_yaml, parse_setting_sections
+from tandem.config.files import Located, SettingsFileError, convert, load_yaml, values_of
 from tandem.config.schema import FIELDS_BY_KEY, SETTING_FIELDS, broken_rules, unknown_env
 from tandem.errors import UsageError
 
@@ -140,18 +140,26 @@ def load_user_config(path: Path) -> tuple[dict[str, Located], dict[str, Located]
         return {}, {}
     if not isinstance(doc, dict):
         raise SettingsFileError(path, None, None, "the config file must be a YAML mapping of keys")
-    extra: dict[str, Located] = {}
-    for key in CONFIG_ONLY_KEYS:
-        if key not in doc:
-            continue
-        value, line = doc[key], doc.line_of(key) if hasattr(doc, "line_of") else None
-        if key == "force_profile":
-            if not isinstance(value, bool):
-                raise SettingsFileError(path, line, key, f"must be true or false, got {value!r}")
-        elif not isinstance(value, str) or not value.strip():
-            raise SettingsFileError(path, line, key, f"must be a name, got {value!r}")
-        extra[key] = Located(value.strip() if isinstance(value, str) else value, str(path), line)
-    return parse_setting_sections(doc, path, skip=CONFIG_ONLY_KEYS), extra
+    from msgspec import UNSET
+
+    obj = convert(doc, config_struct(), path)
+    extra = {key: Located(value.strip() if isinstance(value, str) else value, str(path),
+                          doc.line_of(key))
+             for key in CONFIG_ONLY_KEYS if (value := getattr(obj, key)) is not UNSET}
+    return values_of(obj, doc, path), extra
+
+
+def config_struct() -> type:
+    """config.yaml's shape for msgspec: the settings and CONFIG_ONLY_KEYS."""
+    from typing import Annotated
+
+    from msgspec import UNSET, Meta
+
+    from tandem.config.files import settings_struct
+
+    name = Annotated[str, Meta(pattern=r"\S", extra={"says": "must be a name"})]
+    return settings_struct("config", [("profile", name, UNSET), ("pair", name, UNSET),
+                                      ("force_profile", bool, UNSET)])
 
 
 def _first(*candidates) -> Setting | None:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from tandem.config.files import Located, SettingsFileError, parse_setting_sections
+from tandem.config.files import Located, SettingsFileError, read_settings
 from tandem.config.schema import FIELDS_BY_KEY, broken_rules
 from tandem.fsutil import atomic_write_text, machine_key, sweep_stale_tmp
 
@@ -75,7 +75,7 @@ def tuned_values(home: Path, models: tuple[Any, Any] | None, threads: int
         return {}, None, []
     data, problem = _read(path)
     try:
-        values = parse_setting_sections(_sections(data["overall"]), path) if data else {}
+        values = read_settings(_sections(data["overall"]), path) if data else {}
     except SettingsFileError as exc:
         problem = exc.message
     if not problem:

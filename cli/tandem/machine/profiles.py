@@ -5,8 +5,8 @@ draft, flash attention, KV cache types, context, batch sizes, threads, speculati
 the catalog pairs worth recommending for its memory, and the cost figures (docs/hardware.md) that
 speedup predictions use. docs/hardware.md documents every key.
 
-Every file is validated on load against the settings schema (tandem.config.schema), so an
-error names the file, the line and the dotted key.
+Every file is validated on load by msgspec against the Structs below (their settings built from
+tandem.config.schema), and an error names the file, the line and the dotted key.
 
 Where profiles come from: $TANDEM_PROFILES_DIR, else the profiles/ directory of the source tree
 this package sits in (an editable install keeps it there). User profiles live in
@@ -14,29 +14,35 @@ this package sits in (an editable install keeps it there). User profiles live in
 keys it sets, and `extends: NAME` starts a new profile from another one.
 
 Over 400 lines because a profile file has more than settings (match rules, memory tiers,
-cost figures, `extends` across user files) and each part is validated with the file's line.
+cost figures, `extends` across user files), each declared as a msgspec Struct.
 """
 from __future__ import annotations
 
-import math
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Annotated, Any, ClassVar, Mapping, Optional, Union
+
+import msgspec
+from msgspec import UNSET, Meta, Struct
 
 from tandem.config.files import (
     LineDict,
     Located,
     SettingsFileError,
     check_rules,
+    convert,
     line_at,
     load_yaml,
-    parse_setting_sections,
+    normalized,
+    settings_struct,
     suggest,
+    values_of,
 )
-from tandem.config.schema import FIELDS_BY_KEY, SCALARS, SECTIONS, num, show
+from tandem.config.schema import FIELDS_BY_KEY, SCALARS, SECTIONS, one_of
 from tandem.config.settings import Setting
 from tandem.errors import UsageError
 from tandem.fsutil import fmt_bytes
@@ -54,25 +60,36 @@ class ProfileMismatchError(UsageError):
     """The requested profile does not fit this machine."""
 
 
-PROFILE_KEYS = ("name", "description", "priority", "extends", "match", "backend",
-                "recommended_pairs", "tiers", "cost", "notes")
-MATCH_KEYS = ("vendor", "gpu_name", "chip", "os", "min_memory_gib", "max_memory_gib")
-TIER_KEYS = ("min_memory_gib", "recommended_pairs", "note")
-COST_KEYS = ("source", "bandwidth_gbps", "bw_eff_gbps", "eta", "t0_ms", "t0_small_ms",
-             "decode_ms", "verify_ratio", "draft_ratio", "variants")
-
-
 # ------------------------------------------------------------------------------ profile
 
 
-@dataclass(frozen=True)
-class MatchRules:
-    vendor: str = "any"
-    gpu_name: tuple[str, ...] = ()
-    chip: tuple[str, ...] = ()
-    os: tuple[str, ...] = ()
-    min_memory_gib: float | None = None
-    max_memory_gib: float | None = None
+# the shapes of a profile's parts, checked by msgspec (config.files.convert words its errors)
+_Name = Annotated[str, Meta(pattern=r"\S")]
+_Names = Annotated[Union[_Name, list[_Name]], Meta(extra={"says": "must be a list of names"})]
+# at most the largest finite float: YAML's .inf is refused, as .nan is by any bound
+_GiB = Annotated[float, Meta(ge=0, le=sys.float_info.max, extra={"range": "must be >= 0"})]
+_Positive = Annotated[float, Meta(gt=0, le=sys.float_info.max, extra={"range": "must be > 0"})]
+_Fraction = Annotated[float, Meta(gt=0, le=1.5, extra={"range": "must be a fraction (0..1.5)"})]
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    return tuple(v.strip() for v in ([value] if isinstance(value, str) else value or ()))
+
+
+class MatchRules(Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    section: ClassVar[str] = "match"
+    vendor: one_of(VENDORS) = "any"
+    gpu_name: _Names = ()
+    chip: _Names = ()
+    os: _Names = ()
+    min_memory_gib: Optional[_GiB] = None
+    max_memory_gib: Optional[_GiB] = None
+
+    def __post_init__(self):  # a bare name is a list of one; OS names compare lower-case
+        for key in ("gpu_name", "chip", "os"):
+            names = _names(getattr(self, key))
+            msgspec.structs.force_setattr(self, key, tuple(
+                n.lower() for n in names) if key == "os" else names)
 
 
 @dataclass(frozen=True)
@@ -188,137 +205,48 @@ def _describe(hw) -> str:
 # ------------------------------------------------------------------------------- parsing
 
 
-def _str_list(value: Any, path, line, key) -> tuple[str, ...]:
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-        raise ProfileError(path, line, key, f"must be a list of names, got {show(value)}")
-    return tuple(v.strip() for v in value)
+class _CostFigures(Struct, forbid_unknown_fields=True, kw_only=True):
+    section: ClassVar[str] = "cost"
+    source: str = UNSET
+    bandwidth_gbps: Optional[_Positive] = UNSET
+    bw_eff_gbps: Optional[_Positive] = UNSET
+    eta: Optional[_Fraction] = UNSET
+    t0_ms: Optional[_Positive] = UNSET
+    t0_small_ms: Optional[_Positive] = UNSET
+    decode_ms: Annotated[dict[Union[str, int], Optional[_Positive]],
+                         Meta(extra={"says": "must map model sizes to ms"})] = UNSET
+    verify_ratio: Annotated[
+        dict[Annotated[int, Meta(ge=1, extra={"says": "batch size must be a whole number >= 1"})],
+             Annotated[float, Meta(ge=1, extra={
+                 "range": "a batch of {key} cannot cost less than one token"})]],
+        Meta(min_length=1, extra={"says": "must map batch sizes (2, 4, 8, 16) to cost ratios"})
+    ] = UNSET
+    draft_ratio: Optional[_Fraction] = UNSET
 
 
-def _number(value: Any, path, line, key, *, lo: float | None = 0.0, positive=False,
-            allow_null=False) -> float | None:
-    if value is None and allow_null:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ProfileError(path, line, key, f"must be a number, got {show(value)}")
-    if not math.isfinite(value):  # YAML's .nan and .inf: every comparison below would pass
-        raise ProfileError(path, line, key, f"must be a finite number, got {value}")
-    if positive and value <= 0 or lo is not None and value < lo:
-        raise ProfileError(path, line, key,
-                           f"must be {'> 0' if positive else f'>= {num(lo)}'}, got {value}")
-    return float(value) if isinstance(value, float) else value
+class _Cost(_CostFigures, forbid_unknown_fields=True, kw_only=True):
+    variants: dict[Union[str, int], _CostFigures] = UNSET
 
 
-def _parse_match(doc: Any, path, line) -> MatchRules:
-    if not isinstance(doc, dict):
-        raise ProfileError(path, line, "match", f"must be a mapping, got {show(doc)}")
-    kw: dict[str, Any] = {}
-    for key, value in doc.items():
-        kl = line_at(doc, key)
-        dotted = f"match.{key}"
-        if key == "vendor":
-            if not isinstance(value, str) or value.lower() not in VENDORS:
-                raise ProfileError(path, kl, dotted,
-                                   f"must be one of {', '.join(VENDORS)}, got {show(value)}")
-            kw["vendor"] = value.lower()
-        elif key in ("gpu_name", "chip", "os"):
-            kw[key] = _str_list(value, path, kl, dotted)
-            if key == "os":
-                kw[key] = tuple(v.lower() for v in kw[key])
-        elif key in ("min_memory_gib", "max_memory_gib"):
-            kw[key] = _number(value, path, kl, dotted)
-        else:
-            raise ProfileError(path, kl, dotted,
-                               f"unknown key; match takes: {', '.join(MATCH_KEYS)}")
-    rules = MatchRules(**kw)
-    if rules.min_memory_gib is not None and rules.max_memory_gib is not None \
-            and rules.min_memory_gib > rules.max_memory_gib:
-        raise ProfileError(path, line_at(doc, "max_memory_gib"), "match.max_memory_gib",
-                           f"is below match.min_memory_gib ({rules.min_memory_gib:g}): "
-                           "no machine can match")
-    return rules
+_Pairs = ("recommended_pairs", Optional[_Names], None)
+_Tier = settings_struct("tier", [("min_memory_gib", _GiB), _Pairs, ("note", str, "")])
+_Profile = settings_struct("profile", [
+    ("name", str, UNSET), ("description", str, ""), ("priority", int, 0), ("extends", str, UNSET),
+    ("match", MatchRules), ("backend", one_of(BACKENDS)), _Pairs, ("tiers", list[_Tier], []),
+    ("cost", Optional[_Cost], None), ("notes", Optional[_Names], None)])
+PROFILE_KEYS = tuple(f.name for f in msgspec.structs.fields(_Profile)
+                     if f.name not in SECTIONS | SCALARS)
 
 
-def _parse_cost(doc: Any, path, line, prefix="cost", allow_variants=True) -> dict[str, Any]:
-    if not isinstance(doc, dict):
-        raise ProfileError(path, line, prefix, f"must be a mapping, got {show(doc)}")
-    out: dict[str, Any] = {}
-    for key, value in doc.items():
-        kl = line_at(doc, key)
-        dotted = f"{prefix}.{key}"
-        if key == "source":
-            if not isinstance(value, str):
-                raise ProfileError(path, kl, dotted, f"must be text, got {show(value)}")
-            out[key] = value
-        elif key in ("bandwidth_gbps", "bw_eff_gbps", "t0_ms", "t0_small_ms"):
-            out[key] = _number(value, path, kl, dotted, positive=True, allow_null=True)
-        elif key in ("eta", "draft_ratio"):
-            v = _number(value, path, kl, dotted, positive=True, allow_null=True)
-            if v is not None and v > 1.5:
-                raise ProfileError(path, kl, dotted, f"must be a fraction (0..1.5), got {v}")
-            out[key] = v
-        elif key == "decode_ms":
-            if not isinstance(value, dict):
-                raise ProfileError(path, kl, dotted, f"must map model sizes to ms, got "
-                                   f"{show(value)}")
-            out[key] = {str(k): _number(v, path, line_at(value, k), f"{dotted}.{k}",
-                                        positive=True, allow_null=True)
-                        for k, v in value.items()}
-        elif key == "verify_ratio":
-            if not isinstance(value, dict) or not value:
-                raise ProfileError(path, kl, dotted, "must map batch sizes (2, 4, 8, 16) to "
-                                   f"cost ratios, got {show(value)}")
-            ratios = {}
-            for n, r in value.items():
-                nl = line_at(value, n)
-                if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                    raise ProfileError(path, nl, f"{dotted}.{n}",
-                                       "batch size must be a whole number >= 1")
-                r = _number(r, path, nl, f"{dotted}.{n}", positive=True)
-                if r < 1.0:
-                    raise ProfileError(path, nl, f"{dotted}.{n}",
-                                       f"a batch of {n} cannot cost less than one token, got {r}")
-                ratios[n] = r
-            out[key] = dict(sorted(ratios.items()))
-        elif key == "variants" and allow_variants:
-            if not isinstance(value, dict):
-                raise ProfileError(path, kl, dotted, f"must be a mapping, got {show(value)}")
-            out[key] = {str(name): _parse_cost(v, path, line_at(value, name), f"{dotted}.{name}",
-                                               allow_variants=False)
-                        for name, v in value.items()}
-        else:
-            keys = COST_KEYS if allow_variants else COST_KEYS[:-1]
-            raise ProfileError(path, kl, dotted, f"unknown key; cost takes: {', '.join(keys)}")
+def _figures(cost: _CostFigures) -> dict[str, Any]:
+    out = {f: v for f in cost.__struct_fields__ if (v := getattr(cost, f)) is not UNSET}
+    if "decode_ms" in out:
+        out["decode_ms"] = {str(k): v for k, v in out["decode_ms"].items()}
+    if "verify_ratio" in out:
+        out["verify_ratio"] = dict(sorted(out["verify_ratio"].items()))
+    if "variants" in out:
+        out["variants"] = {str(k): _figures(v) for k, v in out["variants"].items()}
     return out
-
-
-def _parse_tiers(doc: Any, path, line) -> tuple[Tier, ...]:
-    if not isinstance(doc, list):
-        raise ProfileError(path, line, "tiers", f"must be a list, got {show(doc)}")
-    tiers = []
-    for i, item in enumerate(doc):
-        where = f"tiers[{i}]"
-        if not isinstance(item, dict):
-            raise ProfileError(path, line, where, f"must be a mapping, got {show(item)}")
-        if "min_memory_gib" not in item:
-            raise ProfileError(path, item.line if isinstance(item, LineDict) else line,
-                               f"{where}.min_memory_gib", "is required")
-        mem = _number(item["min_memory_gib"], path, line_at(item, "min_memory_gib"),
-                      f"{where}.min_memory_gib")
-        pairs = None
-        if "recommended_pairs" in item:
-            pairs = _str_list(item["recommended_pairs"], path, line_at(item, "recommended_pairs"),
-                              f"{where}.recommended_pairs")
-        note = item.get("note", "")
-        if not isinstance(note, str):
-            raise ProfileError(path, line_at(item, "note"), f"{where}.note", "must be text")
-        values = parse_setting_sections(item, path, skip=TIER_KEYS, prefix=f"{where}.")
-        tiers.append(Tier(mem, MappingProxyType(values), pairs, note))
-    mems = [t.min_memory_gib for t in tiers]
-    if len(set(mems)) != len(mems):
-        raise ProfileError(path, line, "tiers", "two tiers have the same min_memory_gib")
-    return tuple(tiers)
 
 
 def parse_profile(doc: Any, path: str | Path, name: str, origin: str = "builtin") -> Profile:
@@ -329,35 +257,34 @@ def parse_profile(doc: Any, path: str | Path, name: str, origin: str = "builtin"
     if declared is not None and declared != name:
         raise ProfileError(path, line_at(doc, "name"), "name",
                            f"must match the file name ({name!r}), got {declared!r}")
-    for key in ("match", "backend"):
-        if key not in doc:
-            raise ProfileError(path, None, key, "is required")
-    desc = doc.get("description", "")
-    if not isinstance(desc, str):
-        raise ProfileError(path, line_at(doc, "description"), "description", "must be text")
-    prio = doc.get("priority", 0)
-    if isinstance(prio, bool) or not isinstance(prio, int):
-        raise ProfileError(path, line_at(doc, "priority"), "priority",
-                           f"must be a whole number, got {show(prio)}")
-    backend = doc["backend"]
-    if not isinstance(backend, str) or backend.lower() not in BACKENDS:
-        raise ProfileError(path, line_at(doc, "backend"), "backend",
-                           f"must be one of {', '.join(BACKENDS)}, got {show(backend)}")
-    match = _parse_match(doc["match"], path, line_at(doc, "match"))
-    pairs = _str_list(doc.get("recommended_pairs", []), path, line_at(doc, "recommended_pairs"),
-                      "recommended_pairs") if doc.get("recommended_pairs") is not None else ()
-    tiers = _parse_tiers(doc["tiers"], path, line_at(doc, "tiers")) if "tiers" in doc else ()
-    cost = _parse_cost(doc["cost"], path, line_at(doc, "cost")) if doc.get("cost") else {}
-    notes = _str_list(doc["notes"], path, line_at(doc, "notes"), "notes") \
-        if doc.get("notes") else ()
-    values = parse_setting_sections(doc, path, skip=PROFILE_KEYS)
-    check_rules(values, path)
+    shape = dict(normalized(doc))
+    if isinstance(shape.get("backend"), str):  # case-insensitive words
+        shape["backend"] = shape["backend"].strip().lower()
+    if isinstance(shape.get("match"), dict) and isinstance(shape["match"].get("vendor"), str):
+        shape["match"] = {**shape["match"], "vendor": shape["match"]["vendor"].strip().lower()}
+    p = convert(shape, _Profile, path, ProfileError, doc)
+    m = p.match
+    if m.min_memory_gib is not None and m.max_memory_gib is not None \
+            and m.min_memory_gib > m.max_memory_gib:
+        raise ProfileError(path, line_at(doc["match"], "max_memory_gib"), "match.max_memory_gib",
+                           f"is below match.min_memory_gib ({m.min_memory_gib:g}): "
+                           "no machine can match")
+    tiers = tuple(Tier(t.min_memory_gib, MappingProxyType(
+        values_of(t, raw, path, f"tiers[{i}].", ProfileError)),
+        _names(t.recommended_pairs) if t.recommended_pairs is not None else None, t.note)
+        for i, (t, raw) in enumerate(zip(p.tiers, doc.get("tiers") or [])))
+    if len({t.min_memory_gib for t in tiers}) != len(tiers):
+        raise ProfileError(path, line_at(doc, "tiers"), "tiers",
+                           "two tiers have the same min_memory_gib")
+    values = values_of(p, doc, path, "", ProfileError)
+    check_rules(values, path, ProfileError)
     for tier in tiers:
-        check_rules({**values, **tier.values}, path)
-    return Profile(name=name, path=str(path), description=desc, priority=prio, match=match,
-                   backend=backend.lower(), values=MappingProxyType(values),
-                   recommended_pairs=pairs, tiers=tiers, cost=MappingProxyType(cost),
-                   notes=notes, origin=origin)
+        check_rules({**values, **tier.values}, path, ProfileError)
+    return Profile(name=name, path=str(path), description=p.description, priority=p.priority,
+                   match=m, backend=p.backend, values=MappingProxyType(values),
+                   recommended_pairs=_names(p.recommended_pairs), tiers=tiers,
+                   cost=MappingProxyType(_figures(p.cost) if p.cost else {}),
+                   notes=_names(p.notes), origin=origin)
 
 
 # ------------------------------------------------------------------------------ loading
@@ -374,8 +301,6 @@ def profiles_dir() -> Path:
     source = Path(__file__).resolve().parents[3] / "profiles"
     if source.is_dir():
         return source
-    import sys
-
     return Path(sys.prefix) / "share" / "tandem" / "profiles"
 
 
@@ -473,9 +398,10 @@ def _load_user(name, user_docs, resolved, profiles, stack) -> Profile:
         merged.pop("name", None)  # the base's own name; this file's name is its stem
         if isinstance(merged.get("tiers"), list):
             # what the user set for the whole profile must not be undone by the base's tiers
-            mine = parse_setting_sections(doc, path, skip=PROFILE_KEYS)
-            merged["tiers"] = [_without(t, [FIELDS_BY_KEY[k].path for k in mine])
-                               for t in merged["tiers"]]
+            sections = {k: v for k, v in doc.items() if isinstance(v, dict)}
+            mine = [f.path for f in FIELDS_BY_KEY.values()
+                    if f.path[-1] in (doc if len(f.path) == 1 else sections.get(f.path[0], ()))]
+            merged["tiers"] = [_without(t, mine) for t in merged["tiers"]]
         if isinstance(doc, LineDict):
             merged.key_lines.update(doc.key_lines)
     else:
