@@ -555,6 +555,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--server-bin", type=Path,
                     help="llama-server binary (default: built by scripts/build_native.sh)")
     ap.add_argument("--tandem-bin", help="tandem command (default: .venv/bin/tandem)")
+    ap.add_argument("--tandem-cmd", action="append", metavar="NAME=COMMAND", default=[],
+                    help="the tandem command of one configuration (repeatable; e.g. another "
+                         "checkout with its own TANDEM_HOME: 'env TANDEM_HOME=h PYTHONPATH=c "
+                         "python -m tandem'), to compare two versions side by side")
     ap.add_argument("--no-warmup", action="store_true",
                     help="skip the untimed warm-up request per configuration")
     ap.add_argument("--skip", type=int, default=0,
@@ -616,13 +620,21 @@ def main(argv: list[str] | None = None) -> int:
     servers = [Server(name, server_bin, target, shlex.split(f"{base} {args.format(**fmt)}"),
                       log_dir) for name, args in server_specs]
     tandem_cmds = {name: shlex.split(args) for name, args in tandem_specs}
+    own_cmds = {}
+    for spec in ns.tandem_cmd:
+        name, _, command = spec.partition("=")
+        name = name if name.startswith("tandem") else f"tandem {name}"
+        if name not in tandem_cmds or not command.strip():
+            raise SystemExit(f"Error: --tandem-cmd {spec!r} names no --tandem configuration")
+        own_cmds[name] = shlex.split(command)
     env = None if ns.history else {**os.environ, "TANDEM_HISTORY": "off"}
 
     meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "argv": sys.argv,
             "target": str(target), "draft": str(draft), "n_predict": ns.n_predict,
             "threads": ns.threads, "ctx": ns.ctx, "seed": ns.seed, "server_bin": str(server_bin),
             "servers": {s.name: s.args for s in servers},
-            "tandem": {n: [*tandem, "run", *model_args, *a, *([pair_name] if pair_name else [])]
+            "tandem": {n: [*own_cmds.get(n, tandem), "run", *model_args, *a,
+                           *([pair_name] if pair_name else [])]
                        for n, a in tandem_cmds.items()},
             "loadavg_start": os.getloadavg(), "history": bool(ns.history)}
     print(f"# tandem vs llama-server ({target.name} + {draft.name}; greedy, {ns.n_predict} "
@@ -643,7 +655,8 @@ def main(argv: list[str] | None = None) -> int:
     def run_config(name: str, p: BenchPrompt, n: int) -> Row:
         if name in by_server:
             return server_row(by_server[name], p, n, ns.seed)
-        return tandem_row(name, tandem_command(tandem, p, n, ns.threads, ns.ctx, ns.seed,
+        return tandem_row(name, tandem_command(own_cmds.get(name, tandem), p, n, ns.threads,
+                                               ns.ctx, ns.seed,
                                                model_args, tandem_cmds[name], pair_name), p, env)
 
     rows: list[Row] = []
