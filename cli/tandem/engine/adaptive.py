@@ -54,7 +54,8 @@ class AcceptanceTracker:
 PROBE_ACCEPT = 0.9
 # An estimate is trusted to choose drafts that pay once it has seen this many verdicts; before,
 # every draft is a probe. Verdicts kept from earlier requests (engine/knowledge.py) count, but
-# until this request has as many of its own the drafts they choose are paid as probes
+# the drafts they choose are paid as probes until this many of the request's own drafts in a
+# row were accepted in full
 MIN_EVIDENCE = 3
 # Speculation's net cost may reach this share of the plain time of the tokens produced
 # (ProbeBudget): where nothing pays, auto stays within it of plain decoding
@@ -100,9 +101,8 @@ class LengthController:
     whose worst case, k d + c(k + 1) - c(1), the request's ProbeBudget covers (of those,
     the best rate at PROBE_ACCEPT; none: no probe). Until the tracker has MIN_EVIDENCE
     verdicts its estimates are a prior, and every draft is such a probe. Verdicts kept from
-    earlier requests inform it, but until MIN_EVIDENCE of this request's own confirm them
-    (`on_trial`) only a k whose worst case the budget covers is drafted, as a probe; a trial
-    draft of which nothing is accepted drops them (the prior again)."""
+    earlier requests inform it, but until this request confirms them (`on_trial`) it drafts
+    only a k whose worst case the budget covers, as a probe."""
 
     costs: CostModel
     n_min: int = 0
@@ -160,9 +160,10 @@ class LengthController:
 
     @property
     def on_trial(self) -> bool:
-        """Informed only by verdicts kept from earlier requests: they are per source and match
-        length, not per kind of prompt, so until this request has MIN_EVIDENCE verdicts of its
-        own they may choose k but each draft is a probe, paid from the budget."""
+        """Informed by verdicts kept from earlier requests, not yet confirmed by MIN_EVIDENCE
+        of this request's drafts accepted in full in a row: kept verdicts are per source and
+        match length, not per kind of prompt (copies of a summary, then math), so they may
+        choose k, but each draft is a probe paid from the budget."""
         t = self.tracker
         return (self.budget is not None and t.start_steps > 0
                 and t.steps - max(t.start_steps, self._confirmed_from) < MIN_EVIDENCE)
@@ -218,10 +219,9 @@ class LengthController:
         trial = self.on_trial
         self.tracker.update(drafted, accepted)
         if trial and 0 < drafted and accepted < drafted:
-            # a trial falling short restarts the count: the EMA mixes a kept 0.98 with a
-            # request's 1-of-3 into an estimate that still drafts, unbudgeted (simulated flat
-            # host, math after summarization: 1.027x plain); until its drafts are accepted in
-            # full MIN_EVIDENCE times in a row, every one stays a probe
+            # a trial falling short restarts the count: the EMA would mix a kept 0.98 with this
+            # request's 1 of 3 into an estimate that still drafts, unbudgeted (simulated flat
+            # host, restated math after summarization: 1.04x plain without the restart)
             self._confirmed_from = self.tracker.steps
         if self.last_was_probe and drafted > 0 and accepted >= drafted:
             self._interval = 0
