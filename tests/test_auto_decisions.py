@@ -74,6 +74,9 @@ def script(category: str, n: int, seed: int) -> list[Match | None]:
             out.append(chance(0.15, (0, 0, 0, 1, 2)))
         elif category == "math":  # short matches (numbers, variables), half right
             out.append(chance(0.35, (0, 0, 1, 1, 2)))
+        elif category == "restating":  # math restating its problem: matches of every length
+            m = chance(0.35, (0, 0, 1, 1, 2))  # in the buckets copies fill, then new numbers
+            out.append(m and Match("prompt", rng.choice((2, 3, 4, 6, 8, 9, 12)), m.agree))
         else:  # copies of the prompt between stretches of new text
             copy, gap, p = {"summarization": ((15, 40), (3, 10), 0.2),
                             "rag": ((8, 25), (5, 20), 0.3),
@@ -133,6 +136,7 @@ def _learnt(shape, category: str, requests: int = 8) -> Knowledge:
 
 NOTHING_PAYS = ("translation", "qa", "math")
 COPIES = ("summarization", "rag")
+CATEGORIES = NOTHING_PAYS + ("restating", "code") + COPIES
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -149,8 +153,15 @@ def test_auto_is_never_more_than_2_percent_slower_than_plain(shape, category):
         assert later <= 1.02, (shape, category, seed, later)
 
 
-@pytest.mark.parametrize("shape,gain", [("steep", 0.97), ("flat", 0.9)])
-@pytest.mark.parametrize("category", COPIES)
+# RAG on the steep host gained only by drafting from kept acceptance before the request had
+# earned its worst case (a draft of 3 risks 1.8 plain steps: 90 tokens of a 2% budget); since
+# kept acceptance is paid as a probe until confirmed, that gain (0.96x) is gone: 1.01x
+STEEP_RAG = pytest.mark.xfail(strict=True, reason="kept acceptance is budgeted until confirmed")
+
+
+@pytest.mark.parametrize("shape,gain,category", [
+    ("steep", 0.97, "summarization"), pytest.param("steep", 0.97, "rag", marks=STEEP_RAG),
+    ("flat", 0.9, "summarization"), ("flat", 0.9, "rag")])
 def test_auto_gains_where_copies_pay(shape, category, gain):
     """Long copies (summarization, RAG): with what earlier requests learnt, auto needs at most
     `gain` of plain decoding's time (median of 4 prompts), on either shape; a first request
@@ -162,6 +173,29 @@ def test_auto_gains_where_copies_pay(shape, category, gain):
     assert np.median(later) <= gain, (shape, category, later)
     assert np.median(first) <= (1.0 if shape == "flat" else 1.02), (shape, category, first)
     assert np.median(later) <= np.median(first)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("category", ("restating", "math"))
+def test_acceptance_kept_from_copies_does_not_cost_a_math_request(shape, category):
+    """Knowledge is per source and match length, not per kind of prompt: after summarization
+    (copies accepted in full) the same prompt-lookup buckets come back on math, where few
+    drafts are right. Until the request's own verdicts confirm it, the kept acceptance only
+    chooses drafts its probe budget covers (docs/benchmarks.md section 0: 0.91x on math)."""
+    kept = _learnt(SHAPES[shape], "summarization")
+    for seed in range(8):
+        ratio, _, auto = simulate(SHAPES[shape], script(category, N_TOKENS, seed), kept)
+        assert ratio <= 1.02, (shape, category, seed, ratio, auto.budget)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_knowledge_from_any_category_never_costs_another(shape):
+    """Learnt on one category, applied to each (itself included): within the budget."""
+    kept = {c: _learnt(SHAPES[shape], c) for c in CATEGORIES}
+    worst = max((simulate(SHAPES[shape], script(run, N_TOKENS, seed), kept[learnt])[0],
+                 learnt, run, seed)
+                for learnt in CATEGORIES for run in CATEGORIES for seed in range(4))
+    assert worst[0] <= 1.02, (shape, worst)
 
 
 def test_short_drafts_that_cost_nearly_two_steps_are_never_worth_a_probe():

@@ -194,6 +194,7 @@ def test_auto_drafts_from_history_and_says_so():
 
 def test_pair_session_records_answers_reports_sources_and_opt_out_writes_nothing(
         tiny_models, tmp_path, monkeypatch):
+    from tandem.engine.adaptive import LengthController
     from tandem.engine.llama import ContextParams
     from tandem.engine.pair import PairSession, SessionOptions
     from tandem.engine.speculative import GenParams
@@ -218,6 +219,8 @@ def test_pair_session_records_answers_reports_sources_and_opt_out_writes_nothing
     with PairSession(tiny_models["target"], None, opts) as s:
         for b in range(3, 9):  # as if earlier requests had learnt that history copies pay
             s.knowledge().learn(("history", b), [1.0] * 16, 10)
+        # ...and this request had confirmed it (else its drafts wait for the probe budget)
+        monkeypatch.setattr(LengthController, "on_trial", property(lambda self: False))
         done = [ev for ev in s.generate(prompt, gen) if isinstance(ev, DoneEvent)][0]
     assert done.tokens == runs[(True, "none")].tokens  # greedy: the same as plain decoding
     assert done.stats.by_source["history"][1] > 0, done.stats.by_source

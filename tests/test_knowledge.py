@@ -46,11 +46,22 @@ def test_a_second_request_starts_from_the_first_ones_acceptance(tmp_path):
     second = _auto(loaded)
     ctl = second.source_len[("prompt", 8)]
     assert ctl.tracker.accept[:len(rec.accept)] == pytest.approx(rec.accept)
-    assert ctl.informed  # trusted at once: its first draft is chosen, not a probe
+    # informed at once, but not by this request: its drafts are probes until confirmed
+    assert ctl.informed and ctl.on_trial
     assert any("kept from earlier requests" in n for n in second.notes)
     rng, sp = np.random.default_rng(0), SamplingParams(temperature=0.0)
     second.candidates = lambda tokens, k: [("prompt", [7] * k, 9)]
+    # nothing earned yet: the kept estimate may not spend what the request has not
     assert second.budget.balance == 0.0
+    assert second.propose([0] * 20, 8, sp, rng, False).tokens == []
+    # once the budget covers it, the kept estimate chooses the length, paid as a probe
+    second.budget.balance = 1.0
+    probes = second.budget.probes
+    assert len(second.propose([0] * 20, 8, sp, rng, False).tokens) > 0
+    assert second._probe and second.budget.probes == probes + 1
+    # three drafts of this request accepted in full confirm it: chosen, not probes
+    _copying_request(second, steps=3)
+    assert not ctl.on_trial
     assert len(second.propose([0] * 20, 8, sp, rng, False).tokens) > 0
     assert not second._probe
     # a fresh drafter without it has only the prior and no budget yet: no draft at once
@@ -60,6 +71,28 @@ def test_a_second_request_starts_from_the_first_ones_acceptance(tmp_path):
     # counts add up across requests (bounded)
     second.learnt(loaded)
     assert loaded.sources[("prompt", 8)].n >= rec.n
+
+
+def test_a_trial_that_falls_short_keeps_the_kept_estimate_on_trial():
+    """A kept estimate is confirmed by MIN_EVIDENCE of the request's drafts accepted in
+    full in a row; one that falls short restarts the count (its drafts stay probes)."""
+    from tandem.engine.adaptive import MIN_EVIDENCE
+
+    kept = Knowledge()
+    kept.learn(("prompt", 8), [1.0] * 8, 50)
+    auto = _auto(kept)
+    auto.budget.balance = 1.0
+    ctl = auto.source_len[("prompt", 8)]
+    ctl.choose(8)
+    assert ctl.last_was_probe
+    ctl.feedback(8, 2)  # this prompt is not the kind the estimate came from
+    for _ in range(MIN_EVIDENCE - 1):
+        ctl.feedback(4, 4)
+    assert ctl.on_trial
+    ctl.feedback(4, 4)
+    assert not ctl.on_trial
+    # a controller without kept verdicts is never on trial (its own rule: probes until informed)
+    assert not _auto().source_len[("prompt", 8)].on_trial
 
 
 def _write(path, data):

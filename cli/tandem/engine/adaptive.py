@@ -7,7 +7,8 @@ measured on this machine (CostModel). Each step drafts the k in {0, n_min..n_max
 maximises tokens per second among those that beat plain decoding by the spread of the
 measured costs (LengthController); k = 0 is a plain step. Every so often a plain-looking
 choice is overridden by a short probe so that the acceptance estimates stay current; probes
-are priced and paid from the request's ProbeBudget (2% of its plain time).
+are priced and paid from the request's ProbeBudget (2% of its plain time), and so are the
+drafts that acceptance kept from earlier requests chooses until this request confirms it.
 """
 from __future__ import annotations
 
@@ -51,8 +52,10 @@ class AcceptanceTracker:
 # draft model's 90% is auto's bar for it too): below that, no acceptance it could measure
 # would make drafting pay, and the probe would only cost
 PROBE_ACCEPT = 0.9
-# An estimate is trusted to choose drafts that pay once it has seen this many verdicts (its
-# own, or kept from earlier requests, engine/knowledge.py); before, every draft is a probe
+# An estimate is trusted to choose drafts that pay once it has seen this many verdicts; before,
+# every draft is a probe. Verdicts kept from earlier requests (engine/knowledge.py) count, but
+# the drafts they choose are paid as probes until this many of the request's own drafts in a
+# row were accepted in full
 MIN_EVIDENCE = 3
 # Speculation's net cost may reach this share of the plain time of the tokens produced
 # (ProbeBudget): where nothing pays, auto stays within it of plain decoding
@@ -97,7 +100,9 @@ class LengthController:
     keep confirming plain decoding) a probe drafts a k that could pay at PROBE_ACCEPT and
     whose worst case, k d + c(k + 1) - c(1), the request's ProbeBudget covers (of those,
     the best rate at PROBE_ACCEPT; none: no probe). Until the tracker has MIN_EVIDENCE
-    verdicts its estimates are a prior, and every draft is such a probe."""
+    verdicts its estimates are a prior, and every draft is such a probe. Verdicts kept from
+    earlier requests inform it, but until this request confirms them (`on_trial`) it drafts
+    only a k whose worst case the budget covers, as a probe."""
 
     costs: CostModel
     n_min: int = 0
@@ -111,6 +116,7 @@ class LengthController:
     _plain_run: int = 0
     _interval: int = 0  # current probe interval (0: not started, use probe_every)
     last_was_probe: bool = False  # the latest choice drafted only to re-measure acceptance
+    _confirmed_from: int = 0  # tracker steps after this request's latest failed trial (on_trial)
 
     def margin(self, k: int) -> float:
         """How much faster than plain a draft of k must be expected to be: the relative
@@ -152,15 +158,28 @@ class LengthController:
     def informed(self) -> bool:
         return self.tracker.steps >= MIN_EVIDENCE
 
+    @property
+    def on_trial(self) -> bool:
+        """Informed by verdicts kept from earlier requests, not yet confirmed by MIN_EVIDENCE
+        of this request's drafts accepted in full in a row: kept verdicts are per source and
+        match length, not per kind of prompt (copies of a summary, then math), so they may
+        choose k, but each draft is a probe paid from the budget."""
+        t = self.tracker
+        return (self.budget is not None and t.start_steps > 0
+                and t.steps - max(t.start_steps, self._confirmed_from) < MIN_EVIDENCE)
+
     def choose(self, cap: int) -> int:
         cap = min(cap, self.n_max)
         self.last_was_probe = False
         if cap <= 0:
             return 0
         best_k, best = 0, 0.0
+        trial = self.on_trial
         if self.informed or self.budget is None:
             for k in range(max(self.n_min, 1), cap + 1):
                 if not self.pays(k, self.tracker.accept):
+                    continue
+                if trial and self.worst_loss(k) > self.budget.balance:
                     continue
                 rate = self.costs.expected_rate(k, self.tracker.accept, self._draft_cost())
                 if rate > best * 1.0001:
@@ -168,6 +187,9 @@ class LengthController:
         if best_k:
             self._plain_run = 0
             self._interval = 0
+            if trial:
+                self.last_was_probe = True
+                self.budget.probes += 1
             return best_k
         self._plain_run += 1
         interval = self._interval or self.probe_every
@@ -194,7 +216,13 @@ class LengthController:
         accepted brings the probe interval back to its start: the source may have become
         good again (a new passage to copy, a draft model back in step), and doubled
         intervals would otherwise leave it unused for hundreds of tokens."""
+        trial = self.on_trial
         self.tracker.update(drafted, accepted)
+        if trial and 0 < drafted and accepted < drafted:
+            # a trial falling short restarts the count: the EMA would mix a kept 0.98 with this
+            # request's 1 of 3 into an estimate that still drafts, unbudgeted (simulated flat
+            # host, restated math after summarization: 1.04x plain without the restart)
+            self._confirmed_from = self.tracker.steps
         if self.last_was_probe and drafted > 0 and accepted >= drafted:
             self._interval = 0
 
