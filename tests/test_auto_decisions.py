@@ -155,12 +155,10 @@ def test_auto_is_never_more_than_2_percent_slower_than_plain(shape, category):
 
 # RAG on the steep host gained only by drafting from kept acceptance before the request had
 # earned its worst case (a draft of 3 risks 1.8 plain steps: 90 tokens of a 2% budget); since
-# kept acceptance is paid as a probe until confirmed, that gain (0.96x) is gone: 1.01x
-STEEP_RAG = pytest.mark.xfail(strict=True, reason="kept acceptance is budgeted until confirmed")
-
-
+# kept acceptance is paid as a probe until confirmed, that gain (0.96x) is gone (1.01x): there
+# the bar is the never-lose one, within the 2% budget of plain decoding
 @pytest.mark.parametrize("shape,gain,category", [
-    ("steep", 0.97, "summarization"), pytest.param("steep", 0.97, "rag", marks=STEEP_RAG),
+    ("steep", 0.97, "summarization"), ("steep", 1.02, "rag"),
     ("flat", 0.9, "summarization"), ("flat", 0.9, "rag")])
 def test_auto_gains_where_copies_pay(shape, category, gain):
     """Long copies (summarization, RAG): with what earlier requests learnt, auto needs at most
