@@ -466,3 +466,15 @@ def test_module_names_say_what_they_hold():
     shared = {stem: sorted(mods) for stem, mods in by_stem.items() if len(mods) > 1
               and len([m for m in mods if not m.startswith("tandem.commands.")]) > 1}
     assert shared == {}, shared
+
+
+def test_settings_hold_values_only():
+    """Settings carries the resolved values and their sources, typed; the hardware, the
+    profile object, the files and the warnings resolving took are commands/plan.py's
+    Resolved (no Any-typed passengers)."""
+    import typing
+
+    from tandem.config.settings import Settings
+
+    untyped = [k for k, hint in typing.get_type_hints(Settings).items() if hint is typing.Any]
+    assert untyped == [], untyped
