@@ -137,7 +137,8 @@ def prepare_session(cli: Mapping[str, Any] | None,
         require_remote_fit(p, remote_plan_for_settings(settings, target, infos))
     else:
         p = require_fit(p)
-    return Prepared(r, p, session_options(settings, p, home=home, verbose=verbose),
+    return Prepared(r, p, session_options(settings, p, backend=r.backend, home=home,
+                                          verbose=verbose),
                     Path(target), Path(draft) if draft is not None else None)
 
 

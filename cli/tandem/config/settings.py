@@ -22,6 +22,7 @@ nothing from the machine, the models or the engine (tests/test_structure.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -149,8 +150,10 @@ def load_user_config(path: Path) -> tuple[dict[str, Located], dict[str, Located]
     return values_of(obj, doc, path), extra
 
 
+@lru_cache(maxsize=None)
 def config_struct() -> type:
-    """config.yaml's shape for msgspec: the settings and CONFIG_ONLY_KEYS."""
+    """config.yaml's shape for msgspec: the settings and CONFIG_ONLY_KEYS (built once, as
+    files.py builds the tuned files' one)."""
     from typing import Annotated
 
     from msgspec import UNSET, Meta
