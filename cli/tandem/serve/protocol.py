@@ -63,7 +63,9 @@ class Request:
 
 def parse_json(raw: bytes) -> dict:
     """The body as a JSON object. NaN and Infinity are not JSON (Python's parser would take
-    them), and a body nested deep enough to exhaust the parser's recursion is refused too."""
+    them), and a body nested deep enough to exhaust the parser's recursion is refused too.
+    Every string in it, keys included, must be encodable text: JSON's escapes can carry lone
+    surrogates ("\\ud800") that no tokenizer takes; this is the one place that checks it."""
     def constant(name: str):
         raise ValueError(f"{name} is not valid JSON")
 
@@ -73,11 +75,38 @@ def parse_json(raw: bytes) -> dict:
     except UnicodeDecodeError:
         raise bad("the request body is not UTF-8", code="invalid_json") from None
     except (ValueError, RecursionError) as exc:
-        raise bad(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+        raise bad(f"the request body is not valid JSON: {clip(str(exc))}",
+                  code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad(f"the request body must be a JSON object, got {_kind(body)}",
                   code="invalid_json")
+    where = _unencodable(body, "")
+    if where is not None:
+        raise bad(f"{where or 'a key'} is not valid Unicode (a lone surrogate)", where or None)
     return body
+
+
+def _unencodable(value, path: str) -> str | None:
+    """The path of the first string (or key) in `value` that UTF-8 cannot encode; None if
+    all can. Iterative: the parser's nesting limit already bounds the depth."""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return where
+        elif isinstance(item, dict):
+            for key, sub in item.items():
+                try:
+                    key.encode("utf-8")
+                except UnicodeEncodeError:
+                    return where
+                stack.append((sub, f"{where}.{key}" if where else key))
+        elif isinstance(item, list):
+            stack += [(sub, f"{where}[{i}]") for i, sub in enumerate(item)]
+    return None
 
 
 def parse_chat(body: dict) -> Request:
@@ -95,11 +124,14 @@ def parse_chat(body: dict) -> Request:
         if not isinstance(m, dict):
             raise bad(f"{where} must be an object, got {_kind(m)}", where, "invalid_type")
         role = m.get("role")
+        if not isinstance(role, str):
+            raise bad(f"{where}.role must be a string (one of {', '.join(ROLES)}), got "
+                      f"{_kind(role)}", f"{where}.role", "invalid_type")
         if role in ("tool", "function") or m.get("tool_calls") or m.get("function_call"):
             raise bad(f"{where}: tool and function calls are not supported by tandem serve",
                       f"{where}.role", "unsupported_value")
         if role not in ROLES:
-            raise bad(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}",
+            raise bad(f"{where}.role must be one of {', '.join(ROLES)}, got {clip(repr(role))}",
                       f"{where}.role")
         out.append({"role": ROLES[role], "content": _content(m.get("content"), where)})
     return Request(kind="chat", messages=tuple(out), **_common(body))
@@ -131,7 +163,7 @@ def parse_text(body: dict) -> Request:
 def _content(content, where: str) -> str:
     """A message's text: a string, or OpenAI's list of text parts."""
     if isinstance(content, str):
-        return _utf8(content, f"{where}.content")
+        return content
     if content is None:
         raise bad(f"{where}.content is required", f"{where}.content",
                   "missing_required_parameter")
@@ -143,26 +175,17 @@ def _content(content, where: str) -> str:
                 raise bad(f"{where}.content[{j}] must be a text part "
                           "({\"type\": \"text\", \"text\": ...}); images and audio are not "
                           "supported", f"{where}.content", "unsupported_value")
-            texts.append(_utf8(part["text"], f"{where}.content"))
+            texts.append(part["text"])
         return "\n".join(texts)
     raise bad(f"{where}.content must be a string or an array of text parts, got "
               f"{_kind(content)}", f"{where}.content", "invalid_type")
-
-
-def _utf8(text: str, param: str) -> str:
-    """JSON may carry lone surrogates (\\ud800) that no tokenizer can take."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise bad(f"{param} is not valid Unicode (a lone surrogate)", param) from None
-    return text
 
 
 def _common(body: dict) -> dict:
     """The fields both routes share, checked; refusals of what is not implemented."""
     n = body.get("n")
     if n is not None and (not _is_int(n) or n != 1):
-        raise bad(f"'n' must be 1: tandem serve answers one choice per request (got {n!r})",
+        raise bad(f"'n' must be 1: tandem serve answers one choice per request (got {clip(repr(n))})",
                   "n", "unsupported_value")
     for key in ("tools", "functions"):
         if body.get(key):
@@ -174,7 +197,7 @@ def _common(body: dict) -> dict:
     if fmt is not None:
         if not isinstance(fmt, dict) or fmt.get("type") != "text":
             kind = fmt.get("type") if isinstance(fmt, dict) else fmt
-            raise bad(f"response_format {kind!r} is not supported by tandem serve (only "
+            raise bad(f"response_format {clip(repr(kind))} is not supported by tandem serve (only "
                       "'text')", "response_format", "unsupported_value")
     if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
         raise bad("logprobs are not supported by tandem serve", "logprobs",
@@ -232,7 +255,6 @@ def _stops(stop) -> tuple[str, ...]:
     for s in stop:
         if not s or len(s) > MAX_STOP_CHARS:
             raise bad(f"each stop string must hold 1..{MAX_STOP_CHARS} characters", "stop")
-        _utf8(s, "stop")
     return tuple(stop)
 
 
@@ -267,6 +289,11 @@ def _number(body: dict, key: str, lo: float, hi: float, *, open_low: bool = Fals
         left, right = "(" if open_low else "[", ")" if open_high else "]"
         raise bad(f"'{key}' must be in {left}{lo:g}, {hi:g}{right}, got {value}", key)
     return value
+
+
+def clip(text: str, limit: int = 60) -> str:
+    """A value shown in an error message: never the whole of a huge one."""
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
 def _kind(value) -> str:
