@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -311,6 +312,34 @@ def test_malformed_requests_get_json_errors(server):
     assert _chat(server.client(), "hello there", max_tokens=4).choices[0].message.content
     log = "".join(server.log)
     assert "Traceback" not in log, log
+
+
+def test_each_request_gets_a_log_line(server):
+    def lines():
+        return [ln for ln in server.log if ln.startswith("tandem serve: POST")]
+
+    before = len(lines())
+    _chat(server.client(), "hello there", max_tokens=5)
+    _stream_text(server.client(), "hello there", max_tokens=5)
+    server.raw("POST", "/v1/chat/completions", "{}")
+    deadline = time.monotonic() + 30
+    while len(lines()) < before + 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    plain, streamed, refused = lines()[before:before + 3]
+    for line in (plain, streamed):
+        assert re.match(r"tandem serve: POST /v1/chat/completions 200 · prompt \d+ "
+                        r"\(\d+ cached\) · 5 tokens · \d+\.\d\d s · [\d.]+ tok/s", line), line
+    assert refused.startswith("tandem serve: POST /v1/chat/completions 400 · ")
+
+
+def test_quiet_server_logs_no_requests(tiny_models, tmp_path):
+    srv = Server([*_models(tiny_models), "--strategy", "none", "--quiet"], tmp_path / "home")
+    try:
+        _chat(srv.client(), "hello there", max_tokens=2)
+        assert srv.health()["status"] == "ok"
+    finally:
+        srv.stop()
+    assert not [ln for ln in srv.log if ln.startswith("tandem serve: POST")], srv.log
 
 
 def test_context_overflow_is_a_clear_400(server):

@@ -34,6 +34,7 @@ def serve(
     port: Annotated[int, typer.Option("--port", help="TCP port (0: any free port; the address is printed on stderr).")] = 8080,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="TANDEM_API_KEY", help="Require 'Authorization: Bearer KEY' (env TANDEM_API_KEY keeps it out of the process list).")] = None,
     queue: Annotated[int, typer.Option("--queue", help="Requests that may wait while one is generated; beyond, 429 with Retry-After.")] = 8,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No line per request on stderr (route, tokens, time, tok/s, acceptance, status).")] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds a client has to send a request's headers, and again its body; beyond, 408 and the connection closed.")] = 30.0,
     model, model_draft, strategy, n_max, n_min, p_min,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens per answer when a request does not say (max_tokens).")] = 2048,
@@ -98,6 +99,7 @@ def serve(
                             longest_token_bytes(target_path) or UNKNOWN_TOKEN_BYTES)
             config = server.ServeConfig(
                 model_id=target_path.stem, api_key=api_key, budget=budget, timeout=timeout,
+                quiet=quiet,
                 defaults=Defaults(max_tokens=max_tokens, sampling=sampling))
             draft = f" + {draft_path.name}" if draft_path else ""
             print(f"tandem serve: {server.listen_note(host, sock)} · {target_path.name}{draft} · "

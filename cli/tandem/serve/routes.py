@@ -54,6 +54,7 @@ class ServeConfig:
     max_body: int = MAX_BODY
     budget: Budget | None = None  # None: the target context's size, the longest token unknown
     timeout: float = REQUEST_TIMEOUT  # s for a request's headers, and again for its body
+    quiet: bool = False  # no per-request line on stderr
 
 
 class EngineStream(StreamingResponse):
@@ -132,6 +133,21 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
         return await complete(request, "text")
 
     async def complete(request: Request, kind: str):
+        started = time.monotonic()
+
+        def log(status: int, stats=None) -> None:  # one line per request, on stderr
+            if not config.quiet:
+                print(protocol.log_line(request.method, request.url.path, status,
+                                        time.monotonic() - started, stats),
+                      file=sys.stderr, flush=True)
+
+        try:
+            return await respond(request, kind, log)
+        except ApiError as exc:
+            log(exc.status)
+            raise
+
+    async def respond(request: Request, kind: str, log):
         authorize(request)
         body = await read_json(request, config.max_body, config.timeout)
         req = protocol.parse_chat(body) if kind == "chat" else protocol.parse_text(body)
@@ -173,18 +189,21 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
             first = await _next(events, watch)
             if first is None:
                 job.cancel.set()
+                log(499)
                 return JSONResponse({}, status_code=499)  # nobody is listening
             _raise_failure(first)
             if req.stream:
                 watch.cancel()  # from here the stream response watches the connection
-                stream = _stream(req, rid, now, config.model_id, events, first)
+                stream = _stream(req, rid, now, config.model_id, events, first, log)
                 handed_over = True
                 return EngineStream(stream, job.cancel, media_type="text/event-stream",
                                     headers=SSE_HEADERS)
             answer = await _answer(events, watch, first)
             if answer is None:
                 job.cancel.set()
+                log(499)
                 return JSONResponse({}, status_code=499)  # nobody is listening
+            log(200, answer.stats)
             return JSONResponse(protocol.completion(req, rid, now, config.model_id,
                                                     answer.text, answer.reason, answer.stats))
         finally:
@@ -286,9 +305,11 @@ def _raise_failure(item) -> None:
                        headers={"Retry-After": "1"})
 
 
-async def _stream(req, rid: str, created: int, model: str, events: asyncio.Queue, first):
+async def _stream(req, rid: str, created: int, model: str, events: asyncio.Queue, first,
+                  log=lambda status, stats=None: None):
     """Server-sent events: a role chunk (chat), a chunk per piece of text, the finish chunk
-    with timings, the usage chunk if asked, then [DONE]."""
+    with timings, the usage chunk if asked, then [DONE]. `log` gets the outcome (the status
+    is 200 once the headers are out; a client gone mid-stream is a 499)."""
     chunk = partial(protocol.chunk, req, rid, created, model)
     if req.kind == "chat":
         yield protocol.sse(chunk(role=True, text=""))
@@ -298,6 +319,7 @@ async def _stream(req, rid: str, created: int, model: str, events: asyncio.Queue
         if what == "text":
             yield protocol.sse(chunk(text=value))
         elif what in ("done", "cancelled"):
+            log(200 if what == "done" else 499, value.stats)
             yield protocol.sse(chunk(reason=value.reason, stats=value.stats))
             if req.include_usage:
                 yield protocol.sse(chunk(stats=value.stats, usage_only=True))
@@ -306,6 +328,7 @@ async def _stream(req, rid: str, created: int, model: str, events: asyncio.Queue
             try:
                 _raise_failure(item)
             except ApiError as exc:
+                log(exc.status)
                 yield protocol.sse(exc.body())
             break
         item = await events.get()
