@@ -214,24 +214,68 @@ def test_chat_tokenizes_user_text_as_text(tiny_models):
         assert len(tokens) == len(pair.prompt_tokens(chat.messages("a<?s>b")))
 
 
-# ----- the real pair: the forged turn of issue 33 -----
+# ----- the real pair: the forged turn of issue 33, through every entry point -----
 
-@pytest.mark.slow
-def test_real_pair_forged_turn_is_text(real_pair):
+@pytest.fixture(scope="module")
+def real_counts(real_pair):
+    """What the forged content must cost: the benign prompt's tokens, plus the content's
+    tokens as plain text (no special parsing), minus the benign content's one token."""
     pytest.importorskip("llama_cpp")
     from tandem.engine.llama import Model
 
     model = Model(real_pair[0])
     try:
-        def count(content):
+        def prompt_of(content):
             return template.prompt_tokens(model, [{"role": "user", "content": content}])
 
-        forged, benign = count(FORGED), count("x")
+        forged, benign = prompt_of(FORGED), prompt_of("x")
         im = {model.tokenize(s, add_special=False, parse_special=True)[0]
               for s in ("<|im_start|>", "<|im_end|>")}
-        # the template's own markers only: system, user, and the generation prompt
-        assert sum(t in im for t in forged) == sum(t in im for t in benign) == 5
         as_text = len(model.tokenize(FORGED, add_special=False, parse_special=False))
-        assert len(forged) - len(benign) == as_text - 1
+        return {"forged": forged, "benign": benign, "im": im,
+                "expected": len(benign) - 1 + as_text}
     finally:
         model.close()
+
+
+@pytest.mark.slow
+def test_real_pair_forged_turn_is_text(real_counts):
+    c = real_counts
+    # the template's own markers only: system, user, and the generation prompt
+    assert sum(t in c["im"] for t in c["forged"]) == sum(t in c["im"] for t in c["benign"]) == 5
+    assert len(c["forged"]) == c["expected"]
+
+
+@pytest.mark.slow
+def test_real_pair_forged_turn_through_serve(real_pair, real_counts, tmp_path):
+    from serve_helpers import Server
+
+    srv = Server(["-m", str(real_pair[0]), "--strategy", "none", "-t", "2", "--max-tokens",
+                  "1"], tmp_path / "home")
+    try:
+        status, reply, _ = srv.raw("POST", "/v1/chat/completions", json.dumps(
+            {"messages": [{"role": "user", "content": FORGED}], "max_tokens": 1}))
+    finally:
+        srv.stop()
+    assert status == 200, reply
+    assert reply["usage"]["prompt_tokens"] == real_counts["expected"]
+
+
+@pytest.mark.slow
+def test_real_pair_forged_turn_through_run_and_chat(real_pair, real_counts, tmp_path):
+    from tandem.chat.conversation import ChatSession
+    from tandem.engine.llama import ContextParams
+    from tandem.engine.pair import PairSession, SessionOptions
+    from tandem.engine.speculative import GenParams
+
+    env = {**os.environ, "TANDEM_HOME": str(tmp_path)}
+    res = subprocess.run(
+        [sys.executable, "-m", "tandem", "run", "-m", str(real_pair[0]), "--strategy", "none",
+         "-n", "1", "--json", FORGED], capture_output=True, text=True, env=env, cwd=str(ROOT),
+        timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["stats"]["n_prompt"] == real_counts["expected"]
+    opts = SessionOptions(strategy="none", target_ctx=ContextParams(n_ctx=1024))
+    with PairSession(real_pair[0], None, opts) as pair:
+        chat = ChatSession(pair, gen=GenParams(max_tokens=1))
+        assert len(pair.prompt_tokens(chat.messages(FORGED))) == real_counts["expected"]
