@@ -264,6 +264,8 @@ MALFORMED = [
     ("chat", {"stream": "yes"}, 400),
     ("chat", {"stream_options": {"include_usage": "yes"}}, 400),
     ("chat", {"seed": "abc"}, 400),
+    ("chat", {"seed": -5}, 400),
+    ("chat", {"temperature": 150}, 400),
     ("chat", {"tools": [{"type": "function", "function": {"name": "f"}}]}, 400),
     ("chat", {"response_format": {"type": "json_schema", "json_schema": {}}}, 400),
     ("chat", {"logprobs": True}, 400),
@@ -485,6 +487,26 @@ def test_protocol_checks():
     assert exc.value.status == 400 and exc.value.param == "top_p"
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.2")
+
+
+@pytest.mark.parametrize("key,value", [("temperature", -1.0), ("temperature", 101.0),
+                                       ("top_k", -1), ("top_p", 0.0), ("top_p", 1.5),
+                                       ("min_p", 1.0), ("repeat_penalty", 0.0),
+                                       ("seed", -2), ("seed", 1 << 64)])
+def test_one_rule_for_sampling_values_in_cli_and_api(key, value):
+    """The CLI (SamplingParams) and the API (protocol) refuse the same values, and both take
+    seed -1 as a random seed."""
+    from tandem.engine.sampling import SamplingParams
+    from tandem.errors import UsageError
+    from tandem.serve.protocol import ApiError, parse_chat
+
+    with pytest.raises(UsageError):
+        SamplingParams(**{key: value})
+    with pytest.raises(ApiError) as exc:
+        parse_chat({"messages": [{"role": "user", "content": "x"}], key: value})
+    assert exc.value.param == key
+    assert SamplingParams(seed=None).seed is None
+    assert parse_chat({"messages": [{"role": "user", "content": "x"}], "seed": -1}).seed is None
 
 
 def test_both_caches_keep_the_common_prefix(pair):

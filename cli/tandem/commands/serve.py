@@ -18,7 +18,7 @@ from tandem.commands.options import (
     setting_flags,
     shared_options,
 )
-from tandem.config.schema import check_max_tokens
+from tandem.config.schema import SERVE_MAX_TOKENS, check_max_tokens
 from tandem.errors import UsageError
 
 
@@ -37,7 +37,7 @@ def serve(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No line per request on stderr (route, tokens, time, tok/s, acceptance, status).")] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds a client has to send a request's headers, and again its body; beyond, 408 and the connection closed.")] = 30.0,
     model, model_draft, strategy, n_max, n_min, p_min,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens per answer when a request does not say (max_tokens).")] = 2048,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens per answer when a request does not say (max_tokens).")] = SERVE_MAX_TOKENS,
     temp, top_k, top_p, min_p, repeat_penalty, n_ctx, n_threads,
     exact, context_file, no_history, rpc, rpc_timeout, verbose,
 ):

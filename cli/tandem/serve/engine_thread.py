@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from tandem.chat.answer import Answer
+from tandem.config.schema import SERVE_MAX_TOKENS
 from tandem.engine.events import PrefillEvent, TokenEvent
 from tandem.engine.pair import PairSession
 from tandem.engine.sampling import SamplingParams
@@ -163,7 +164,7 @@ def _deliver(job: Job, kind: str, value) -> None:
 class Defaults:
     """What a request that does not say gets: the server's flags (as `run` takes them)."""
 
-    max_tokens: int = 2048
+    max_tokens: int = SERVE_MAX_TOKENS
     sampling: SamplingParams = SamplingParams()
 
 

@@ -9,8 +9,9 @@ refused by name rather than silently ignored.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
+
+from tandem.engine.sampling import LIMITS, SEED, seed_value
 
 MAX_STOPS = 16  # OpenAI allows 4; llama-server any number: a bound keeps stop matching cheap
 MAX_STOP_CHARS = 1000
@@ -203,7 +204,7 @@ def _common(body: dict) -> dict:
         raise bad("logprobs are not supported by tandem serve", "logprobs",
                   "unsupported_parameter")
     for key in ("presence_penalty", "frequency_penalty"):
-        value = _number(body, key, -2.0, 2.0)
+        value = _number(body, key)
         if value not in (None, 0.0):
             raise bad(f"'{key}' is not supported by tandem serve (use repeat_penalty)", key,
                       "unsupported_parameter")
@@ -230,17 +231,15 @@ def _common(body: dict) -> dict:
         if not isinstance(include_usage, bool):
             raise bad("'stream_options.include_usage' must be a boolean",
                       "stream_options.include_usage", "invalid_type")
+    sampling = {key: _sampling(body, key, limit) for key, limit in LIMITS.items()}
+    if sampling["top_k"] is not None:
+        sampling["top_k"] = _int(body, "top_k", 0, int(LIMITS["top_k"].hi))
     seed = _int(body, "seed", -(1 << 63), (1 << 64) - 1)
-    if seed is not None and seed < 0:
-        seed = None  # llama.cpp's -1 (and any negative seed): a random one
-    return dict(
-        model=model, max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 0.0, 100.0),
-        top_p=_number(body, "top_p", 0.0, 1.0, open_low=True),
-        top_k=_int(body, "top_k", 0, 1 << 31),
-        min_p=_number(body, "min_p", 0.0, 1.0, open_high=True),
-        repeat_penalty=_number(body, "repeat_penalty", 0.0, 100.0, open_low=True),
-        seed=seed, stop=_stops(body.get("stop")), stream=stream, include_usage=include_usage)
+    if seed is not None and SEED.problem(seed):  # the CLI's rule: -1 is random, no other < 0
+        raise bad(f"'seed' {SEED.problem(seed)} (-1: a random seed), got {seed}", "seed")
+    return dict(model=model, max_tokens=max_tokens, seed=seed_value(seed),
+                stop=_stops(body.get("stop")), stream=stream, include_usage=include_usage,
+                **sampling)
 
 
 def _stops(stop) -> tuple[str, ...]:
@@ -275,19 +274,20 @@ def _int(body: dict, key: str, lo: int, hi: int) -> int | None:
     return value
 
 
-def _number(body: dict, key: str, lo: float, hi: float, *, open_low: bool = False,
-            open_high: bool = False) -> float | None:
+def _number(body: dict, key: str) -> float | None:
     value = body.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise bad(f"'{key}' must be a number, got {_kind(value)}", key, "invalid_type")
-    value = float(value)
-    low_ok = value > lo if open_low else value >= lo
-    high_ok = value < hi if open_high else value <= hi
-    if not (math.isfinite(value) and low_ok and high_ok):
-        left, right = "(" if open_low else "[", ")" if open_high else "]"
-        raise bad(f"'{key}' must be in {left}{lo:g}, {hi:g}{right}, got {value}", key)
+    return float(value)
+
+
+def _sampling(body: dict, key: str, limit) -> float | None:
+    """A sampling field, checked against the one statement of its values (engine/sampling)."""
+    value = _number(body, key)
+    if value is not None and limit.problem(value):
+        raise bad(f"'{key}' {limit.problem(value)}, got {value}", key)
     return value
 
 
