@@ -147,7 +147,7 @@ def render(rows: list[Row], conditions: list[str], fixed: str) -> str:
         bars = []
         for (a, b), need in BARS.get(cond, {}).items():
             value = got[(a, b)]
-            met = "met" if not math.isnan(value) and value >= need else "not met"
+            met = "met" if not math.isnan(value) and round(value, 2) >= need else "not met"
             bars.append(f"{'-t' if b == FIXED else 'server'} >= {need:g}x: {met}")
         lines.append(f"| {cond} | {n} | {med[DEFAULTS]} | {med[fixed]} | {med[SERVER]} | "
                      f"{r_fixed:.2f} | {r_server:.2f} | {'; '.join(bars)} | "
