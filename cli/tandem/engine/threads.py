@@ -22,8 +22,9 @@ tok/s where 1 thread made 15.5. So when the user did not fix a count, the sessio
 (no clock, no /proc): tests drive it with scripted costs. `ThreadControl` applies them to a
 session's contexts: it times the probe's decodes, reads the load at those moments only, and
 gets each step's verify time from generate(), which measures it anyway. The probe's decodes
-are truncated away: the KV cache, the logits the loop still reads and the output are
-unchanged (llama.cpp's results do not depend on the thread count: tests/test_real_pair.py).
+are truncated away: the KV cache and the logits the loop still reads are unchanged. Exact
+mode's logits do not depend on the count (tests/test_threads_real.py); fast mode's f16 flash
+attention rounds differently at another count past 512 cached tokens, as its batches do.
 """
 from __future__ import annotations
 
@@ -326,7 +327,7 @@ class ThreadControl:
     def _note(self, before: int, chosen: int, others: float | None, why: str | None) -> None:
         slower = self.tuner.slowdown(before, chosen)
         were = "was" if before == 1 else "were"
-        self._reason = (f"{before} {were} {slower:.1f}x slower: "
+        self._reason = (f"{before} {were} {f'{slower:.1f}x ' if slower else ''}slower: "
                         + (load_text(others) if chosen < before else "the machine is quieter"))
         if len(self._notes) >= self.MAX_NOTES:
             self._more += 1
