@@ -205,6 +205,9 @@ def pick_prompts(n: int, spec_bench: Path) -> list[BenchPrompt]:
             for items in by_cat.values():
                 if items and len(extra) < rest:
                     extra.append(items.pop(0))
+    if len(extra) < rest:
+        print(f"warning: only {coding + len(extra)} prompts ({spec_bench} has no more)",
+              file=sys.stderr)
     return load_prompts(None, None, None, False, coding) + extra
 
 

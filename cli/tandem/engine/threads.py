@@ -9,7 +9,8 @@ tok/s where 1 thread made 15.5. So when the user did not fix a count, the sessio
    interleaved, three rounds at most, a candidate that is clearly slower not timed again) and
    moves from the count in use only at a clear margin (every sample of it slower than every
    sample of the other by MARGIN, or one sample SURE times slower), so noise on a quiet
-   machine keeps today's count;
+   machine keeps today's count. At the first request, the probe is skipped when other
+   processes used under BUSY_CORES of the CPU while the models loaded;
 2. then watches the verify time of every step (`observe`, normalised to a plain step): steps
    well above the reference of the chosen count (a program started computing) or, with fewer
    threads than the default, well below it (one stopped) start a new probe;
@@ -35,7 +36,7 @@ from typing import Callable, Protocol, Sequence
 # the one in use is this much slower than every one of the other (three rounds each)
 MARGIN = 1.25
 # ... or when its one sample of the first round is this much slower (a stalled barrier
-# costs 5-15x: the second round would only pay for it again)
+# cost 12-24x in this project's runs: a second round would only pay for it again)
 SURE = 4.0
 # after the first round a candidate this much slower than the best is not timed again, and
 # the ones below it (fewer threads than a count that is already worse) are not tried
