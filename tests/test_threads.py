@@ -296,6 +296,32 @@ def test_later_requests_say_the_count_kept():
                for n in done.stats.notes)
 
 
+def test_a_request_after_the_machine_calmed_goes_back_up_at_its_start():
+    """A session idle while the other program stopped: the next request's first look at the
+    load finds the cores free, and the request runs with 2 threads from its first step."""
+    m = Machine([Phase(1e9, LLAMA)])
+    ctx = SimContext(m)
+    ctl = control(m, ctx)
+    decode_speed(m, ctx, ctl, n=32)
+    assert ctx.n_threads == 1
+    m.phases = [Phase(1e9, QUIET)]
+    steps = ctl.tuner.steps
+    _, done = decode_speed(m, ctx, ctl, n=32)
+    assert ctl.tuner.changes[-1][:3] == (steps, 1, 2)
+    assert any(n.startswith("threads: 1 -> 2 at step 0 ") for n in done.stats.notes)
+
+
+def test_a_busy_machine_at_a_later_request_is_probed_at_its_start():
+    m = Machine([Phase(1e9, QUIET)])
+    ctx = SimContext(m)
+    ctl = control(m, ctx)
+    decode_speed(m, ctx, ctl, n=32)
+    m.phases = [Phase(1e9, LOOPS)]
+    steps = ctl.tuner.steps
+    decode_speed(m, ctx, ctl, n=32)
+    assert ctl.tuner.changes == [(steps, 2, 1, "check")]
+
+
 def test_output_is_unchanged_by_probes():
     """Probes decode and truncate between steps: the tokens are those of a run without."""
     m = Machine([Phase(1.0, QUIET), Phase(2.0, LLAMA), Phase(1e9, QUIET)])

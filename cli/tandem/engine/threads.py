@@ -14,8 +14,9 @@ tok/s where 1 thread made 15.5. So when the user did not fix a count, the sessio
 2. then watches the verify time of every step (`observe`, normalised to a plain step): steps
    well above the reference of the chosen count (a program started computing) or, with fewer
    threads than the default, well below it (one stopped) start a new probe;
-3. and every `check_every` steps looks at the share of the CPU other processes used since
-   the last look (ThreadControl reads /proc then, never per step): with the default count, a
+3. and every `check_every` steps and at each later request's start looks at the share of
+   the CPU other processes used since the last look (ThreadControl reads /proc then, never
+   per step): with the default count, a
    busy machine starts a probe; with fewer threads, cores free again do (without /proc: a
    probe), each probe that changes nothing doubling the interval up to CHECK_MAX.
 
@@ -143,6 +144,12 @@ class ThreadTuner:
                 self.skip()
                 return False
         return why is not None
+
+    def look(self) -> None:
+        """A load check now, unless a probe is due anyway (a request's start: the machine
+        may have changed while the session was idle)."""
+        if self._due is None:
+            self._due = "check"
 
     def skip(self) -> None:
         """Drop the due probe (nothing to gain, or no room to decode); next look later."""
@@ -275,15 +282,16 @@ class ThreadControl:
 
     def begin(self) -> Threads:
         """At the start of a request, before anything decodes (the prompt, a calibration):
-        the first request's probe. Returns what generate() is to tell each step (NO_THREADS
-        when nothing is chosen for the active target context)."""
+        the first request's probe, later ones' load check (a probe only if the load changed
+        enough). Returns what generate() is to tell each step (NO_THREADS when nothing is
+        chosen for the active target context)."""
         self._notes, self._more = [], 0
         if not self.active:
             return NO_THREADS
         self.apply()
         self._step0 = self.tuner.steps
-        if self.tuner.due == "start":
-            self.maybe_probe()
+        self.tuner.look()
+        self.maybe_probe()
         if self.tuner.current != self.tuner.default and not self._notes and self._reason:
             self._notes.append(f"threads: {self.tuner.current} of {self.tuner.default}, kept "
                                f"from an earlier request ({self._reason})")
