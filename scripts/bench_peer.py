@@ -432,11 +432,14 @@ def parse_server_response(row: Row, resp: dict) -> Row:
 
 # ----------------------------------------------------------------------------- tandem
 
-def tandem_command(tandem: list[str], p: BenchPrompt, n: int, threads: int, ctx: int, seed: int,
-                   model_args: list[str], extra: list[str], pair: str | None = None) -> list[str]:
+def tandem_command(tandem: list[str], p: BenchPrompt, n: int, threads: int | None, ctx: int,
+                   seed: int, model_args: list[str], extra: list[str],
+                   pair: str | None = None) -> list[str]:
     """`tandem run --json ...`; the pair by name (`tandem run PAIR PROMPT`, so tuned settings
-    and profiles apply as for a user) or by paths in model_args (-m/-md)."""
-    cmd = [*tandem, "run", "--json", "-n", str(n), "-t", str(threads), "-c", str(ctx),
+    and profiles apply as for a user) or by paths in model_args (-m/-md). `threads` None: no
+    -t, tandem chooses (scripts/bench_contention.py)."""
+    cmd = [*tandem, "run", "--json", "-n", str(n),
+           *(["-t", str(threads)] if threads is not None else []), "-c", str(ctx),
            "--temp", "0", "--seed", str(seed), *model_args, *extra]
     if p.system:
         cmd += ["-s", p.system]

@@ -147,7 +147,7 @@ def session_options(s: Settings, plan: Plan | None = None, *, backend: str = "cp
     """The engine's options for resolved settings: the draft length and its stops become the
     session's DraftParams; GPU layers come from `plan` (the planner resolves `auto`), else
     from the settings themselves on `backend` (Resolved.backend). `home`: where the session
-    keeps costs and history."""
+    keeps costs and history. Threads the user did not fix are the engine's to choose."""
     exact = s.mode == "exact"
     ctx = ContextParams(n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
                         n_threads=s.n_threads, n_threads_batch=s.n_threads_batch,
@@ -169,7 +169,17 @@ def session_options(s: Settings, plan: Plan | None = None, *, backend: str = "cp
                           target_gpu_layers=layers[0], draft_gpu_layers=layers[1],
                           verbose=verbose, repack=not exact, history=s.history == "on",
                           rpc=rpc, rpc_timeout=float(s.rpc_timeout),
-                          home=Path(home) if home is not None else None)
+                          home=Path(home) if home is not None else None,
+                          adapt_threads=not user_threads(s))
+
+
+USER_SOURCES = ("cli", "env", "config")  # a count from these is the user's own: honoured
+
+
+def user_threads(s: Settings) -> bool:
+    """Whether the user fixed the thread count (-t, TANDEM_THREADS, threads: in config.yaml,
+    0 included); otherwise the engine chooses the fastest count now (engine/threads.py)."""
+    return any(_source(s, key) in USER_SOURCES for key in ("n_threads", "n_threads_batch"))
 
 
 def _source(s: Settings, key: str) -> str:

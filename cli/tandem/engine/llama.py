@@ -290,6 +290,8 @@ class Context:
         cp.type_k = KV_TYPES[params.type_k]
         cp.type_v = KV_TYPES[params.type_v]
         cp.no_perf = False
+        # the counts decoding uses now (set_threads changes them on the live context)
+        self.n_threads, self.n_threads_batch = cp.n_threads, cp.n_threads_batch
         ptr = _lc.llama_init_from_model(model._ptr, cp)
         self.notes: list[str] = []  # what this context could not do as asked (run statistics)
         if not ptr and (params.type_k, params.type_v) != ("f16", "f16"):
@@ -362,6 +364,13 @@ class Context:
             finally:
                 self.t_llama += clock() - t0
         return call
+
+    def set_threads(self, n: int) -> None:
+        """Decode with `n` threads from now on, single tokens and batches alike (engine/threads.py
+        chooses n); llama.cpp takes it on the live context, nothing is reallocated."""
+        if (n, n) != (self.n_threads, self.n_threads_batch):
+            _lc.llama_set_n_threads(self._ptr, n, n)
+            self.n_threads = self.n_threads_batch = n
 
     def close(self) -> None:
         if getattr(self, "_ptr", None):

@@ -21,11 +21,12 @@ from tandem.engine.drafters import Drafter
 from tandem.engine.events import DoneEvent
 from tandem.engine.history import HistoryStore, Library, read_context_file
 from tandem.engine.knowledge import Knowledge
-from tandem.engine.llama import Context, ContextParams, Model
+from tandem.engine.llama import Context, ContextParams, Model, default_threads
 from tandem.engine.loading import ContextCache, check_pair, draft_paths, load_drafts
 from tandem.engine.pricing import PROBE_TEXT, Pricing, cost_key
 from tandem.engine.speculative import GenParams, generate
 from tandem.engine.strategies import DrafterParts, DraftParams, make_drafter, need_draft_model
+from tandem.engine.threads import NO_THREADS, ThreadControl, ThreadTuner, cpu_load
 from tandem.errors import UsageError
 
 
@@ -53,6 +54,10 @@ class SessionOptions:
     # the directory tandem keeps its files in (the app's home, passed in by the command):
     # costs/ (calibrations and kept knowledge) and history/; None: nothing is read or written
     home: Path | None = None
+    # choose the thread count that is fastest now (engine/threads.py) for contexts without a
+    # count of their own (ContextParams.n_threads 0); off: llama.cpp's count, as given.
+    # commands/plan.py turns it off when the user set -t / threads
+    adapt_threads: bool = False
 
     def __post_init__(self):
         check_strategy(self.strategy)
@@ -79,6 +84,11 @@ class PairSession:
             from tandem.engine.ggml import attach
 
             attach(options.rpc)
+        # made before the models load: its first look at the machine's load starts here
+        self.threads: ThreadControl | None = None
+        if options.adapt_threads and not options.rpc:
+            self.threads = ThreadControl(ThreadTuner(default_threads()),
+                                         lambda: (self.target_ctx, self.draft_ctx), cpu_load())
 
         def load(path: Path, label: str, **how) -> Model:
             return Model(path, verbose=options.verbose, **how,
@@ -86,6 +96,8 @@ class PairSession:
 
         self.target = load(self.target_path, self.target_path.name,
                            n_gpu_layers=options.target_gpu_layers, repack=options.repack)
+        if self.target.fully_on_gpu:
+            self.threads = None  # the CPU's threads do not compute the target's steps
         self.drafts, self.draft_paths = load_drafts(paths, lambda p, label: load(
             p, label, n_gpu_layers=options.draft_gpu_layers, repack=options.draft_repack,
             local_only=bool(options.rpc)))
@@ -133,6 +145,8 @@ class PairSession:
                                   self.draft_path, (self.options.target_gpu_layers,
                                                     self.options.draft_gpu_layers),
                                   self.options.rpc)
+        if self.threads is not None:
+            self.threads.apply()  # a context just made has llama.cpp's default count
 
     def close(self) -> None:
         self._contexts.close()
@@ -160,8 +174,11 @@ class PairSession:
         def probe() -> list[int]:
             return self.target.tokenize(PROBE_TEXT, add_special=False, parse_special=False)
 
+        # a calibration with fewer threads than the key's default is not kept for later runs
+        reduced = self.threads is not None and self.threads.tuner.current < \
+            self.threads.tuner.default
         return self.pricing.costs(self._cost_key, self.target_ctx, self.draft_ctx, probe,
-                                  calibrated)
+                                  calibrated, save=not reduced)
 
     def knowledge(self) -> Knowledge:
         """What earlier requests of the active configuration learnt (engine/knowledge.py)."""
@@ -182,8 +199,10 @@ class PairSession:
         """generate() with the drafter for `strategy` built from `draft` (default: the
         session's options). Each finished answer joins the library's history, and what an
         auto request learnt is kept (`record`: unless it is a measurement, not an answer)."""
+        # the thread count first: a busy core stalls the prompt and auto's calibration too
+        threads = self.threads.begin() if self.threads is not None else NO_THREADS
         drafter = self.drafter(strategy, draft)
-        inner = generate(self.target_ctx, prompt, drafter, gen)
+        inner = generate(self.target_ctx, prompt, drafter, gen, threads)
         try:
             for ev in inner:
                 if isinstance(ev, DoneEvent) and record:

@@ -94,22 +94,25 @@ class Pricing:
         return notes
 
     def costs(self, key: str, target: Context, draft: Context | None,
-              probe: Callable[[], Sequence[int]], calibrated: bool = False) -> CostModel:
+              probe: Callable[[], Sequence[int]], calibrated: bool = False,
+              save: bool = True) -> CostModel:
         """The configuration's cost model on this machine: cached, else calibrated once (a
         few seconds). A cached model is used only if it is recent and agrees with a quick
         measurement taken now (a busy machine once poisoned every later run); a new
         calibration is saved only if the machine was quiet while it ran. Steps refine it
         during the session (never saved: a refined curve mixes contexts of every length);
         `calibrated=True` gives the calibration itself, whose figures were all measured under
-        the same conditions. `probe()`: the tokens the measurements decode."""
+        the same conditions. `probe()`: the tokens the measurements decode; `save=False`: a
+        new calibration serves the session only (taken with fewer threads than the key's,
+        engine/threads.py)."""
         if key not in self._costs:
-            model = self._measure(self.costs_path(key), target, draft, probe())
+            model = self._measure(self.costs_path(key), target, draft, probe(), save)
             self._calibrated[key] = model
             self._costs[key] = model.copy()
         return (self._calibrated if calibrated else self._costs)[key]
 
     def _measure(self, path: Path | None, target: Context, draft: Context | None,
-                 probe: Sequence[int]) -> CostModel:
+                 probe: Sequence[int], save: bool = True) -> CostModel:
         cached = CostModel.load(path) if path is not None else None
         if cached is not None and (not cached.plausible() or cached.expired()):
             cached = None
@@ -129,7 +132,7 @@ class Pricing:
             self.notes.append(f"machine busy while calibrating (other processes used "
                               f"{fresh.busy:.0%} of the CPU): costs used for this session "
                               "only, not saved")
-        elif path is not None:
+        elif path is not None and save:
             try:
                 fresh.save(path)
             except OSError:

@@ -22,6 +22,7 @@ from tandem.engine.llama import Context, common_prefix
 from tandem.engine.sampling import Dist, SamplingParams, distribution, greedy_token, residual
 from tandem.engine.stats import GenStats
 from tandem.engine.textstream import TextStream
+from tandem.engine.threads import NO_THREADS, Threads
 from tandem.errors import ContextOverflowError, UsageError
 
 VERIFY_RULES = ("rejection", "match")
@@ -45,11 +46,13 @@ class GenParams:
 
 
 def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
-             params: GenParams = GenParams()) -> Iterator:
+             params: GenParams = GenParams(), threads: Threads = NO_THREADS) -> Iterator:
     """Yield PrefillEvent, then TokenEvent/StepEvent as tokens are decided, then DoneEvent.
     Each StepEvent carries the drafter's split of its drafts by source (`step_sources`), and
     the DoneEvent its statistics with the context's and the drafter's notes; nothing changes
-    an event once it is yielded."""
+    an event once it is yielded. `threads`: the session's thread count (engine/threads.py),
+    told each step's verify time once the step's logits were read; it probes other counts
+    there when the times say so."""
     check_prompt(prompt)
     if len(prompt) >= target.n_ctx:
         raise ContextOverflowError(
@@ -100,6 +103,7 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
         t3 = time.perf_counter()
         # keep the KV of last + accepted drafts; the new target token is evaluated next step
         target.truncate(len(tokens) + n_acc)
+        threads.observe(len(draft.tokens) + 1, t2 - t1)
         step_event = StepEvent(step, len(draft.tokens), n_acc, k_cap, t1 - t0, t2 - t1, t3 - t2)
         drafter.observe(step_event)
         step_event.sources = drafter.step_sources  # the drafter knows them once it observed
@@ -125,7 +129,7 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
     if tail:
         yield TokenEvent(-1, tail, False, step)
     stats.t_total = time.perf_counter() - t_start
-    stats.notes += drafter.notes  # read last: drafters note decisions as they go
+    stats.notes += [*drafter.notes, *threads.notes]  # read last: noted as they go
     yield DoneEvent(stats, reason, text.text, tuple(tokens[len(prompt):]))
 
 

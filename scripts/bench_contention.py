@@ -1,0 +1,314 @@
+#!/usr/bin/env python3
+"""tandem's thread count on a busy machine: its defaults against a fixed -t 2 and llama-server.
+
+Issue 32: llama.cpp's threads wait for the slowest at every barrier, so one core that another
+program keeps busy stalls every step; tandem's engine chooses the thread count that is fastest
+now (engine/threads.py) when the user did not fix one. This measures it on the default pair
+(or -m/-md) in three conditions, one after another:
+
+  quiet   nothing else runs
+  loops   two CPU-bound loops of another program (`python -c "while 1: pass"` x2)
+  llama   another llama.cpp process decoding on every core (llama-bench -t <cores> -p 0,
+          repeated; built by scripts/build_native.sh; --rival tandem: a loop of
+          `tandem run -t <cores> --strategy none` instead)
+
+In each condition, prompt by prompt and interleaved (every other prompt in reverse order),
+three configurations generate the same greedy answer: `tandem run` with its defaults (no -t),
+`tandem run -t 2` (today's fixed count on this 2-core machine; --fixed-threads), and
+llama-server with its defaults (no -t; one server process for the whole run, idle between its
+requests). The llama-server and tandem plumbing is scripts/bench_peer.py's (Server, server_row,
+tandem_row, tandem_command); decode tok/s is counted as there (end-of-text counted as
+llama-server counts it). Prints per condition the median decode tok/s of each configuration
+and the medians of the per-prompt ratios, beside the issue's bars, and which thread count
+tandem's defaults chose (from its notes); --out keeps every row (JSON).
+
+  .venv/bin/python scripts/bench_contention.py --prompts 8 --out contention.json
+  .venv/bin/python scripts/bench_contention.py --prompts 1 -n 32 --conditions quiet,loops
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench_peer import (CODING_PROMPTS, DEFAULT_PROMPTS, BenchPrompt, Row, Server, ServerError,
+                        default_tandem, load_prompts, native_bin, resolve_models, save_rows,
+                        server_row, tandem_command, tandem_row)
+
+CONDITIONS = ("quiet", "loops", "llama")
+DEFAULTS, FIXED, SERVER = "tandem defaults", "tandem -t {n}", "llama-server"
+# the issue's bars (issue 32, "Done when"): condition -> {(numerator, denominator): minimum}
+BARS = {"quiet": {(DEFAULTS, FIXED): 1.0},
+        "loops": {(DEFAULTS, FIXED): 1.5, (DEFAULTS, SERVER): 1.0},
+        "llama": {(DEFAULTS, FIXED): 5.0, (DEFAULTS, SERVER): 1.0}}
+THREADS_NOTE = re.compile(r"threads: (\d+)(?: of \d+| -> (\d+) at step)")
+
+
+# ----------------------------------------------------------------------------- rivals
+
+def start_rivals(condition: str, ns, model: Path, tandem: list[str], model_args: list[str],
+                 pair: str | None) -> list[subprocess.Popen]:
+    """The other program of a condition, started in its own process group."""
+    cores = os.cpu_count() or 2
+    if condition == "quiet":
+        return []
+    if condition == "loops":
+        cmds = [[sys.executable, "-c", "while 1: pass"]] * ns.loops
+    elif ns.rival == "llama-bench":
+        rival_bin = ns.rival_bin or native_bin() / "llama-bench"
+        if not Path(rival_bin).exists():
+            raise SystemExit(f"Error: {rival_bin} not found (scripts/build_native.sh builds it; "
+                             "or --rival tandem)")
+        cmds = [[str(rival_bin), "-m", str(ns.rival_model or model), "-t", str(cores),
+                 "-p", "0", "-n", "256", "-r", "1000000"]]
+    else:
+        run = [*tandem, "run", "-t", str(cores), "--strategy", "none", "-n", "512",
+               "--temp", "0", *model_args, "--", *([pair] if pair else []),
+               "Write a long story about a lighthouse keeper."]
+        cmds = [["bash", "-c", f"while :; do {shlex.join(run)} >/dev/null 2>&1; done"]]
+    procs = [subprocess.Popen(c, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True) for c in cmds]
+    time.sleep(ns.rival_warmup)  # a model to load before it decodes
+    for p in procs:
+        if p.poll() is not None:
+            stop_rivals(procs)
+            raise SystemExit(f"Error: the {condition} rival exited with code {p.returncode}: "
+                             f"{shlex.join(p.args)}")
+    return procs
+
+
+def stop_rivals(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)  # its own group: the loop and its children
+            except ProcessLookupError:
+                pass
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=10)
+
+
+# ----------------------------------------------------------------------------- report
+
+def ratio_median(rows: list[Row], num: str, den: str) -> tuple[float, int]:
+    """Median over prompts of num's decode tok/s over den's on the same prompt (and how many
+    prompts both measured)."""
+    by = {(r.prompt_id, r.config): r for r in rows if r.ok}
+    ratios = [by[(p, num)].tok_s / by[(p, den)].tok_s
+              for p in dict.fromkeys(r.prompt_id for r in rows)
+              if (p, num) in by and (p, den) in by]
+    return (statistics.median(ratios) if ratios else float("nan")), len(ratios)
+
+
+def threads_chosen(rows: list[Row]) -> str:
+    """The thread count tandem's defaults ended each request with, from its notes: `2 (3
+    prompts), 1 (5)`; without a threads note the count is the default (all cores)."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        if r.config != DEFAULTS or not r.ok:
+            continue
+        last = "default"
+        for note in r.extra.get("notes") or []:
+            m = THREADS_NOTE.match(note)
+            if m:
+                last = m.group(2) or m.group(1)
+        counts[last] = counts.get(last, 0) + 1
+    return ", ".join(f"{k} ({v})" for k, v in counts.items()) or "-"
+
+
+def render(rows: list[Row], conditions: list[str], fixed: str) -> str:
+    lines = [f"| condition | prompts | {DEFAULTS} tok/s | {fixed} tok/s | {SERVER} tok/s | "
+             f"defaults / {fixed} | defaults / {SERVER} | bars (issue 32) | threads chosen |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for cond in conditions:
+        mine = [r for r in rows if r.extra.get("condition") == cond]
+        if not mine:
+            continue
+        med = {}
+        for config in (DEFAULTS, fixed, SERVER):
+            speeds = [r.tok_s for r in mine if r.config == config and r.ok]
+            med[config] = f"{statistics.median(speeds):.1f}" if speeds else ""
+        r_fixed, n = ratio_median(mine, DEFAULTS, fixed)
+        r_server, _ = ratio_median(mine, DEFAULTS, SERVER)
+        got = {(DEFAULTS, FIXED): r_fixed, (DEFAULTS, SERVER): r_server}
+        bars = []
+        for (a, b), need in BARS.get(cond, {}).items():
+            value = got[(a, b)]
+            met = "met" if not math.isnan(value) and round(value, 2) >= need else "not met"
+            bars.append(f"{'-t' if b == FIXED else 'server'} >= {need:g}x: {met}")
+        lines.append(f"| {cond} | {n} | {med[DEFAULTS]} | {med[fixed]} | {med[SERVER]} | "
+                     f"{r_fixed:.2f} | {r_server:.2f} | {'; '.join(bars)} | "
+                     f"{threads_chosen(mine)} |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- main
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n".join(__doc__.splitlines()[1:]))
+    ap.add_argument("-m", "--model", type=Path, help="target GGUF (default: the default pair)")
+    ap.add_argument("-md", "--model-draft", type=Path, help="draft GGUF (with -m)")
+    ap.add_argument("--prompts", type=int, default=8, metavar="N",
+                    help=f"prompts per condition (default 8): the {len(CODING_PROMPTS)} "
+                         "held-out coding prompts of bench_peer.py, then Spec-Bench's")
+    ap.add_argument("--spec-bench", type=Path, default=DEFAULT_PROMPTS,
+                    help="Spec-Bench JSONL beyond the coding prompts (default: %(default)s)")
+    ap.add_argument("--conditions", default=",".join(CONDITIONS),
+                    help=f"comma-separated, in order (default {','.join(CONDITIONS)})")
+    ap.add_argument("--loops", type=int, default=2, help="CPU-bound loops in `loops` (default 2)")
+    ap.add_argument("--rival", choices=("llama-bench", "tandem"), default="llama-bench",
+                    help="the other llama.cpp program of `llama` (default llama-bench)")
+    ap.add_argument("--rival-bin", type=Path, help="llama-bench binary (default: build_native.sh's)")
+    ap.add_argument("--rival-model", type=Path, help="the rival's GGUF (default: the target)")
+    ap.add_argument("--rival-warmup", type=float, default=5.0,
+                    help="seconds between starting the rival and the first prompt (default 5)")
+    ap.add_argument("--fixed-threads", type=int, default=2,
+                    help="the fixed tandem configuration's -t (default 2)")
+    ap.add_argument("-n", "--n-predict", type=int, default=128, help="new tokens (default 128)")
+    ap.add_argument("-c", "--ctx", type=int, default=4096, help="context size (default 4096)")
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--server-bin", type=Path,
+                    help="llama-server binary (default: built by scripts/build_native.sh)")
+    ap.add_argument("--tandem-bin", help="tandem command (default: .venv/bin/tandem)")
+    ap.add_argument("--no-warmup", action="store_true",
+                    help="skip the untimed warm-up request per configuration")
+    ap.add_argument("--log-dir", type=Path, help="server log (default: a temporary directory)")
+    ap.add_argument("--out", type=Path, help="write every per-prompt row here (JSON)")
+    return ap
+
+
+def pick_prompts(n: int, spec_bench: Path) -> list[BenchPrompt]:
+    coding = min(n, len(CODING_PROMPTS))
+    rest = n - coding
+    extra: list[BenchPrompt] = []
+    if rest > 0 and spec_bench.is_file():
+        pool = load_prompts(spec_bench, rest, None, True, 0)
+        by_cat: dict[str, list[BenchPrompt]] = {}
+        for p in pool:
+            by_cat.setdefault(p.category, []).append(p)
+        while len(extra) < rest and any(by_cat.values()):  # one category after another
+            for items in by_cat.values():
+                if items and len(extra) < rest:
+                    extra.append(items.pop(0))
+    if len(extra) < rest:
+        print(f"warning: only {coding + len(extra)} prompts ({spec_bench} has no more)",
+              file=sys.stderr)
+    return load_prompts(None, None, None, False, coding) + extra
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the rivals and the server too
+    conditions = [c.strip() for c in ns.conditions.split(",") if c.strip()]
+    unknown = [c for c in conditions if c not in CONDITIONS]
+    if unknown or not conditions:
+        raise SystemExit(f"Error: unknown condition(s) {unknown}: use {', '.join(CONDITIONS)}")
+    prompts = pick_prompts(ns.prompts, ns.spec_bench)
+    if not prompts:
+        raise SystemExit("Error: no prompts (--prompts N with N >= 1)")
+    target, _draft, model_args, pair = resolve_models(ns)
+    server_bin = ns.server_bin or native_bin() / "llama-server"
+    if not server_bin.exists():
+        raise SystemExit(f"Error: {server_bin} not found (build it with scripts/build_native.sh)")
+    tandem = shlex.split(ns.tandem_bin) if ns.tandem_bin else default_tandem()
+    log_dir = ns.log_dir or Path(tempfile.mkdtemp(prefix="bench-contention-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    fixed = FIXED.format(n=ns.fixed_threads)
+    # llama-server's own defaults: no -t (its default thread count), the bench_peer base rest
+    server = Server(SERVER, server_bin, target,
+                    ["-c", str(ns.ctx), "-np", "1", "--jinja"], log_dir)
+    threads = {DEFAULTS: None, fixed: ns.fixed_threads}
+    env = {**os.environ, "TANDEM_HISTORY": "off"}  # as a new user: no earlier answers
+    names = [DEFAULTS, fixed, SERVER]
+
+    def run_config(name: str, p: BenchPrompt, n: int) -> Row:
+        if name == SERVER:
+            return server_row(server, p, n, ns.seed)
+        cmd = tandem_command(tandem, p, n, threads[name], ns.ctx, ns.seed, model_args, [], pair)
+        return tandem_row(name, cmd, p, env)
+
+    meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "argv": sys.argv,
+            "target": str(target), "n_predict": ns.n_predict, "ctx": ns.ctx, "seed": ns.seed,
+            "cpus": os.cpu_count(), "conditions": conditions, "rival": ns.rival,
+            "server": server.args, "server_bin": str(server_bin),
+            "loadavg_start": os.getloadavg()}
+    print(f"# tandem's threads on a busy machine ({target.name}; greedy, {ns.n_predict} tokens, "
+          f"{len(prompts)} prompt{'s' if len(prompts) != 1 else ''} per condition, "
+          f"{os.cpu_count()} CPUs)\n", flush=True)
+    print(f"- `{DEFAULTS}`: tandem run (no -t)\n- `{fixed}`: tandem run -t {ns.fixed_threads}\n"
+          f"- `{SERVER}`: llama-server {shlex.join(server.args)} (its default threads)\n"
+          f"- conditions: {', '.join(conditions)}; server log: {log_dir}\n", flush=True)
+    rows: list[Row] = []
+    rivals: list[subprocess.Popen] = []
+    interrupted = False
+    try:
+        server.start()
+        if not ns.no_warmup:  # page the weights in, let tandem calibrate once, untimed
+            warm = BenchPrompt("warmup", "warmup", "Say hello.")
+            for name in names:
+                r = run_config(name, warm, 8)
+                if r.error:
+                    raise ServerError(f"{name} failed on the warm-up prompt: {r.error}")
+        for cond in conditions:
+            rivals = start_rivals(cond, ns, target, tandem, model_args, pair)
+            try:
+                for i, p in enumerate(prompts, 1):
+                    load = os.getloadavg()[0]
+                    order = names if i % 2 else names[::-1]
+                    done = sorted((run_config(name, p, ns.n_predict) for name in order),
+                                  key=lambda r: names.index(r.config))
+                    for r in done:
+                        r.extra.update(condition=cond, loadavg=load)
+                        if r.error:
+                            print(f"  {r.config} on {p.id}: {r.error}", file=sys.stderr)
+                    rows += done
+                    print(f"[{cond} {i}/{len(prompts)}] {p.id}: " + ", ".join(
+                        f"{r.config} {'ERROR' if r.error else f'{r.tok_s:.1f}'}" for r in done)
+                        + f" (load {load:.2f})", file=sys.stderr, flush=True)
+            finally:
+                stop_rivals(rivals)
+                rivals = []
+    except KeyboardInterrupt:
+        interrupted = True
+        print("\ninterrupted: results so far follow", file=sys.stderr)
+    except ServerError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        stop_rivals(rivals)
+        server.stop()
+        if ns.out is not None:
+            save_rows(ns.out, meta, rows)
+    if rows:
+        print(render(rows, conditions, fixed))
+        print(f"\ntok/s: median decode tok/s (end-of-text counted as llama-server counts it); "
+              f"ratios: median over prompts of the per-prompt ratio, measured interleaved; "
+              f"threads chosen: the count tandem's defaults ended each request with (its notes; "
+              f"'default': all {os.cpu_count()} cores).")
+    errors = [r for r in rows if r.error]
+    if errors:
+        print(f"\n{len(errors)} run(s) failed; see stderr / --out", file=sys.stderr)
+    return 130 if interrupted else (1 if errors else 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
