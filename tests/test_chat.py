@@ -250,14 +250,50 @@ def test_plain_rate_is_measured_here(pair):
     assert rate and rate > 0 and "12-token plain probe" in chat.plain_source
     # the latest measurement alone, with when it was taken: the live view compares with it
     # only while it is recent
-    latest, source, when = chat.latest_plain
+    latest, source, when = chat.latest_plain.rate, chat.latest_plain.source, chat.latest_plain.when
     assert latest == pytest.approx(rate) and source == "12-token plain probe"
     assert t0 <= when <= time.perf_counter()
     assert chat.turns == []  # the probe is not part of the conversation
     chat.command("/strategy none")
     answer(chat, "count")
     assert "plain turns of this chat" in chat.plain_source
-    assert chat.latest_plain[1] == "plain turns of this chat" and chat.latest_plain[2] >= when
+    assert chat.latest_plain.source == "plain turns of this chat" and chat.latest_plain.when >= when
+
+
+def test_stats_compare_turns_only_with_plain_measured_at_the_same_load(pair):
+    """/stats' speculative ratio counts only the turns that had a plain measurement under
+    30 s old taken at the same load; a busy turn is never set against a quiet probe (which
+    once gave "speculative 0.12x")."""
+    import io
+
+    from rich.console import Console
+    from tandem.chat.conversation import PlainMeasure
+    from tandem.chat.transcript import Turn
+    from tandem.chat.tui import ChatView
+    from tandem.engine.stats import GenStats
+
+    chat = ChatSession(pair, gen=GenParams(max_tokens=16))
+    chat.plain_log.append(PlainMeasure(10.0, "16-token plain probe", 100.0, 0.02))
+
+    def turn(started, busy):  # 20 tokens in 1 s: 2x the probe's 10 tok/s
+        return Turn("q", "a", "eos", "draft", GenStats(n_generated=20, t_total=1.0),
+                    started=started, busy=busy)
+
+    chat.turns += [turn(110.0, 0.01), turn(112.0, 0.70), turn(200.0, 0.0)]
+    assert chat.plain_for(chat.turns[0]) is chat.plain_log[0]
+    assert chat.plain_for(chat.turns[1]) is None  # busy against a quiet probe
+    assert chat.plain_for(chat.turns[2]) is None  # 100 s after the probe
+    vs = chat.vs_plain()
+    assert vs == {"ratio": pytest.approx(2.0), "compared": 1, "speculative": 3, "busy": 1}
+    out = io.StringIO()
+    ChatView(Console(file=out, width=200)).show_stats(chat.session_stats())
+    text = out.getvalue()
+    assert "2.00× vs plain over 1 of 3 turns" in text and "1 of them ran while the machine " \
+        "was busy" in text
+    chat.turns[0].busy = 0.9  # now no turn compares: no ratio at all
+    out = io.StringIO()
+    ChatView(Console(file=out, width=200)).show_stats(chat.session_stats())
+    assert "×" not in out.getvalue() and "not compared: none of 3 turns" in out.getvalue()
 
 
 @pytest.mark.slow

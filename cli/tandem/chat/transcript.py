@@ -19,6 +19,8 @@ class Turn:
     reason: str = ""  # eos | length | stop | context | interrupted
     strategy: str = "none"
     stats: GenStats | None = None
+    started: float = 0.0  # time.perf_counter() when the answer began
+    busy: float | None = None  # share of the CPU other processes took meanwhile (machine/load)
 
 
 def to_dict(turns: Sequence[Turn], *, system: str | None, target: str, draft: str | None,

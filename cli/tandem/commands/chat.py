@@ -42,7 +42,7 @@ def chat(
       tandem chat --rpc 192.168.1.20:50052     # the target's layers on that rpc-server
     """
     from tandem.chat.conversation import ChatSession
-    from tandem.chat.tui import ChatView, make_console
+    from tandem.chat.tui import ChatView, make_console, plain_banner
     from tandem.config.schema import check_max_tokens
     from tandem.commands.engine import open_pair
     from tandem.engine.speculative import GenParams
@@ -76,13 +76,22 @@ def chat(
         if plain_probe > 0 and chat.strategy != "none":
             with view.loading(f"Measuring plain decoding on this machine ({plain_probe} tokens)…"):
                 chat.measure_plain(plain_probe)
-        view.set_plain_rate(*(chat.latest_plain or (None, "", None)))
+        _show_plain(view, chat)
         lines = [f"strategy {chat.strategy} · draft ≤ {chat.draft.n_max} · context {chat.n_ctx} tokens"]
-        if chat.plain_rate:
-            lines.append(f"plain decoding measured here: {chat.plain_rate:.1f} tok/s")
+        if chat.latest_plain is not None:
+            lines.append(plain_banner(chat.latest_plain))
         lines.append("/help for commands · Ctrl-C stops an answer · Ctrl-D exits")
         view.banner(f"tandem chat · {names}", lines)
         _loop(chat, view)
+
+
+def _show_plain(view, chat) -> None:
+    """The latest plain measurement, for the view to compare answers with."""
+    m = chat.latest_plain
+    if m is None:
+        view.set_plain_rate(None)
+    else:
+        view.set_plain_rate(m.rate, m.source, m.when, m.busy)
 
 
 def _read_lines_leniently() -> None:
@@ -137,7 +146,7 @@ def _loop(chat, view) -> None:
             view.abort()
             view.console.print()
             break
-        view.set_plain_rate(*(chat.latest_plain or (None, "", None)))
+        _show_plain(view, chat)
         armed = stopped
     view.goodbye()
 
