@@ -32,6 +32,9 @@ UNKNOWN_SPREAD = 0.15
 SPREAD_WEIGHT = 0.2  # the observed noise's moving average (as observe_verify's own)
 MAX_CACHED_BATCH = 65  # contexts cap logits at 65 rows: no verify batch is larger
 CLOCK_SKEW_S = 3600  # a calibration "from the future" beyond this is a damaged file
+# a measurement during which other processes used more than this share of the CPU was taken
+# on a busy machine (cpu_snapshot/others_share; pricing.py, machine/load.py)
+BUSY_SHARE = 0.25
 
 
 @dataclass

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tandem.engine.costs import cpu_snapshot, others_share
-from tandem.engine.pricing import BUSY_SHARE
+from tandem.engine.costs import BUSY_SHARE, cpu_snapshot, others_share
 
 __all__ = ["BUSY_SHARE", "FRESH_S", "LoadMeter", "busy", "same_load", "busy_text"]
 
