@@ -185,3 +185,20 @@ def test_no_color_is_respected(cli):
         pytest.skip("help output has no colour here even when forced")
     res = cli("--raw", "-n", "8", "--stats", "hi", env={**forced, "NO_COLOR": "1"})
     assert res.returncode == EXIT_OK and not _colour_codes(text(res) + err(res))
+
+
+def test_a_first_word_that_looks_like_a_pair_is_named_before_generating(cli):
+    """`tandem run nosuchpair hello` once answered "nosuchpair hello" without a word: a first
+    word that reads as a pair name but is none is said on stderr (with the close catalog
+    names) before the answer, which still comes; a quoted prompt is never taken for a pair."""
+    res = cli("--raw", "-n", "4", "nosuchpair", "hello")
+    assert res.returncode == EXIT_OK, err(res)
+    assert err(res).startswith("Warning: 'nosuchpair' is not a pair name: the prompt is "
+                               "'nosuchpair hello'. `tandem pairs` lists the pairs")
+    assert text(res)  # the answer came
+    close = cli("--raw", "-n", "4", "qwen7b", "hello")
+    assert close.returncode == EXIT_OK
+    assert "'qwen7b' is not a pair name (close pairs: qwen2.5-7b" in err(close)
+    for prompt in (["nosuchpair hello"], ["repair", "this"], ["explain", "hash", "maps"]):
+        quiet = cli("--raw", "-n", "4", *prompt)
+        assert quiet.returncode == EXIT_OK and "pair name" not in err(quiet), prompt

@@ -112,10 +112,38 @@ def split_pair_and_prompt(args: list[str]) -> tuple[str | None, str]:
         raise UsageError(f"unknown pair {first!r}",
                          f"{shown}`tandem pairs` lists the pairs; to send it as prompt text, "
                          "quote the whole prompt as one argument")
-    return None, " ".join(args)
+    prompt = " ".join(args)
+    if len(args) > 1 and _name_like(first):
+        # sent as text, but said first: `tandem run nosuchpair hello` once answered the
+        # prompt "nosuchpair hello" without a word
+        near = _close_pairs(first, PAIR_NOTE_CUTOFF)
+        shown = f" (close pairs: {', '.join(near)})" if near else ""
+        print(f"Warning: {first!r} is not a pair name{shown}: the prompt is {prompt!r}. "
+              "`tandem pairs` lists the pairs; a quoted prompt is never taken for one.",
+              file=sys.stderr)
+    return None, prompt
 
 
-def _close_pairs(word: str) -> list[str]:
+# a first word this close to a catalog name (difflib's ratio) is refused when it has a '-' in
+# it (PAIR_REFUSE_CUTOFF), and otherwise sent as prompt text with a warning
+PAIR_REFUSE_CUTOFF = 0.75
+PAIR_NOTE_CUTOFF = 0.65
+# English words with "pair" in them, which start prompts ("repair this function")
+_PAIR_WORDS = {"pair", "pairs", "paired", "pairing", "repair", "repairs", "repaired",
+               "repairing", "despair", "impair", "impaired", "unpaired"}
+
+
+def _name_like(word: str) -> bool:
+    """A first word that reads as a pair name: close to a catalog name, or a made-up word
+    with "pair" in it (`nosuchpair`, `mypair`)."""
+    lowered = word.lower()
+    if not re.fullmatch(r"[a-z][a-z0-9_.-]*", lowered):
+        return False
+    return bool(_close_pairs(word, PAIR_NOTE_CUTOFF)) or (
+        "pair" in lowered and lowered not in _PAIR_WORDS)
+
+
+def _close_pairs(word: str, cutoff: float = PAIR_REFUSE_CUTOFF) -> list[str]:
     import difflib
 
     from tandem.models import catalog
@@ -125,7 +153,7 @@ def _close_pairs(word: str) -> list[str]:
         names[name.lower()] = name
         for alias in spec.aliases:
             names.setdefault(alias.lower(), name)
-    close = difflib.get_close_matches(word.lower(), list(names), n=3, cutoff=0.75)
+    close = difflib.get_close_matches(word.lower(), list(names), n=3, cutoff=cutoff)
     return list(dict.fromkeys(names[c] for c in close))
 
 
