@@ -267,7 +267,7 @@ def test_stats_compare_turns_only_with_plain_measured_at_the_same_load(pair):
     import io
 
     from rich.console import Console
-    from tandem.chat.conversation import PlainMeasure
+    from tandem.chat.speed import PlainMeasure, plain_for
     from tandem.chat.transcript import Turn
     from tandem.chat.tui import ChatView
     from tandem.engine.stats import GenStats
@@ -280,9 +280,9 @@ def test_stats_compare_turns_only_with_plain_measured_at_the_same_load(pair):
                     started=started, busy=busy)
 
     chat.turns += [turn(110.0, 0.01), turn(112.0, 0.70), turn(200.0, 0.0)]
-    assert chat.plain_for(chat.turns[0]) is chat.plain_log[0]
-    assert chat.plain_for(chat.turns[1]) is None  # busy against a quiet probe
-    assert chat.plain_for(chat.turns[2]) is None  # 100 s after the probe
+    assert plain_for(chat.plain_log, chat.turns[0]) is chat.plain_log[0]
+    assert plain_for(chat.plain_log, chat.turns[1]) is None  # busy against a quiet probe
+    assert plain_for(chat.plain_log, chat.turns[2]) is None  # 100 s after the probe
     vs = chat.vs_plain()
     assert vs == {"ratio": pytest.approx(2.0), "compared": 1, "speculative": 3, "busy": 1}
     out = io.StringIO()

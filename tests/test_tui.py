@@ -397,7 +397,7 @@ def test_the_view_measures_the_load_of_each_answer():
 
 
 def test_the_header_says_how_the_plain_rate_is_used():
-    from tandem.chat.conversation import PlainMeasure
+    from tandem.chat.speed import PlainMeasure
     from tandem.chat.tui import plain_banner
 
     quiet = plain_banner(PlainMeasure(31.2, "16-token plain probe", 0.0, 0.02))

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Sequence
 
 from tandem.bench.runner import BenchConfig, RunResult, first_difference  # noqa: F401 (re-exported)
+from tandem.bench.verdict import OVERALL, load_warning, ratio_text, verdict
 from tandem.fsutil import atomic_write_text
-from tandem.machine.load import BUSY_SHARE, busy
+from tandem.machine.load import busy
 
-OVERALL = "overall"
 # In fast mode a greedy divergence whose two tokens' logits (plain decoding's, at that
 # position) are closer than this is a near-tie flip: batched and single-token kernels round
 # differently, on the 1.5B target by up to 0.69 for any logit and 0.31 for the winning one
@@ -55,9 +55,7 @@ class Cell:
     # per decode step
     e2e_speedup: float | None = None
     step_ms: float = 0.0
-    # runs whose ratio was measured on a busy machine (the run or its plain counterpart:
-    # machine/load.py): the cell's speedup is then marked busy
-    busy_runs: int = 0
+    busy_runs: int = 0  # runs measured on a busy machine (or their plain run): marked busy
 
 
 @dataclass
@@ -67,9 +65,8 @@ class Report:
     cells: list[Cell]
     partial: bool = False
     meta: dict = field(default_factory=dict)
-    # the machine's load over the runs: {"runs", "busy_runs", "peak"} (peak: the largest share
-    # of the CPU other processes took during a run; None when unknown)
-    load: dict = field(default_factory=dict)
+    # the load over the runs: {"runs", "busy_runs", "peak": the largest share other processes
+    load: dict = field(default_factory=dict)  # took of the CPU during a run (None: unknown)}
 
     def cell(self, config: str, category: str = OVERALL) -> Cell | None:
         return next((c for c in self.cells if c.config == config and c.category == category), None)
@@ -193,73 +190,6 @@ def best(report: Report, category: str = OVERALL) -> Cell | None:
     """The fastest configuration for a category: highest median speedup (plain counts as 1.0)."""
     cells = [c for c in report.cells if c.category == category and c.speedup is not None]
     return max(cells, key=lambda c: (c.speedup, c.runs)) if cells else None
-
-
-def ratio_text(cell: Cell | None, spec: str = ".2f") -> str:
-    """A cell's speedup as the tables show it: "1.02x", "0.06x busy" when some of its runs
-    were measured on a busy machine, "-" when there is none."""
-    if cell is None or cell.speedup is None:
-        return "-"
-    return f"{cell.speedup:{spec}}x" + (" busy" if cell.busy_runs else "")
-
-
-def _plain_names(report: Report) -> set[str]:
-    return {c["name"] for c in report.configs if c.get("strategy") == "none"}
-
-
-def verdict(report: Report) -> str:
-    """The run's conclusion in one line, from its overall medians: the best configuration
-    against plain decoding, and the draft model's best where it is another one ("best here:
-    auto 1.02x of plain; draft model 0.71x: it does not pay on this machine")."""
-    plain = _plain_names(report)
-    cells = [c for c in report.cells if c.category == OVERALL and c.speedup is not None
-             and c.config not in plain]
-    if not cells:
-        return "no verdict: no speculative configuration was measured against plain decoding"
-    top = max(cells, key=lambda c: (c.speedup, c.runs))
-    if top.speedup <= 1.0:
-        line = (f"best here: plain decoding; no configuration beat it (closest: {top.config} "
-                f"{ratio_text(top)})")
-    else:
-        line = f"best here: {top.config} {ratio_text(top)} of plain"
-    by_name = {c["name"]: c for c in report.configs}
-    models = [c for c in cells if by_name.get(c.config, {}).get("strategy") == "draft"]
-    if models:
-        d = max(models, key=lambda c: (c.speedup, c.runs))
-        if d is not top:
-            label = "draft model" if d.config == "draft" else f"draft model ({d.config})"
-            line += f"; {label} {ratio_text(d)}"
-            if (d.speedup_hi or d.speedup) < 1.0:
-                line += ": it does not pay on this machine"
-            elif (d.speedup_lo or d.speedup) > 1.0:
-                line += ": it pays here"
-            else:
-                line += ": no clear gain or loss here"
-    if any(c.busy_runs for c in cells):
-        line += " (busy: some runs were measured while other processes took the CPU)"
-    return ("partial: " if report.partial else "") + line
-
-
-def load_warning(report: Report) -> str | None:
-    """When runs were measured on a busy machine: how busy, and the rows (categories) whose
-    ratios it touched, each with its configurations; None on a quiet run."""
-    n, runs = report.load.get("busy_runs", 0), report.load.get("runs", 0)
-    if not n:
-        return None
-    plain = _plain_names(report)
-    rows: dict[str, list[str]] = {}
-    for c in report.cells:
-        if c.category != OVERALL and c.busy_runs and c.config not in plain:
-            rows.setdefault(c.category, []).append(c.config)
-    peak = report.load.get("peak")
-    head = ("the machine was busy during the whole run" if n == runs else
-            f"the machine's load changed during the run: {n} of {runs} runs were measured "
-            "while it was busy")
-    where = "; ".join(f"{cat} ({', '.join(names)})" for cat, names in rows.items())
-    return (f"{head} (other processes took up to {peak:.0%} of the CPU; a quiet run leaves "
-            f"them under {BUSY_SHARE:.0%}): the ratios of these rows are marked busy: "
-            f"{where or 'plain decoding only'}. Rerun them on a quiet machine before relying "
-            "on them.")
 
 
 def to_csv(results: Sequence[RunResult]) -> str:

@@ -25,7 +25,8 @@ from tandem.engine.strategies import DraftParams
 from tandem.engine.speculative import GenParams
 from tandem.engine.stats import GenStats
 from tandem.errors import ContextOverflowError, UsageError
-from tandem.machine.load import FRESH_S, LoadMeter, busy, same_load
+from tandem.chat.speed import PlainMeasure, vs_plain
+from tandem.machine.load import LoadMeter
 
 PLAIN_PROBE_PROMPT = "Write a short Python function that adds two numbers."
 
@@ -56,17 +57,6 @@ class Notice:
     kind: str  # "dropped" | "context-full"
     message: str
     dropped_turns: int = 0
-
-
-@dataclass(frozen=True)
-class PlainMeasure:
-    """One measurement of plain decoding: tok/s, what it was, when (time.perf_counter) and
-    the share of the CPU other processes took meanwhile (machine/load.py; None: unknown)."""
-
-    rate: float
-    source: str
-    when: float
-    busy: float | None = None
 
 
 @dataclass(frozen=True)
@@ -273,34 +263,8 @@ class ChatSession:
                             f"{done.stats.n_generated}-token plain probe", load.share())
         return self.plain_rate
 
-    def plain_for(self, turn: Turn) -> PlainMeasure | None:
-        """The plain measurement `turn` may be compared with: the latest one taken before
-        it, at most FRESH_S before it started and at the same load; None when there is none
-        (a ratio against a stale or differently loaded rate once said 0.12x)."""
-        before = [m for m in self.plain_log if m.when <= turn.started]
-        if not before or turn.started - before[-1].when > FRESH_S:
-            return None
-        latest = before[-1]
-        return latest if same_load(latest.busy, turn.busy) else None
-
     def vs_plain(self) -> dict:
-        """The speculative turns against plain decoding, each against the plain measurement
-        it may be compared with (plain_for): {"ratio": plain time / actual time over those
-        turns, or None, "compared": how many, "speculative": of how many, "busy": how many
-        of the speculative turns ran while the machine was busy}."""
-        spec = [t for t in self.turns if t.strategy != "none" and t.stats is not None
-                and t.stats.n_generated and t.stats.t_decode > 0]
-        plain_time = actual = 0.0
-        compared = 0
-        for t in spec:
-            m = self.plain_for(t)
-            if m is not None:
-                compared += 1
-                plain_time += t.stats.n_generated / m.rate
-                actual += t.stats.t_decode
-        return {"ratio": plain_time / actual if actual > 0 else None, "compared": compared,
-                "speculative": len(spec),
-                "busy": sum(1 for t in spec if busy(t.busy))}
+        return vs_plain(self.plain_log, self.turns)
 
     # ----- slash commands -----
     def command(self, line: str) -> CommandResult | None:

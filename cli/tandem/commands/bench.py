@@ -82,7 +82,7 @@ def spec_bench(
     predict: Annotated[Optional[list[str]], typer.Option("--predict", help="Also predict the speedup on this hardware profile from the measured acceptance (repeatable; labelled as a prediction).")] = None,
     predict_costs: Annotated[Optional[Path], typer.Option("--predict-costs", exists=True, dir_okay=False, help="Also predict the speedup with the costs scripts/gpu_check.sh measured on a machine (its JSON; shapes matched to this pair by model size).")] = None,
     tune: Annotated[bool, typer.Option("--tune", help="Save the fastest configuration for run, chat and --strategy auto.")] = False,
-    n_ctx, n_threads, exact, rpc, rpc_timeout, verbose,
+    n_ctx, n_threads, exact, rpc, rpc_timeout, verbose, yes,
 ):
     """Measure plain decoding against speculative strategies on a workload, side by side.
 
@@ -117,9 +117,10 @@ def spec_bench(
     prepared = options.prepare_pair(
         pair, model, model_draft, options.setting_flags(
             exact, strategy="none", n_max=n_max, n_min=n_min, p_min=p_min, n_ctx=n_ctx,
-            n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout), verbose)
+            n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout), verbose, yes)
     target_path, draft_path, planned = prepared.target, prepared.draft, prepared.options
-    draft_paths = [_fetch(ref) for ref in drafts] if drafts else ([draft_path] if draft_path else [])
+    draft_paths = ([_fetch(ref, yes) for ref in drafts] if drafts
+                   else ([draft_path] if draft_path else []))
     bench = BenchSession(request, target_path, draft_paths, planned, items, grid, conversations)
     err = Console(stderr=True, no_color=bool(os.environ.get("NO_COLOR")) or None)
     partial = _run(bench, err, verbose, as_json)
@@ -256,8 +257,9 @@ def _show_outcome(bench, report, err: Console, as_json: bool) -> None:
         sys.stdout.write(rep.to_markdown(report))
 
 
-def _fetch(ref: str) -> Path:
-    """A draft reference as a local file: a path, or pulled through the store."""
+def _fetch(ref: str, yes: bool) -> Path:
+    """A draft reference as a local file: a path, or pulled through the store (a large
+    download only with --yes or a yes at a terminal)."""
     from tandem.commands.progress import download_view
     from tandem.models import pairing
     from tandem.models.store import Store
@@ -269,6 +271,7 @@ def _fetch(ref: str) -> Path:
         return local
     view = download_view()
     try:
+        options.confirm_download(ref, [m.spec], store.models_dir, yes, view.note)
         return store.ensure(m.spec, progress=view)
     finally:
         view.close()

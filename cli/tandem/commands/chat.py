@@ -26,7 +26,7 @@ def chat(
     temp, top_k, top_p, min_p, repeat_penalty, seed, n_ctx, n_threads,
     show_draft: Annotated[bool, typer.Option("--show-draft", help="Colour the tokens the target accepted from the draft.")] = False,
     plain_probe: Annotated[int, typer.Option("--plain-probe", help="Tokens of plain decoding measured at start for the speedup figure (0: off; plain turns also count).")] = 16,
-    exact, context_file, no_history, rpc, rpc_timeout, verbose,
+    exact, context_file, no_history, rpc, rpc_timeout, verbose, yes,
 ):
     """Chat in the terminal, with live tokens/s, draft acceptance and speedup.
 
@@ -61,7 +61,7 @@ def chat(
     prepared = options.prepare_pair(
         pair, model, model_draft, options.setting_flags(
             exact, no_history, strategy=strategy, n_max=n_max, n_min=n_min, p_min=p_min, n_ctx=n_ctx,
-            n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout), verbose)
+            n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout), verbose, yes)
     target_path, draft_path, opts = prepared.target, prepared.draft, prepared.options
     gen = GenParams(max_tokens=max_tokens, sampling=sampling)
     names = target_path.name + (f" + {Path(draft_path).name}" if draft_path else "")

@@ -38,7 +38,7 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with text and statistics.")] = False,
     no_stream: Annotated[bool, typer.Option("--no-stream", help="Print the text once it is complete.")] = False,
     stats: Annotated[Optional[bool], typer.Option("--stats/--no-stats", help="Statistics on stderr (default: when stderr is a terminal).")] = None,
-    exact, context_file, no_history, rpc, rpc_timeout, verbose,
+    exact, context_file, no_history, rpc, rpc_timeout, verbose, yes,
 ):
     """Generate a completion; text on stdout, statistics on stderr.
 
@@ -71,7 +71,7 @@ def run(
     contexts = read_context_files(context_file)
     flags = setting_flags(exact, no_history, strategy=strategy, n_max=n_max, n_min=n_min, p_min=p_min,
                           n_ctx=n_ctx, n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout)
-    prepared = prepare_pair(pair, model, model_draft, flags, verbose)
+    prepared = prepare_pair(pair, model, model_draft, flags, verbose, yes)
     target_path, draft_path, opts = prepared.target, prepared.draft, prepared.options
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt}]
