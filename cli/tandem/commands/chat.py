@@ -135,6 +135,9 @@ def _loop(chat, view) -> None:
                 view.notice("(empty message: type some text, or /help)")
                 continue
             stopped = _answer(chat, view, text)
+            note = options.history_note(chat.pair.options)
+            if note:
+                view.notice(note)
         except RemoteError:
             view.abort()  # the worker is gone with the link: the chat cannot go on
             raise

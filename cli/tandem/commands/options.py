@@ -308,6 +308,33 @@ def setting_flags(exact: bool = False, no_history: bool = False, **flags) -> dic
     return {**flags, "mode": "exact" if exact else None, "history": "off" if no_history else None}
 
 
+# under <home>/history/: the first answer kept for drafting has been announced (`tandem
+# history clear` deletes the answers, not this)
+HISTORY_NOTED = ".noted"
+
+
+def history_note(opts) -> str | None:
+    """Once per home, after the first answer was kept for drafting (SessionOptions `opts`
+    with the history on): where it is and how to turn it off; the marker file is written
+    then. None otherwise (and when nothing was stored: answers under 8 tokens are not)."""
+    from tandem.engine.history import history_dir
+    from tandem.fsutil import atomic_write_text
+
+    if not opts.history or opts.home is None:
+        return None
+    folder = history_dir(opts.home)
+    marker = folder / HISTORY_NOTED
+    if marker.exists() or not any(folder.glob("*.json")):
+        return None
+    try:
+        atomic_write_text(marker, "the first kept answer was announced\n")
+    except OSError:
+        pass  # an unwritable home says it again next time, nothing worse
+    return (f"tandem keeps its answers in {folder} so that `auto` can draft from text "
+            "repeated later (said once). --no-history (or `history: off` in config.yaml, "
+            "TANDEM_HISTORY=off) turns it off; `tandem history clear` deletes them.")
+
+
 def read_context_files(paths) -> list[tuple[Path, str]]:
     """--context-file's files, read and checked before any model loads."""
     from tandem.engine.history import read_context_file

@@ -9,6 +9,7 @@ import typer
 
 from tandem.commands.options import (
     check_text,
+    history_note,
     prepare_pair,
     read_context_files,
     read_stdin,
@@ -94,6 +95,9 @@ def run(
         raise
     _finish(done, out, as_json=as_json, no_stream=no_stream, show_stats=show_stats,
             n_ctx=opts.target_ctx.n_ctx, max_tokens=max_tokens)
+    note = history_note(opts)
+    if note:
+        print(f"Note: {note}", file=sys.stderr)
 
 
 def _finish(done, out, *, as_json: bool, no_stream: bool, show_stats: bool, n_ctx: int,
