@@ -185,6 +185,45 @@ def test_save_markdown_and_json(pair, tmp_path):
         chat.command("/save")
 
 
+def test_save_closes_the_code_fence_of_an_answer_cut_at_the_token_limit(pair, tmp_path):
+    """An answer stopped by --max-tokens inside a code block left its fence open, and the
+    rest of the saved file rendered as code: /save closes it (markdown only; the JSON keeps
+    the answer as generated)."""
+    from tandem.chat.transcript import Turn, open_fence
+    from tandem.engine.stats import GenStats
+
+    chat = ChatSession(pair, gen=GenParams(max_tokens=8))
+    cut = "Here it is:\n\n```python\ndef add(a, b):\n    return a +"
+    chat.turns += [Turn("write add()", cut, "length", "draft", GenStats(n_generated=8)),
+                   Turn("and a tilde one", "~~~~\ncode\n~~~\nstill code", "length", "draft"),
+                   Turn("thanks", "You're welcome.", "eos", "draft")]
+    chat.command(f"/save {tmp_path / 'chat.md'}")
+    md = (tmp_path / "chat.md").read_text()
+    assert open_fence(md) is None
+    assert "    return a +\n```\n\n_8 tokens" in md  # closed before the turn's summary
+    assert "still code\n~~~~\n" in md  # closed with its own marker, as long as it opened
+    # the headings after the cut answers are outside any code block
+    before_thanks = md[:md.index("## User\n\nthanks")]
+    assert open_fence(before_thanks) is None
+    chat.command(f"/save {tmp_path / 'chat.json'}")
+    doc = json.loads((tmp_path / "chat.json").read_text())
+    assert doc["messages"][1]["content"] == cut
+
+
+def test_open_fence_follows_commonmark():
+    from tandem.chat.transcript import closed_fences, open_fence
+
+    assert open_fence("no code") is None
+    assert open_fence("```\nx\n```") is None
+    assert open_fence("```js\nx") == "```"
+    assert open_fence("````\n```\nstill inside") == "````"  # a shorter fence does not close
+    assert open_fence("```\nx\n``` not a close") == "```"  # a closing fence has no text
+    assert open_fence("~~~\n```\n") == "~~~"  # nor the other character
+    assert open_fence("``` inline ` code") is None  # a backtick after ``` is not a fence
+    assert closed_fences("```\nx\n") == "```\nx\n```"
+    assert closed_fences("plain") == "plain"
+
+
 def test_slash_command_parsing():
     assert parse_command("hello") is None
     assert parse_command("//etc/passwd is a file") is None

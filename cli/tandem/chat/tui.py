@@ -25,6 +25,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from tandem.chat.transcript import open_fence
 from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
 from tandem.engine.stats import GenStats
 from tandem.machine.load import FRESH_S, LoadMeter, busy, busy_text, same_load
@@ -444,8 +445,8 @@ def markdown_tail(text: str, limit: int) -> str:
     if cut < 0:
         return text[-limit:]
     head, tail = text[:cut], text[cut + 1:]
-    fences = sum(1 for line in head.splitlines() if line.lstrip().startswith("```"))
-    return ("```\n" + tail) if fences % 2 else tail
+    fence = open_fence(head)
+    return f"{fence}\n{tail}" if fence else tail
 
 
 # ----- the view object -----
