@@ -102,7 +102,7 @@ class CostModel:
         if self.when <= 0:
             return f"costs: {self.source}"
         stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.when))
-        busy = "" if self.busy is None else f", other processes {self.busy:.0%} of the CPU"
+        busy = "" if self.busy is None else f", other processes {self.busy:.0%} of the CPU then"
         return f"costs: {self.source} {stamp}{busy}"
 
     def observe_verify(self, n: int, seconds: float, weight: float = 0.2) -> None:
