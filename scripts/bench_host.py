@@ -34,16 +34,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from tandem.bench.native import native_bin
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 PROMPT = "Hello world, this is a test of the tiny model. The quick brown fox jumps over"
 
 
-def native_bin() -> Path:
-    out = subprocess.run([str(ROOT / "scripts/build_native.sh")], check=True,
-                         capture_output=True, text=True)
-    return Path(out.stdout.strip().splitlines()[-1])
 
 
 def _run(cmd: list[str], expect: str) -> str:

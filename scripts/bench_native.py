@@ -20,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tandem.bench.native import native_bin
+
 ROOT = Path(__file__).resolve().parents[1]
 
 PROMPTS = [
@@ -31,10 +33,6 @@ PROMPTS = [
 ]
 
 
-def native_bin() -> Path:
-    out = subprocess.run([str(ROOT / "scripts/build_native.sh")], check=True,
-                         capture_output=True, text=True)
-    return Path(out.stdout.strip().splitlines()[-1])
 
 
 def run_native_spec(bin_dir: Path, target: Path, draft: Path, prompt: str, n: int, n_max: int,

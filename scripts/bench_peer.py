@@ -55,6 +55,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tandem.bench.accounting import server_counts, tandem_counts
+from tandem.bench.native import native_bin  # noqa: F401 - bench_serve takes it from here
 from tandem.bench.workloads import Prompt as BenchPrompt  # spec-bench's prompt record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -498,11 +499,6 @@ def save_rows(out: Path, meta: dict, rows: list) -> None:
     print(f"rows written to {out}", file=sys.stderr)
 
 
-def native_bin() -> Path:
-    res = subprocess.run([str(ROOT / "scripts/build_native.sh")], capture_output=True, text=True)
-    if res.returncode != 0:
-        raise SystemExit(f"Error: scripts/build_native.sh failed:\n{res.stderr[-2000:]}")
-    return Path(res.stdout.strip().splitlines()[-1])
 
 
 def default_tandem() -> list[str]:

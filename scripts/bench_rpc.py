@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from tandem.bench.native import native_bin
+
 import bench_peer as peer  # prompts, llama-server driving, tandem's JSON
 import link_proxy
 
@@ -194,18 +196,8 @@ def native_dir(ns) -> Path | None:
         return None
     if ns.native_bin is not None:
         return ns.native_bin if (ns.native_bin / "llama-server").exists() else None
-    import hashlib
-
-    # the directory build_native.sh uses: a hash of the llama.cpp version and CMake flags
-    args = os.environ.get("CMAKE_ARGS") or subprocess.run(
-        [sys.executable, str(SCRIPTS / "cmake_flags.py")], capture_output=True,
-        text=True).stdout.strip()
-    version = next(ln.split('"')[1] for ln in (SCRIPTS / "build_native.sh").read_text()
-                   .splitlines() if ln.startswith("LLAMA_VERSION="))
-    key = hashlib.sha256(f"{version}|{args}".encode()).hexdigest()[:16]
-    base = Path(os.environ.get("TANDEM_CACHE_DIR") or Path.home() / ".cache" / "tandem")
-    d = base / "native" / key / "bin"
-    return d if (d / "llama-server").exists() else None
+    d = native_bin(build=False)  # where scripts/build_native.sh builds, without building
+    return d if d and (d / "llama-server").exists() else None
 
 
 def main(argv: list[str] | None = None) -> int:

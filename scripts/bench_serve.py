@@ -30,7 +30,6 @@ tandem runs with TANDEM_HISTORY=off unless --history (no earlier answers of the 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -49,7 +48,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_peer import (  # noqa: E402 - the helpers for llama-server live there
     BASE_SERVER_ARGS,
     DEFAULT_PROMPTS,
-    ROOT,
     SERVER_CONFIGS,
     Server,
     ServerError,
@@ -254,13 +252,8 @@ def find_server_bin(ns) -> Path | None:
     if ns.build_native:
         return native_bin() / "llama-server"
     # where scripts/build_native.sh puts its build, without building (minutes on a CPU)
-    flags = os.environ.get("CMAKE_ARGS") or subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "cmake_flags.py")], capture_output=True,
-        text=True).stdout.strip()
-    key = hashlib.sha256(f"0.3.36|{flags}".encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("TANDEM_CACHE_DIR") or Path.home() / ".cache" / "tandem")
-    path = cache / "native" / key / "bin" / "llama-server"
-    return path if path.exists() else None
+    found = native_bin(build=False)
+    return found / "llama-server" if found and (found / "llama-server").exists() else None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,7 +11,7 @@
 # bootstrap with the same key skips the 6-8 minute compile.
 set -euo pipefail
 
-LLAMA_VERSION="0.3.36"
+LLAMA_VERSION="$("$(dirname "$0")/llama_version.sh")"  # pinned in pyproject.toml
 BACKEND="auto"
 EXTRAS=""
 while [ $# -gt 0 ]; do

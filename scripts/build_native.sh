@@ -5,8 +5,9 @@
 # from the llama.cpp source that the pinned llama-cpp-python sdist vendors, with the same CMake
 # flags as our wheel, so benchmarks compare tandem against the very same kernels.
 #   scripts/build_native.sh            # prints the bin directory on stdout
+#   scripts/build_native.sh --dir      # the same, without building: exit 1 if not built yet
 set -euo pipefail
-LLAMA_VERSION="0.3.36"
+LLAMA_VERSION="$("$(dirname "$0")/llama_version.sh")"  # pinned in pyproject.toml
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 ARGS="${CMAKE_ARGS:-$(python3 "$ROOT/scripts/cmake_flags.py")}"
 KEY="$(printf '%s|%s' "$LLAMA_VERSION" "$ARGS" | sha256sum | cut -c1-16)"
@@ -16,6 +17,9 @@ built=1
 for t in $TARGETS; do [ -x "$OUT/bin/$t" ] || built=0; done
 if [ "$built" = 1 ]; then
   echo "$OUT/bin"; exit 0
+fi
+if [ "${1:-}" = "--dir" ]; then
+  echo "$OUT/bin"; exit 1
 fi
 mkdir -p "$OUT"
 if [ ! -d "$OUT/src" ]; then

@@ -17,7 +17,7 @@
 # wheel) instead of compiling. Results on stdout and in --out (default $OUT/gpu_check.json);
 # the build's log in $OUT/gpu_check_build.log where $OUT is set, else .gpu-check/build.log.
 set -euo pipefail
-LLAMA_VERSION="0.3.36"
+LLAMA_VERSION="$("$(dirname "$0")/llama_version.sh")"  # pinned in pyproject.toml
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 T0=$SECONDS

@@ -8,7 +8,7 @@
 #   scripts/trim_sdist.sh --check         # also configure the trimmed tree with CMake (no build)
 #   scripts/trim_sdist.sh --out DIR
 set -euo pipefail
-LLAMA_VERSION="0.3.36"
+LLAMA_VERSION="$("$(dirname "$0")/llama_version.sh")"  # pinned in pyproject.toml
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="$ROOT/.gpu-bundle"
 CHECK=0

@@ -204,7 +204,7 @@ LAUGHS = "a: &a [lol,lol,lol,lol,lol,lol,lol,lol,lol,lol]\n" + "".join(
 
 CASES = [
     # --- run: option values -----------------------------------------------------------------
-    Case("seed-negative", ["run", *TINY, "--seed", "-5", "hi"], EXIT_USAGE, "--seed must be >= 0"),
+    Case("seed-negative", ["run", *TINY, "--seed", "-5", "hi"], EXIT_USAGE, "--seed must be >= -1 (-1: a random seed)"),
     Case("seed-huge", ["run", *TINY, "--seed", str(1 << 70), "hi"], EXIT_USAGE, "--seed"),
     Case("seed-not-int", ["run", *TINY, "--seed", "abc", "hi"], EXIT_USAGE, "'--seed'"),
     Case("ctx-not-int", ["run", *TINY, "-c", "big", "hi"], EXIT_USAGE, "'--ctx-size'"),

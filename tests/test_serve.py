@@ -19,91 +19,11 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
+from serve_helpers import Server, tiny_args as _models  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["hello there", "write a loop", "sort the list", "tell me more", "abc def",
            "one two three", "the quick fox", "print it"]
-
-
-class Server:
-    """`tandem serve ...` in a subprocess; stderr is drained into `log` by a thread."""
-
-    def __init__(self, args: list[str], home: Path):
-        env = {**os.environ, "TANDEM_HOME": str(home), "PYTHONUNBUFFERED": "1"}
-        env.pop("TANDEM_API_KEY", None)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tandem", "serve", "--port", "0", *args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-            cwd=str(ROOT))
-        self.log: list[str] = []
-        self.port: int | None = None
-        found = threading.Event()
-
-        def drain():
-            for line in self.proc.stderr:
-                self.log.append(line)
-                m = re.search(r"http://127\.0\.0\.1:(\d+)/v1", line)
-                if m and self.port is None:
-                    self.port = int(m.group(1))
-                    found.set()
-            found.set()
-
-        threading.Thread(target=drain, daemon=True).start()
-        if not found.wait(180) or self.port is None:
-            self.stop()
-            raise AssertionError("the server did not start:\n" + "".join(self.log))
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def client(self, **kwargs):
-        kwargs.setdefault("api_key", "unused")
-        kwargs.setdefault("max_retries", 0)
-        kwargs.setdefault("timeout", 120)
-        return openai.OpenAI(base_url=self.base_url, **kwargs)
-
-    def raw(self, method: str, path: str, body: bytes | str | None = None,
-            headers: dict | None = None) -> tuple[int, dict, dict]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
-        try:
-            if isinstance(body, str):
-                body = body.encode()
-            hdrs = {"Content-Type": "application/json"} if body is not None else {}
-            hdrs.update(headers or {})
-            conn.request(method, path, body=body, headers=hdrs)
-            resp = conn.getresponse()
-            data = resp.read()
-            try:
-                parsed = json.loads(data)
-            except ValueError:
-                parsed = {"_raw": data.decode(errors="replace")}
-            return resp.status, parsed, dict(resp.getheaders())
-        finally:
-            conn.close()
-
-    def health(self) -> dict:
-        status, body, _ = self.raw("GET", "/health")
-        assert status == 200, body
-        return body
-
-    def rss_kib(self) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        raise AssertionError("no VmRSS")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def _models(tiny_models) -> list[str]:
-    return ["-m", str(tiny_models["target"]), "-md", str(tiny_models["draft"]), "-t", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -344,6 +264,8 @@ MALFORMED = [
     ("chat", {"stream": "yes"}, 400),
     ("chat", {"stream_options": {"include_usage": "yes"}}, 400),
     ("chat", {"seed": "abc"}, 400),
+    ("chat", {"seed": -5}, 400),
+    ("chat", {"temperature": 150}, 400),
     ("chat", {"tools": [{"type": "function", "function": {"name": "f"}}]}, 400),
     ("chat", {"response_format": {"type": "json_schema", "json_schema": {}}}, 400),
     ("chat", {"logprobs": True}, 400),
@@ -392,6 +314,34 @@ def test_malformed_requests_get_json_errors(server):
     assert _chat(server.client(), "hello there", max_tokens=4).choices[0].message.content
     log = "".join(server.log)
     assert "Traceback" not in log, log
+
+
+def test_each_request_gets_a_log_line(server):
+    def lines():
+        return [ln for ln in server.log if ln.startswith("tandem serve: POST")]
+
+    before = len(lines())
+    _chat(server.client(), "hello there", max_tokens=5)
+    _stream_text(server.client(), "hello there", max_tokens=5)
+    server.raw("POST", "/v1/chat/completions", "{}")
+    deadline = time.monotonic() + 30
+    while len(lines()) < before + 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    plain, streamed, refused = lines()[before:before + 3]
+    for line in (plain, streamed):
+        assert re.match(r"tandem serve: POST /v1/chat/completions 200 · prompt \d+ "
+                        r"\(\d+ cached\) · 5 tokens · \d+\.\d\d s · [\d.]+ tok/s", line), line
+    assert refused.startswith("tandem serve: POST /v1/chat/completions 400 · ")
+
+
+def test_quiet_server_logs_no_requests(tiny_models, tmp_path):
+    srv = Server([*_models(tiny_models), "--strategy", "none", "--quiet"], tmp_path / "home")
+    try:
+        _chat(srv.client(), "hello there", max_tokens=2)
+        assert srv.health()["status"] == "ok"
+    finally:
+        srv.stop()
+    assert not [ln for ln in srv.log if ln.startswith("tandem serve: POST")], srv.log
 
 
 def test_context_overflow_is_a_clear_400(server):
@@ -539,6 +489,26 @@ def test_protocol_checks():
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.2")
 
 
+@pytest.mark.parametrize("key,value", [("temperature", -1.0), ("temperature", 101.0),
+                                       ("top_k", -1), ("top_p", 0.0), ("top_p", 1.5),
+                                       ("min_p", 1.0), ("repeat_penalty", 0.0),
+                                       ("seed", -2), ("seed", 1 << 64)])
+def test_one_rule_for_sampling_values_in_cli_and_api(key, value):
+    """The CLI (SamplingParams) and the API (protocol) refuse the same values, and both take
+    seed -1 as a random seed."""
+    from tandem.engine.sampling import SamplingParams
+    from tandem.errors import UsageError
+    from tandem.serve.protocol import ApiError, parse_chat
+
+    with pytest.raises(UsageError):
+        SamplingParams(**{key: value})
+    with pytest.raises(ApiError) as exc:
+        parse_chat({"messages": [{"role": "user", "content": "x"}], key: value})
+    assert exc.value.param == key
+    assert SamplingParams(seed=None).seed is None
+    assert parse_chat({"messages": [{"role": "user", "content": "x"}], "seed": -1}).seed is None
+
+
 def test_both_caches_keep_the_common_prefix(pair):
     """Turn 2 of a conversation: the target and the draft model each evaluate only what
     follows turn 1 (the draft's prefill is counted directly on its context)."""
@@ -617,13 +587,17 @@ def test_a_bug_is_a_500_json_error_and_the_app_goes_on():
     from tandem.serve.routes import ServeConfig, build_app
     from tandem.serve.engine_thread import Defaults
 
+    from tandem.serve.prompt import Budget
+
     class Broken:
         busy, waiting, capacity, served, cancelled, last_cancel = False, 0, 1, 0, 0, None
+        pair = None  # no local pair: prompts would be tokenized in the engine thread
 
         def submit(self, job):
             raise RuntimeError("boom")
 
-    app = build_app(Broken(), ServeConfig(model_id="m", defaults=Defaults()))
+    app = build_app(Broken(), ServeConfig(model_id="m", defaults=Defaults(),
+                                          budget=Budget(4096)))
     body = json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode()
     status, reply = _asgi(app, "POST", "/v1/chat/completions", body)
     assert status == 500

@@ -250,18 +250,16 @@ def sampling_params(temp: float, top_k: int, top_p: float, min_p: float,
     """SamplingParams from the flags run and chat share. NaN slips through every range check
     (all comparisons with it are false), so it is refused here; llama.cpp's `--seed -1`
     means a random seed."""
-    from tandem.engine.sampling import SamplingParams
+    from tandem.engine.sampling import SEED, SamplingParams, seed_value
 
     for value, flag in ((temp, "--temp"), (top_p, "--top-p"), (min_p, "--min-p"),
                         (repeat_penalty, "--repeat-penalty")):
         _finite(value, flag)
-    if seed is not None and seed < -1:
-        raise UsageError(f"--seed must be >= 0 (or -1 for a random seed), got {seed}",
-                         "omit --seed (or pass -1) for a random seed")
-    if seed is not None and seed >= 1 << 64:
-        raise UsageError(f"--seed must be below 2^64, got {seed}", "pick a smaller seed")
+    if seed is not None and SEED.problem(seed):
+        raise UsageError(f"--seed {SEED.problem(seed)} (-1: a random seed), got {seed}",
+                         SEED.hint)
     return SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                          repeat_penalty=repeat_penalty, seed=None if seed == -1 else seed)
+                          repeat_penalty=repeat_penalty, seed=seed_value(seed))
 
 
 def check_pair_or_files(pair: str | None, model: Path | None, model_draft: Path | None) -> None:

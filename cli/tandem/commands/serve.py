@@ -18,7 +18,7 @@ from tandem.commands.options import (
     setting_flags,
     shared_options,
 )
-from tandem.config.schema import check_max_tokens
+from tandem.config.schema import SERVE_MAX_TOKENS, check_max_tokens
 from tandem.errors import UsageError
 
 
@@ -34,8 +34,10 @@ def serve(
     port: Annotated[int, typer.Option("--port", help="TCP port (0: any free port; the address is printed on stderr).")] = 8080,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="TANDEM_API_KEY", help="Require 'Authorization: Bearer KEY' (env TANDEM_API_KEY keeps it out of the process list).")] = None,
     queue: Annotated[int, typer.Option("--queue", help="Requests that may wait while one is generated; beyond, 429 with Retry-After.")] = 8,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No line per request on stderr (route, tokens, time, tok/s, acceptance, status).")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds a client has to send a request's headers, and again its body; beyond, 408 and the connection closed.")] = 30.0,
     model, model_draft, strategy, n_max, n_min, p_min,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens per answer when a request does not say (max_tokens).")] = 2048,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens per answer when a request does not say (max_tokens).")] = SERVE_MAX_TOKENS,
     temp, top_k, top_p, min_p, repeat_penalty, n_ctx, n_threads,
     exact, context_file, no_history, rpc, rpc_timeout, verbose,
 ):
@@ -61,8 +63,14 @@ def serve(
         raise UsageError(f"--port must be in 0..65535, got {port}", "8080 is the default")
     if queue < 1:
         raise UsageError(f"--queue must be >= 1, got {queue}", "8 is the default")
+    if not 0.1 <= timeout <= 3600:
+        raise UsageError(f"--timeout must be in 0.1..3600 seconds, got {timeout:g}",
+                         "30 is the default")
     if api_key is not None and not api_key.strip():
         raise UsageError("--api-key is empty", "pass a key, or leave the option out")
+    if api_key is not None and api_key != api_key.strip():
+        raise UsageError("--api-key starts or ends with whitespace, which no client can send "
+                         "(HTTP drops it from the header)", "pass the key without it")
     check_max_tokens(max_tokens)
     sampling = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, None)
     contexts = read_context_files(context_file)
@@ -73,7 +81,9 @@ def serve(
     target_path, draft_path, opts = prepared.target, prepared.draft, prepared.options
 
     from tandem.serve import routes as server  # Starlette and uvicorn: only now
+    from tandem.models.vocab import longest_token_bytes
     from tandem.serve.engine_thread import Defaults, EngineWorker
+    from tandem.serve.prompt import UNKNOWN_TOKEN_BYTES, Budget
 
     sock = server.bind(host, port)  # before the models load: a busy port fails fast
     if not server.is_loopback(host) and api_key is None:
@@ -85,8 +95,11 @@ def serve(
                 session.add_context_file(path, text)
             worker = EngineWorker(session, strategy=opts.strategy, draft=opts.draft,
                                   queue_size=queue)
+            budget = Budget(session.target_ctx.n_ctx,
+                            longest_token_bytes(target_path) or UNKNOWN_TOKEN_BYTES)
             config = server.ServeConfig(
-                model_id=target_path.stem, api_key=api_key,
+                model_id=target_path.stem, api_key=api_key, budget=budget, timeout=timeout,
+                quiet=quiet,
                 defaults=Defaults(max_tokens=max_tokens, sampling=sampling))
             draft = f" + {draft_path.name}" if draft_path else ""
             print(f"tandem serve: {server.listen_note(host, sock)} · {target_path.name}{draft} · "

@@ -41,6 +41,9 @@ def check_strategy(name: str) -> str:
     return name
 
 
+SERVE_MAX_TOKENS = 2048  # tandem serve: an answer's length when a request does not say
+
+
 def check_max_tokens(max_tokens: int) -> int:
     """The most tokens to generate: at least one (run's and chat's -n, chat's /max-tokens,
     the engine's GenParams)."""

@@ -30,6 +30,9 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     ) from exc
 
 LLAMA_CPP_VERSION = getattr(_lc, "__version__", "unknown")
+# the attributes of the tokens llama_tokenize parses from text (llama-vocab.cpp's special cache)
+_SPECIAL_ATTRS = (_lc.LLAMA_TOKEN_ATTR_CONTROL | _lc.LLAMA_TOKEN_ATTR_USER_DEFINED
+                  | _lc.LLAMA_TOKEN_ATTR_UNKNOWN)
 
 _backend_ready = False
 _verbose = False
@@ -200,6 +203,10 @@ class Model:
             cached = buf.raw[:n]
             self._pieces[token] = cached
         return cached
+
+    def is_special(self, token: int) -> bool:
+        """A token llama.cpp's parser matches by its text (control, user-defined, unknown)."""
+        return bool(_lc.llama_vocab_get_attr(self.vocab, token) & _SPECIAL_ATTRS)
 
     def token_text(self, token: int) -> str:
         return _lc.llama_vocab_get_text(self.vocab, token).decode("utf-8", "replace")

@@ -6,12 +6,55 @@ top-p, min-p, temperature, as llama.cpp orders them) is applied to both models' 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
 from tandem.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Limit:
+    """The values a sampling knob takes, stated once for SamplingParams, the CLI's flags and
+    the API's fields (each words the error with its own name for the knob)."""
+
+    lo: float
+    hi: float
+    open_lo: bool = False
+    open_hi: bool = False
+    hint: str = ""
+
+    def problem(self, value: float) -> str | None:
+        """None if `value` is allowed, else what is wrong ("must be >= 0")."""
+        if not math.isfinite(value):
+            return "must be a finite number"
+        if value < self.lo or (self.open_lo and value == self.lo):
+            return f"must be {'>' if self.open_lo else '>='} {self.lo:g}"
+        if value > self.hi or (self.open_hi and value == self.hi):
+            return f"must be {'<' if self.open_hi else '<='} {self.hi:g}"
+        return None
+
+
+LIMITS = {
+    "temperature": Limit(0.0, 100.0, hint="use 0 for greedy"),
+    "top_k": Limit(0, (1 << 31) - 1, hint="use 0 to turn it off"),
+    "top_p": Limit(0.0, 1.0, open_lo=True, hint="use 1.0 to turn it off"),
+    "min_p": Limit(0.0, 1.0, open_hi=True, hint="use 0 to turn it off"),
+    "repeat_penalty": Limit(0.0, 100.0, open_lo=True, hint="use 1.0 to turn it off"),
+}
+# one seed rule for the CLI and the API: llama.cpp's -1 is a random seed, other negatives
+# are refused, and a seed is below 2^64
+RANDOM_SEED = -1
+SEED = Limit(RANDOM_SEED, (1 << 64) - 1, hint="omit the seed (or pass -1) for a random one")
+_NAMES = {"temperature": "temperature", "top_k": "top-k", "top_p": "top-p", "min_p": "min-p",
+          "repeat_penalty": "repeat penalty"}
+
+
+def seed_value(seed: int | None) -> int | None:
+    """A checked seed as SamplingParams takes it: None for a random one."""
+    return None if seed is None or seed == RANDOM_SEED else seed
 
 
 @dataclass(frozen=True)
@@ -25,17 +68,13 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise UsageError(f"temperature must be >= 0, got {self.temperature}", "use 0 for greedy")
-        if self.top_k < 0:
-            raise UsageError(f"top-k must be >= 0, got {self.top_k}", "use 0 to turn it off")
-        if not 0.0 < self.top_p <= 1.0:
-            raise UsageError(f"top-p must be in (0, 1], got {self.top_p}", "use 1.0 to turn it off")
-        if not 0.0 <= self.min_p < 1.0:
-            raise UsageError(f"min-p must be in [0, 1), got {self.min_p}", "use 0 to turn it off")
-        if self.repeat_penalty <= 0:
-            raise UsageError(f"repeat penalty must be > 0, got {self.repeat_penalty}",
-                             "use 1.0 to turn it off")
+        for key, limit in LIMITS.items():
+            value = getattr(self, key)
+            problem = limit.problem(value)
+            if problem:
+                raise UsageError(f"{_NAMES[key]} {problem}, got {value}", limit.hint)
+        if self.seed is not None and SEED.problem(self.seed):
+            raise UsageError(f"seed {SEED.problem(self.seed)}, got {self.seed}", SEED.hint)
 
     @property
     def greedy(self) -> bool:

@@ -7,6 +7,7 @@ llama-cpp-python 0.3.36, computed from GGUF metadata alone so no model has to be
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tandem.errors import GGUFFormatError, VocabMismatchError
@@ -236,3 +237,15 @@ def check_compatible(
             f"draft {draft_name} cannot speculate for target {target_name}: " + "; ".join(problems),
             _HINT,
         )
+
+
+def longest_token_bytes(path: Path) -> int | None:
+    """The longest token text of a GGUF's vocabulary in UTF-8 bytes: no token stands for more
+    bytes of text (a byte-level BPE character or SPM's "<0x41>" and "\u2581" encode to at
+    least the byte they stand for). None when the header holds no token list."""
+    from tandem.models.gguf_meta import read_gguf_header
+
+    tokens = read_gguf_header(path).get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not tokens:
+        return None
+    return max(len(t.encode("utf-8", "replace")) for t in tokens if isinstance(t, str))

@@ -16,11 +16,14 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from tandem.chat.answer import Answer
+from tandem.config.schema import SERVE_MAX_TOKENS
 from tandem.engine.events import PrefillEvent, TokenEvent
 from tandem.engine.pair import PairSession
 from tandem.engine.sampling import SamplingParams
 from tandem.engine.speculative import GenParams
-from tandem.errors import ContextOverflowError, TandemError
+from tandem.errors import TandemError
+from tandem.serve import prompt
+from tandem.serve.prompt import Budget
 
 
 class QueueFull(Exception):
@@ -161,24 +164,12 @@ def _deliver(job: Job, kind: str, value) -> None:
 class Defaults:
     """What a request that does not say gets: the server's flags (as `run` takes them)."""
 
-    max_tokens: int = 2048
+    max_tokens: int = SERVE_MAX_TOKENS
     sampling: SamplingParams = SamplingParams()
 
 
-def prepare(pair: PairSession, req, defaults: Defaults) -> tuple[list[int], GenParams]:
-    """A checked request (serve.protocol.Request) -> prompt tokens and generation parameters.
-    Runs in the engine thread: tokenizing a long prompt must not hold up the event loop, and
-    the tokenizer is then never used by two threads at once. The prompt goes through the same
-    PairSession.prompt_tokens as run and chat (the GGUF chat template; /v1/completions: raw)."""
-    if req.kind == "chat":
-        tokens = pair.prompt_tokens(list(req.messages))
-    else:
-        tokens = pair.prompt_tokens([{"role": "user", "content": req.prompt}], raw=True)
-    n_ctx = pair.target_ctx.n_ctx
-    if len(tokens) >= n_ctx:
-        raise ContextOverflowError(
-            f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}",
-            "send fewer or shorter messages, or restart tandem serve with a larger --ctx-size")
+def gen_params(req, defaults: Defaults) -> GenParams:
+    """A checked request's generation parameters: its own, else the server's defaults."""
     d = defaults.sampling
 
     def pick(value, default):
@@ -188,5 +179,22 @@ def prepare(pair: PairSession, req, defaults: Defaults) -> tuple[list[int], GenP
         temperature=pick(req.temperature, d.temperature), top_k=pick(req.top_k, d.top_k),
         top_p=pick(req.top_p, d.top_p), min_p=pick(req.min_p, d.min_p),
         repeat_penalty=pick(req.repeat_penalty, d.repeat_penalty), seed=req.seed)
-    return tokens, GenParams(max_tokens=req.max_tokens or defaults.max_tokens,
-                             sampling=sampling, stop=req.stop)
+    return GenParams(max_tokens=req.max_tokens or defaults.max_tokens, sampling=sampling,
+                     stop=req.stop)
+
+
+def prepare(pair: PairSession, req, defaults: Defaults,
+            budget: Budget | None = None) -> tuple[list[int], GenParams]:
+    """A checked request (serve.protocol.Request) -> prompt tokens and generation parameters,
+    in the engine thread: for a pair whose tokenizer is elsewhere (RemotePair's worker, one
+    call at a time over its pipe). A local pair's prompt is tokenized by the HTTP side
+    beforehand (serve/prompt.py), so that no request's preparation delays the one being
+    generated. The prompt goes through the same PairSession.prompt_tokens as run and chat."""
+    budget = budget or Budget(pair.target_ctx.n_ctx)
+    local = isinstance(pair, PairSession)
+    return prompt.prompt_tokens(pair, req, budget, local=local), gen_params(req, defaults)
+
+
+def tokenizes_aside(pair) -> bool:
+    """Whether prompts may be tokenized outside the engine thread while it generates."""
+    return isinstance(pair, PairSession)

@@ -9,8 +9,9 @@ refused by name rather than silently ignored.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
+
+from tandem.engine.sampling import LIMITS, SEED, seed_value
 
 MAX_STOPS = 16  # OpenAI allows 4; llama-server any number: a bound keeps stop matching cheap
 MAX_STOP_CHARS = 1000
@@ -63,7 +64,9 @@ class Request:
 
 def parse_json(raw: bytes) -> dict:
     """The body as a JSON object. NaN and Infinity are not JSON (Python's parser would take
-    them), and a body nested deep enough to exhaust the parser's recursion is refused too."""
+    them), and a body nested deep enough to exhaust the parser's recursion is refused too.
+    Every string in it, keys included, must be encodable text: JSON's escapes can carry lone
+    surrogates ("\\ud800") that no tokenizer takes; this is the one place that checks it."""
     def constant(name: str):
         raise ValueError(f"{name} is not valid JSON")
 
@@ -73,11 +76,38 @@ def parse_json(raw: bytes) -> dict:
     except UnicodeDecodeError:
         raise bad("the request body is not UTF-8", code="invalid_json") from None
     except (ValueError, RecursionError) as exc:
-        raise bad(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+        raise bad(f"the request body is not valid JSON: {clip(str(exc))}",
+                  code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad(f"the request body must be a JSON object, got {_kind(body)}",
                   code="invalid_json")
+    where = _unencodable(body, "")
+    if where is not None:
+        raise bad(f"{where or 'a key'} is not valid Unicode (a lone surrogate)", where or None)
     return body
+
+
+def _unencodable(value, path: str) -> str | None:
+    """The path of the first string (or key) in `value` that UTF-8 cannot encode; None if
+    all can. Iterative: the parser's nesting limit already bounds the depth."""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return where
+        elif isinstance(item, dict):
+            for key, sub in item.items():
+                try:
+                    key.encode("utf-8")
+                except UnicodeEncodeError:
+                    return where
+                stack.append((sub, f"{where}.{key}" if where else key))
+        elif isinstance(item, list):
+            stack += [(sub, f"{where}[{i}]") for i, sub in enumerate(item)]
+    return None
 
 
 def parse_chat(body: dict) -> Request:
@@ -95,11 +125,14 @@ def parse_chat(body: dict) -> Request:
         if not isinstance(m, dict):
             raise bad(f"{where} must be an object, got {_kind(m)}", where, "invalid_type")
         role = m.get("role")
+        if not isinstance(role, str):
+            raise bad(f"{where}.role must be a string (one of {', '.join(ROLES)}), got "
+                      f"{_kind(role)}", f"{where}.role", "invalid_type")
         if role in ("tool", "function") or m.get("tool_calls") or m.get("function_call"):
             raise bad(f"{where}: tool and function calls are not supported by tandem serve",
                       f"{where}.role", "unsupported_value")
         if role not in ROLES:
-            raise bad(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}",
+            raise bad(f"{where}.role must be one of {', '.join(ROLES)}, got {clip(repr(role))}",
                       f"{where}.role")
         out.append({"role": ROLES[role], "content": _content(m.get("content"), where)})
     return Request(kind="chat", messages=tuple(out), **_common(body))
@@ -131,7 +164,7 @@ def parse_text(body: dict) -> Request:
 def _content(content, where: str) -> str:
     """A message's text: a string, or OpenAI's list of text parts."""
     if isinstance(content, str):
-        return _utf8(content, f"{where}.content")
+        return content
     if content is None:
         raise bad(f"{where}.content is required", f"{where}.content",
                   "missing_required_parameter")
@@ -143,26 +176,17 @@ def _content(content, where: str) -> str:
                 raise bad(f"{where}.content[{j}] must be a text part "
                           "({\"type\": \"text\", \"text\": ...}); images and audio are not "
                           "supported", f"{where}.content", "unsupported_value")
-            texts.append(_utf8(part["text"], f"{where}.content"))
+            texts.append(part["text"])
         return "\n".join(texts)
     raise bad(f"{where}.content must be a string or an array of text parts, got "
               f"{_kind(content)}", f"{where}.content", "invalid_type")
-
-
-def _utf8(text: str, param: str) -> str:
-    """JSON may carry lone surrogates (\\ud800) that no tokenizer can take."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise bad(f"{param} is not valid Unicode (a lone surrogate)", param) from None
-    return text
 
 
 def _common(body: dict) -> dict:
     """The fields both routes share, checked; refusals of what is not implemented."""
     n = body.get("n")
     if n is not None and (not _is_int(n) or n != 1):
-        raise bad(f"'n' must be 1: tandem serve answers one choice per request (got {n!r})",
+        raise bad(f"'n' must be 1: tandem serve answers one choice per request (got {clip(repr(n))})",
                   "n", "unsupported_value")
     for key in ("tools", "functions"):
         if body.get(key):
@@ -174,13 +198,13 @@ def _common(body: dict) -> dict:
     if fmt is not None:
         if not isinstance(fmt, dict) or fmt.get("type") != "text":
             kind = fmt.get("type") if isinstance(fmt, dict) else fmt
-            raise bad(f"response_format {kind!r} is not supported by tandem serve (only "
+            raise bad(f"response_format {clip(repr(kind))} is not supported by tandem serve (only "
                       "'text')", "response_format", "unsupported_value")
     if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
         raise bad("logprobs are not supported by tandem serve", "logprobs",
                   "unsupported_parameter")
     for key in ("presence_penalty", "frequency_penalty"):
-        value = _number(body, key, -2.0, 2.0)
+        value = _number(body, key)
         if value not in (None, 0.0):
             raise bad(f"'{key}' is not supported by tandem serve (use repeat_penalty)", key,
                       "unsupported_parameter")
@@ -207,17 +231,15 @@ def _common(body: dict) -> dict:
         if not isinstance(include_usage, bool):
             raise bad("'stream_options.include_usage' must be a boolean",
                       "stream_options.include_usage", "invalid_type")
+    sampling = {key: _sampling(body, key, limit) for key, limit in LIMITS.items()}
+    if sampling["top_k"] is not None:
+        sampling["top_k"] = _int(body, "top_k", 0, int(LIMITS["top_k"].hi))
     seed = _int(body, "seed", -(1 << 63), (1 << 64) - 1)
-    if seed is not None and seed < 0:
-        seed = None  # llama.cpp's -1 (and any negative seed): a random one
-    return dict(
-        model=model, max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 0.0, 100.0),
-        top_p=_number(body, "top_p", 0.0, 1.0, open_low=True),
-        top_k=_int(body, "top_k", 0, 1 << 31),
-        min_p=_number(body, "min_p", 0.0, 1.0, open_high=True),
-        repeat_penalty=_number(body, "repeat_penalty", 0.0, 100.0, open_low=True),
-        seed=seed, stop=_stops(body.get("stop")), stream=stream, include_usage=include_usage)
+    if seed is not None and SEED.problem(seed):  # the CLI's rule: -1 is random, no other < 0
+        raise bad(f"'seed' {SEED.problem(seed)} (-1: a random seed), got {seed}", "seed")
+    return dict(model=model, max_tokens=max_tokens, seed=seed_value(seed),
+                stop=_stops(body.get("stop")), stream=stream, include_usage=include_usage,
+                **sampling)
 
 
 def _stops(stop) -> tuple[str, ...]:
@@ -232,7 +254,6 @@ def _stops(stop) -> tuple[str, ...]:
     for s in stop:
         if not s or len(s) > MAX_STOP_CHARS:
             raise bad(f"each stop string must hold 1..{MAX_STOP_CHARS} characters", "stop")
-        _utf8(s, "stop")
     return tuple(stop)
 
 
@@ -253,20 +274,26 @@ def _int(body: dict, key: str, lo: int, hi: int) -> int | None:
     return value
 
 
-def _number(body: dict, key: str, lo: float, hi: float, *, open_low: bool = False,
-            open_high: bool = False) -> float | None:
+def _number(body: dict, key: str) -> float | None:
     value = body.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise bad(f"'{key}' must be a number, got {_kind(value)}", key, "invalid_type")
-    value = float(value)
-    low_ok = value > lo if open_low else value >= lo
-    high_ok = value < hi if open_high else value <= hi
-    if not (math.isfinite(value) and low_ok and high_ok):
-        left, right = "(" if open_low else "[", ")" if open_high else "]"
-        raise bad(f"'{key}' must be in {left}{lo:g}, {hi:g}{right}, got {value}", key)
+    return float(value)
+
+
+def _sampling(body: dict, key: str, limit) -> float | None:
+    """A sampling field, checked against the one statement of its values (engine/sampling)."""
+    value = _number(body, key)
+    if value is not None and limit.problem(value):
+        raise bad(f"'{key}' {limit.problem(value)}, got {value}", key)
     return value
+
+
+def clip(text: str, limit: int = 60) -> str:
+    """A value shown in an error message: never the whole of a huge one."""
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
 def _kind(value) -> str:
@@ -364,6 +391,24 @@ def chunk(req: Request, rid: str, created: int, model: str, *, text: str | None 
     if req.include_usage:
         out["usage"] = None  # OpenAI: null on every chunk but the last
     return out
+
+
+def log_line(method: str, path: str, status: int, seconds: float, stats=None) -> str:
+    """The server's line for one request: what was asked, what it cost, how it went.
+    `POST /v1/chat/completions 200 · prompt 120 (98 cached) · 64 tokens · 1.92 s ·
+    33.3 tok/s · drafts 41/60 accepted`."""
+    parts = [f"{method} {clip(path, 80)} {status}"]
+    if stats is not None:
+        cached = max(stats.n_prompt - stats.n_prompt_eval, 0)
+        parts.append(f"prompt {stats.n_prompt} ({cached} cached)")
+        parts.append(f"{stats.n_generated} tokens")
+    parts.append(f"{seconds:.2f} s")
+    if stats is not None:
+        if stats.t_decode > 0 and stats.n_generated:
+            parts.append(f"{stats.n_generated / stats.t_decode:.1f} tok/s")
+        if stats.drafted:
+            parts.append(f"drafts {stats.accepted}/{stats.drafted} accepted")
+    return "tandem serve: " + " · ".join(parts)
 
 
 def sse(obj) -> bytes:

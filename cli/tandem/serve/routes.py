@@ -3,8 +3,9 @@
 Routes: POST /v1/chat/completions and /v1/completions (server-sent events or one JSON object),
 GET /v1/models, GET /health (the /v1-less paths too, as llama-server has them). Every refusal
 is an OpenAI error object with a 4xx status; a bug is a 500 with the same shape (and a traceback
-on stderr), and the server stays up. Starlette and uvicorn are imported only here, which only
-`tandem serve` imports: `tandem run` starts as fast as before.
+on stderr), and the server stays up. Starlette and uvicorn are imported only here and in
+serve/connection.py (uvicorn's protocol, with header deadlines and JSON framing errors), which
+only `tandem serve` imports: `tandem run` starts as fast as before.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import socket
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 
@@ -26,8 +28,19 @@ from starlette.routing import Route
 
 from tandem.errors import ContextOverflowError, RemoteError, TandemError, UsageError
 from tandem.serve import protocol
+from tandem.serve.connection import IDLE_TIMEOUT, REQUEST_TIMEOUT, guarded
 from tandem.serve.protocol import ApiError
-from tandem.serve.engine_thread import Defaults, EngineWorker, Job, QueueFull, prepare
+from tandem.serve.engine_thread import (
+    Defaults,
+    EngineWorker,
+    Job,
+    QueueFull,
+    gen_params,
+    prepare,
+    tokenizes_aside,
+)
+from tandem.serve.prompt import Budget, prompt_tokens
+from tandem.serve.prompt import check_size as prompt_size_check
 
 MAX_BODY = 4 << 20  # bytes: a whole conversation with files fits; a flood does not
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -39,6 +52,9 @@ class ServeConfig:
     defaults: Defaults
     api_key: str | None = None
     max_body: int = MAX_BODY
+    budget: Budget | None = None  # None: the target context's size, the longest token unknown
+    timeout: float = REQUEST_TIMEOUT  # s for a request's headers, and again for its body
+    quiet: bool = False  # no per-request line on stderr
 
 
 class EngineStream(StreamingResponse):
@@ -61,8 +77,9 @@ async def api_error(request: Request, exc: ApiError):
 
 async def http_error(request: Request, exc: HTTPException):
     kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    message = {404: f"no route {request.url.path}",
-               405: f"{request.method} is not allowed on {request.url.path}"}.get(
+    path = protocol.clip(request.url.path)  # a 100 kB path is not echoed back whole
+    message = {404: f"no route {path}",
+               405: f"{request.method} is not allowed on {path}"}.get(
         exc.status_code, str(exc.detail))
     err = ApiError(exc.status_code, message, type=kind)
     return JSONResponse(err.body(), status_code=exc.status_code, headers=exc.headers)
@@ -81,16 +98,22 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
     one, is a request's whole life (queue, prompt verdict, stream or answer, cancellation),
     which reads best in one place."""
     created = int(time.time())
+    budget = config.budget or Budget(worker.pair.target_ctx.n_ctx)
+    # one thread tokenizes prompts while the engine thread generates (serve/prompt.py)
+    tokenizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-tokenizer")
+    aside = tokenizes_aside(worker.pair)
 
     def authorize(request: Request) -> None:
         if config.api_key is None:
             return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
+        # the key exactly, compared in constant time (HTTP itself drops the header's outer
+        # whitespace: a key cannot end in a space, and --api-key refuses one that does)
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
-                token.strip().encode(), config.api_key.encode()):
+                token.encode("utf-8", "surrogateescape"), config.api_key.encode()):
             raise ApiError(401, "invalid or missing API key: send 'Authorization: Bearer KEY'",
-                           type="authentication_error", code="invalid_api_key")
+                           type="authentication_error", code="invalid_api_key",
+                           headers={"WWW-Authenticate": 'Bearer realm="tandem"'})
 
     async def health(request: Request):
         return JSONResponse({"status": "ok", "busy": worker.busy, "waiting": worker.waiting,
@@ -110,8 +133,23 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
         return await complete(request, "text")
 
     async def complete(request: Request, kind: str):
+        started = time.monotonic()
+
+        def log(status: int, stats=None) -> None:  # one line per request, on stderr
+            if not config.quiet:
+                print(protocol.log_line(request.method, request.url.path, status,
+                                        time.monotonic() - started, stats),
+                      file=sys.stderr, flush=True)
+
+        try:
+            return await respond(request, kind, log)
+        except ApiError as exc:
+            log(exc.status)
+            raise
+
+    async def respond(request: Request, kind: str, log):
         authorize(request)
-        body = await read_json(request, config.max_body)
+        body = await read_json(request, config.max_body, config.timeout)
         req = protocol.parse_chat(body) if kind == "chat" else protocol.parse_text(body)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
@@ -119,13 +157,28 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
         def sink(what, value):  # the engine thread -> this request's queue, nobody else's
             loop.call_soon_threadsafe(events.put_nowait, (what, value))
 
-        job = Job(make=partial(prepare, req=req, defaults=config.defaults), sink=sink)
+        # cheap checks first, then the tokenizer, never in the engine thread when it can be
+        # elsewhere: a long prompt's preparation does not delay the answer being generated
         try:
+            prompt_size_check(req, budget)
+            if worker.waiting >= worker.capacity:
+                raise QueueFull(f"{worker.capacity} requests are already waiting")
+            if aside:
+                tokens = await loop.run_in_executor(
+                    tokenizer, prompt_tokens, worker.pair, req, budget)
+                gen = gen_params(req, config.defaults)
+                make = lambda pair: (tokens, gen)  # noqa: E731 - the job's one line
+            else:
+                make = partial(prepare, req=req, defaults=config.defaults, budget=budget)
+            job = Job(make=make, sink=sink)
             worker.submit(job)
         except QueueFull as exc:
             raise ApiError(429, f"the server is busy: {exc}; retry later",
                            type="rate_limit_error", code="queue_full",
                            headers={"Retry-After": "1"}) from None
+        except TandemError as exc:
+            _raise_failure(("error", exc))
+            raise
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         now = int(time.time())
         watch = asyncio.ensure_future(_disconnected(request))
@@ -136,18 +189,21 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
             first = await _next(events, watch)
             if first is None:
                 job.cancel.set()
+                log(499)
                 return JSONResponse({}, status_code=499)  # nobody is listening
             _raise_failure(first)
             if req.stream:
                 watch.cancel()  # from here the stream response watches the connection
-                stream = _stream(req, rid, now, config.model_id, events, first)
+                stream = _stream(req, rid, now, config.model_id, events, first, log)
                 handed_over = True
                 return EngineStream(stream, job.cancel, media_type="text/event-stream",
                                     headers=SSE_HEADERS)
             answer = await _answer(events, watch, first)
             if answer is None:
                 job.cancel.set()
+                log(499)
                 return JSONResponse({}, status_code=499)  # nobody is listening
+            log(200, answer.stats)
             return JSONResponse(protocol.completion(req, rid, now, config.model_id,
                                                     answer.text, answer.reason, answer.stats))
         finally:
@@ -162,8 +218,10 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
                    Route(prefix + "/models", models, methods=["GET"])]
     routes += [Route("/health", health, methods=["GET"]),
                Route("/v1/health", health, methods=["GET"])]
-    return Starlette(routes=routes, exception_handlers={
+    app = Starlette(routes=routes, exception_handlers={
         ApiError: api_error, HTTPException: http_error, Exception: server_error})
+    app.state.tokenizer = tokenizer
+    return app
 
 
 async def _answer(events: asyncio.Queue, watch, first):
@@ -178,8 +236,9 @@ async def _answer(events: asyncio.Queue, watch, first):
     return item[1]
 
 
-async def read_json(request: Request, limit: int) -> dict:
-    """The body as a JSON object, read up to `limit` bytes (413 beyond, before parsing)."""
+async def read_json(request: Request, limit: int, timeout: float = REQUEST_TIMEOUT) -> dict:
+    """The body as a JSON object, read up to `limit` bytes (413 beyond, before parsing)
+    within `timeout` seconds (408 after: a body trickled in holds a connection)."""
     ctype = request.headers.get("content-type")
     if ctype is not None and ctype.split(";")[0].strip().lower() != "application/json":
         raise ApiError(415, f"the body must be application/json, got {ctype!r} (curl: add "
@@ -189,15 +248,23 @@ async def read_json(request: Request, limit: int) -> dict:
                        code="request_too_large")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_big
-    chunks, size = [], 0
-    try:
+    chunks: list[bytes] = []
+
+    async def read() -> None:
+        size = 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
                 raise too_big
             chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(read(), timeout)
     except ClientDisconnect:
         raise ApiError(400, "the client went away while sending the body") from None
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {timeout:g} s",
+                       code="request_timeout", headers={"Connection": "close"}) from None
     return protocol.parse_json(b"".join(chunks))
 
 
@@ -238,9 +305,11 @@ def _raise_failure(item) -> None:
                        headers={"Retry-After": "1"})
 
 
-async def _stream(req, rid: str, created: int, model: str, events: asyncio.Queue, first):
+async def _stream(req, rid: str, created: int, model: str, events: asyncio.Queue, first,
+                  log=lambda status, stats=None: None):
     """Server-sent events: a role chunk (chat), a chunk per piece of text, the finish chunk
-    with timings, the usage chunk if asked, then [DONE]."""
+    with timings, the usage chunk if asked, then [DONE]. `log` gets the outcome (the status
+    is 200 once the headers are out; a client gone mid-stream is a 499)."""
     chunk = partial(protocol.chunk, req, rid, created, model)
     if req.kind == "chat":
         yield protocol.sse(chunk(role=True, text=""))
@@ -250,6 +319,7 @@ async def _stream(req, rid: str, created: int, model: str, events: asyncio.Queue
         if what == "text":
             yield protocol.sse(chunk(text=value))
         elif what in ("done", "cancelled"):
+            log(200 if what == "done" else 499, value.stats)
             yield protocol.sse(chunk(reason=value.reason, stats=value.stats))
             if req.include_usage:
                 yield protocol.sse(chunk(stats=value.stats, usage_only=True))
@@ -258,6 +328,7 @@ async def _stream(req, rid: str, created: int, model: str, events: asyncio.Queue
             try:
                 _raise_failure(item)
             except ApiError as exc:
+                log(exc.status)
                 yield protocol.sse(exc.body())
             break
         item = await events.get()
@@ -304,12 +375,14 @@ def serve(worker: EngineWorker, config: ServeConfig, sock: socket.socket,
 
     app = build_app(worker, config)
     server = uvicorn.Server(uvicorn.Config(
-        app, http="h11", loop="asyncio", lifespan="off", log_level="info" if verbose else "warning",
-        access_log=verbose, timeout_graceful_shutdown=5, server_header=False))
+        app, http=guarded(config.timeout), loop="asyncio", lifespan="off",
+        log_level="info" if verbose else "warning", access_log=verbose,
+        timeout_keep_alive=IDLE_TIMEOUT, timeout_graceful_shutdown=5, server_header=False))
     worker.start()
     try:
         server.run(sockets=[sock])
     finally:
+        app.state.tokenizer.shutdown(wait=False, cancel_futures=True)
         worker.stop()
         sock.close()
     if not server.started:

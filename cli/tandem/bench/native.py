@@ -1,0 +1,25 @@
+"""llama.cpp's own tools (llama-server, llama-bench, llama-speculative-simple...), built by
+scripts/build_native.sh from the source the pinned llama-cpp-python vendors, with our CMake
+flags: the one place the benchmark scripts find or build them (the build folder is the shell
+script's to compute, so it is computed once). Needs a checkout: the build script lives there."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+BUILD = ROOT / "scripts" / "build_native.sh"
+
+
+def native_bin(build: bool = True) -> Path | None:
+    """The tools' directory; built first when `build` (minutes on a CPU, once), else None
+    when they are not built yet."""
+    if not BUILD.exists():
+        raise SystemExit(f"Error: {BUILD} is missing: llama.cpp's tools need a tandem checkout")
+    res = subprocess.run([str(BUILD)] + ([] if build else ["--dir"]), capture_output=True,
+                         text=True)
+    if res.returncode != 0:
+        if not build:
+            return None
+        raise SystemExit(f"Error: scripts/build_native.sh failed:\n{res.stderr[-2000:]}")
+    return Path(res.stdout.strip().splitlines()[-1])

@@ -1,0 +1,73 @@
+"""A request's prompt, checked cheaply before it is expensive: its size in bytes against the
+context first, then its tokens, out of the engine thread where the pair allows it.
+
+Why: tokenizing is not linear for every vocabulary (an SPM one took 25 s for 1.6 MB here), and
+a request waiting for the tokenizer in the engine thread held up every other. A token stands
+for at most `max_token_bytes` bytes of text, so a prompt of more than n_ctx x that many bytes
+cannot fit and is refused without tokenizing; a larger-than-usual one is tokenized a prefix
+first (enough text for the whole context at a few bytes a token) and refused if that prefix
+alone fills the context.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from tandem.errors import ContextOverflowError
+
+# below this many bytes a token, on average, text is unusual (long runs of one character):
+# a prompt's prefix of n_ctx x this many bytes is tokenized first to find one over the context
+PROBE_BYTES_PER_TOKEN = 8
+UNKNOWN_TOKEN_BYTES = 1024  # a vocabulary whose longest token could not be read
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a prompt may hold: the target's context in tokens, and its vocabulary's longest
+    token in UTF-8 bytes (models/vocab.py reads it off the GGUF header's token list)."""
+
+    n_ctx: int
+    max_token_bytes: int = UNKNOWN_TOKEN_BYTES
+
+
+def _texts(req) -> list[str]:
+    return [m["content"] for m in req.messages] if req.kind == "chat" else [req.prompt]
+
+
+def _overflow(n_tokens: int | str, n_ctx: int) -> ContextOverflowError:
+    return ContextOverflowError(
+        f"the prompt has {n_tokens} tokens but the context holds {n_ctx}",
+        "send fewer or shorter messages, or restart tandem serve with a larger --ctx-size")
+
+
+def check_size(req, budget: Budget) -> None:
+    """Refuse at once a prompt that cannot fit: more bytes than the context's tokens can
+    stand for. No tokenizer is involved; this runs before the request is queued."""
+    size = sum(len(t.encode("utf-8")) for t in _texts(req))
+    if size > budget.n_ctx * budget.max_token_bytes:
+        at_least = -(-size // budget.max_token_bytes)
+        raise _overflow(f"at least {at_least} ({size} bytes)", budget.n_ctx)
+
+
+def prompt_tokens(pair, req, budget: Budget, local: bool = True) -> list[int]:
+    """The request's prompt tokens (the chat template for chat, the raw prompt for
+    /v1/completions), refused once they reach the context. Thread-safe for a local
+    PairSession (llama_tokenize reads the vocabulary only, as llama-server's HTTP threads use
+    it); there a text much longer than the context holds has a prefix tokenized first
+    (`local`: a remote pair tokenizes in its worker, whole)."""
+    probe = budget.n_ctx * PROBE_BYTES_PER_TOKEN
+    for text in _texts(req) if local else ():
+        if len(text) > probe:  # characters: at least as many bytes
+            head = pair.target.tokenize(text[:probe], add_special=False, parse_special=False)
+            if len(head) > budget.n_ctx:
+                raise _overflow(f"more than {budget.n_ctx}", budget.n_ctx)
+    tokens = tokens_of(pair, req)
+    if len(tokens) >= budget.n_ctx:
+        raise _overflow(len(tokens), budget.n_ctx)
+    return tokens
+
+
+def tokens_of(pair, req) -> Sequence[int]:
+    if req.kind == "chat":
+        return pair.prompt_tokens(list(req.messages))
+    return pair.prompt_tokens([{"role": "user", "content": req.prompt}], raw=True)
