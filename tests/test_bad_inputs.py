@@ -818,18 +818,95 @@ def test_run_shows_download_progress_and_notes_a_damaged_file(monkeypatch, tmp_p
     monkeypatch.setattr(catalog, "get_pair", lambda name=None: pair)
     buf = io.StringIO()
     view = ProgressView(Console(file=buf, width=200), bars=False)
-    t, d = app.resolve_models("tiny", None, None, view, view.note)
+    t, d = app.resolve_models("tiny", None, None, view, view.note, yes=True)
     assert t.is_file() and d.is_file()
     assert "Downloading org/tiny-GGUF/target.gguf" in buf.getvalue()
+    assert "Note: tiny is not on disk: a download of unknown size (target.gguf, draft.gguf)" \
+        in buf.getvalue()
     # damage the draft: same name, other size -> fetched again, and said so
     data = d.read_bytes()
     d.unlink()  # the store file may be a link into the HF cache: replace it, not the blob
     d.write_bytes(data[:100])
     buf.truncate(0)
     buf.seek(0)
-    app.resolve_models("tiny", None, None, view, view.note)
+    app.resolve_models("tiny", None, None, view, view.note, yes=True)
     assert "Note: draft.gguf in the store does not match its record" in buf.getvalue()
     assert d.read_bytes() == data  # fetched again (here from the HF cache)
+
+
+def test_a_large_download_needs_a_yes(monkeypatch, tmp_path, fake_hub, capsys):
+    """A pair not on disk names its size before downloading; over CONFIRM_DOWNLOAD_BYTES
+    (here a catalog size of 3 GB, served by the fake hub as the tiny models) `run` asks at a
+    terminal and is refused elsewhere without --yes, and nothing is downloaded; with --yes
+    it downloads and answers. Below the limit it downloads with a note."""
+    import io
+    from dataclasses import replace
+
+    from tandem.commands import options
+    from tandem.commands.app import main
+    from tandem.models import catalog
+    from tandem.models.refs import hub_spec
+
+    for key, value in _fake_hub_env(fake_hub.url, tmp_path / "hf").items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TANDEM_STRATEGY", "draft")
+    monkeypatch.setenv("TANDEM_THREADS", "1")
+
+    def use_pair(gb: float):
+        specs = [replace(hub_spec("org/tiny-GGUF", f), approx_size=int(gb / 2 * 1e9))
+                 for f in ("target.gguf", "draft.gguf")]
+        pair = catalog.PairSpec(name="tinypair", target=specs[0], draft=specs[1])
+        monkeypatch.setattr(catalog, "get_pair", lambda name=None: pair)
+
+    def run(*args):
+        monkeypatch.setattr(sys, "argv", ["tandem", "run", "tinypair", "--raw", "-n", "4",
+                                          *args, "hi"])
+        if not sys.stdin.isatty():  # nothing piped in
+            monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO()))
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        return code, *capsys.readouterr()
+
+    def fetched() -> int:  # GETs of the files so far (the hub serves the whole module)
+        return len(fake_hub.gets("target.gguf")) + len(fake_hub.gets("draft.gguf"))
+
+    served = fetched()
+    use_pair(3.0)
+    code, out, err = run()
+    assert code == EXIT_USAGE and out == "", err
+    assert ("Error: tinypair is not on disk and needs a ~3.0 GB download (target.gguf, "
+            "draft.gguf); a download over 2.0 GB or of unknown size needs a yes") in err
+    assert "Hint: pass --yes to download it, or run `tandem pull tinypair` first" in err
+    assert fetched() == served
+    # at a terminal it asks; "no" downloads nothing
+    asked = []
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr(options.typer, "confirm", lambda text, **kw: asked.append(text) or False)
+    code, out, err = run()
+    assert code == EXIT_USAGE and "not downloading tinypair" in err
+    assert asked and asked[0].startswith("tinypair is not on disk and needs a ~3.0 GB download")
+    assert asked[0].endswith("Download it now?") and fetched() == served
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: False, raising=False)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    code, out, err = run("--yes")
+    assert code == EXIT_OK, err
+    assert "Note: tinypair is not on disk: a ~3.0 GB download (target.gguf, draft.gguf)" in err
+    assert out.strip() and fetched() > served
+    # on disk now: not a word about downloads
+    code, out, err = run()
+    assert code == EXIT_OK and "not on disk" not in err
+    # a small pair downloads with a note, no question
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home2"))
+    use_pair(1.6)
+    code, out, err = run()
+    assert code == EXIT_OK, err
+    assert "Note: tinypair is not on disk: a ~1.6 GB download (target.gguf, draft.gguf) into " \
+        f"{tmp_path / 'home2'}" in err
 
 
 # ---------------------------------------------------------------------- the exit code table

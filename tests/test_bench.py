@@ -4,6 +4,7 @@ configurations, the interleaved plan, run_bench against a scripted session, and 
 from __future__ import annotations
 
 import csv
+from dataclasses import replace
 import io
 import json
 import shutil
@@ -282,7 +283,8 @@ def test_choose_needs_a_gain_beyond_the_spread():
 def test_report_serialises_to_json(results):
     report = rep.aggregate(results, [PLAIN, DRAFT, NGRAM], meta={"target": "t.gguf"})
     doc = json.loads(json.dumps(report.to_dict()))
-    assert set(doc) == {"meta", "partial", "configs", "categories", "cells"}
+    assert set(doc) == {"meta", "partial", "configs", "categories", "cells", "load", "verdict",
+                        "load_warning"}
     cell = next(c for c in doc["cells"] if c["config"] == "draft" and c["category"] == "overall")
     assert cell["speedup"] == pytest.approx(2.0) and cell["compared"] == 3
     assert cell["acceptance_by_position"] == pytest.approx([5 / 6, 3 / 6, 2 / 5, 1 / 4])
@@ -292,7 +294,7 @@ def test_markdown(results):
     report = rep.aggregate(results, [PLAIN, DRAFT, NGRAM], meta={"target": "t.gguf"})
     md = rep.to_markdown(report)
     assert md.startswith("# spec-bench report\n") and "Partial" not in md
-    assert "- target: t.gguf" in md
+    assert "| target | t.gguf |" in md
     assert "| category | plain | draft | ngram |" in md
     overall = next(line for line in md.splitlines() if line.startswith("| **overall**"))
     assert "2.00x [1.25-3.00] 200.0 tok/s" in overall and "1.00x [1.00-1.00] 100.0 tok/s" in overall
@@ -339,6 +341,94 @@ def test_svg_is_xml_even_with_markup_in_names():
     titles = [t.firstChild.data for t in doc.getElementsByTagName("title")]
     assert "draft on Q&A <short>: 2.50x" in titles and "plain on overall: 1.00x" in titles
     assert len(doc.getElementsByTagName("rect")) == 2 * 2 + 2  # bars for 2 categories + legend
+
+
+AUTO = BenchConfig("auto", "auto")
+
+
+def _issue_run(busy_draft: float | None = None) -> list[RunResult]:
+    """The run issue 32 describes: auto 1.02x and the draft model 0.71x of plain, on three
+    prompts of two categories; the draft runs of category B measured at `busy_draft`."""
+    out = []
+    for p in (P1, P2, P3):
+        out += [recorded("plain", p, tokens_per_second=100.0),
+                recorded("draft", p, tokens_per_second=71.0),
+                recorded("auto", p, tokens_per_second=102.0)]
+        if p.category == "B":
+            out[-2].busy = busy_draft
+    return out
+
+
+def test_the_verdict_line_comes_from_the_run():
+    report = rep.aggregate(_issue_run(), [PLAIN, DRAFT, AUTO])
+    line = "best here: auto 1.02x of plain; draft model 0.71x: it does not pay on this machine"
+    assert rep.verdict(report) == line
+    md = rep.to_markdown(report)
+    assert md.startswith(f"# spec-bench report\n\n**{line}**\n")  # first, before the tables
+    assert report.to_dict()["verdict"] == line
+    # nothing beats plain decoding: the verdict says so, with the closest configuration
+    slow = [r for r in _issue_run() if r.config != "auto"]
+    assert rep.verdict(rep.aggregate(slow, [PLAIN, DRAFT])) == (
+        "best here: plain decoding; no configuration beat it (closest: draft 0.71x)")
+    # a draft model that pays is said to pay; the best one alone needs no second clause
+    fast = [replace(r, tokens_per_second=150.0) if r.config == "draft" else r
+            for r in _issue_run()]
+    assert rep.verdict(rep.aggregate(fast, [PLAIN, DRAFT, AUTO])) == "best here: draft 1.50x of plain"
+    fast = [replace(r, tokens_per_second=101.0) if r.config == "draft" else r
+            for r in _issue_run()]
+    assert rep.verdict(rep.aggregate(fast, [PLAIN, DRAFT, AUTO])).endswith(
+        "; draft model 1.01x: it pays here")
+    assert rep.verdict(rep.aggregate(_issue_run()[:1], [PLAIN])).startswith("no verdict")
+
+
+def test_busy_runs_are_marked_and_their_rows_named():
+    """A ratio measured while other processes took the CPU is marked busy wherever it is
+    shown (tables, chart, verdict), and the warning names the rows it touched."""
+    quiet = rep.aggregate(_issue_run(busy_draft=0.05), [PLAIN, DRAFT, AUTO])
+    assert rep.load_warning(quiet) is None and "busy" not in rep.to_markdown(quiet).split(
+        "## Acceptance")[0].replace('"busy"', "")
+    report = rep.aggregate(_issue_run(busy_draft=0.63), [PLAIN, DRAFT, AUTO])
+    assert report.load == {"runs": 9, "busy_runs": 1, "peak": 0.63}
+    assert report.cell("draft", "B").busy_runs == 1 and report.cell("draft", "A").busy_runs == 0
+    assert rep.ratio_text(report.cell("draft", "B")) == "0.71x busy"
+    assert rep.ratio_text(report.cell("draft", "A")) == "0.71x"
+    warning = rep.load_warning(report)
+    assert warning.startswith("the machine's load changed during the run: 1 of 9 runs")
+    assert "up to 63% of the CPU" in warning and "marked busy: B (draft)" in warning
+    md = rep.to_markdown(report)
+    assert f"**Warning**: {warning}" in md
+    row_b = next(line for line in md.splitlines() if line.startswith("| B |"))
+    assert "0.71x busy [" in row_b
+    assert "busy" in rep.verdict(report)
+    # a busy plain run makes the ratios set against it busy too
+    runs = _issue_run()
+    runs[0].busy = 0.9  # plain on p1
+    report = rep.aggregate(runs, [PLAIN, DRAFT, AUTO])
+    assert report.cell("draft", "A").busy_runs == 1 and report.cell("auto", "A").busy_runs == 1
+    assert "A (draft, auto)" in rep.load_warning(report)
+    labels = [t.firstChild.data for t in xml.dom.minidom.parseString(
+        rep.to_svg(report)).getElementsByTagName("text")]
+    assert "0.71 busy" in labels and "1.02" in labels  # category B's auto: quiet
+
+
+def test_the_report_header_is_a_table_not_python_data():
+    meta = {"target": "t.gguf", "drafts": ["a.gguf", "b.gguf"], "greedy": True, "threads": 2,
+            "costs": {"verify_ms": {"plain": {1: 49.53, 2: 60.1}},
+                      "drafts": {"a.gguf": {"ms_per_token": 20.0, "relative_to_target": 0.4}}}}
+    md = rep.to_markdown(rep.aggregate(_issue_run(), [PLAIN, DRAFT, AUTO], meta=meta))
+    assert "{" not in md and "49.53" not in md  # no raw Python data
+    for row in ("| setting | value |", "| target | t.gguf |", "| drafts | a.gguf, b.gguf |",
+                "| greedy | yes |", "| threads | 2 |", "| plain | 49.5 | 60.1 |",
+                "| a.gguf | 20.0 | 0.40 |"):
+        assert row in md, row
+
+
+def test_the_chart_prints_its_values_on_the_bars():
+    report = rep.aggregate(_issue_run(), [PLAIN, DRAFT, AUTO])
+    doc = xml.dom.minidom.parseString(rep.to_svg(report))
+    labels = [t.firstChild.data for t in doc.getElementsByTagName("text")]
+    # one per bar: 3 configurations x (2 categories + overall)
+    assert labels.count("1.00") == 3 and labels.count("0.71") == 3 and labels.count("1.02") == 3
 
 
 def test_write_outputs(results, tmp_path):
@@ -768,3 +858,14 @@ def test_tuned_file_on_a_full_disk_leaves_nothing_behind(tmp_path, monkeypatch):
         tuned_file.save(path, {"overall": None}, {})
     assert err.value.errno == errno.ENOSPC
     assert list(path.parent.iterdir()) == []
+
+
+def test_spec_bench_eta_from_the_runs_so_far():
+    from tandem.commands.bench import eta_text
+
+    assert eta_text(0, 20, 0.0) == ""  # nothing measured yet: no guess
+    assert eta_text(2, 20, 20.0) == "about 3 min left"  # 10 s a run, 18 to go
+    assert eta_text(10, 20, 50.0) == "about 50 s left"
+    assert eta_text(19, 20, 19.0) == "about 5 s left"
+    assert eta_text(1, 1000, 30.0) == "about 8.3 h left"
+    assert eta_text(20, 20, 99.0) == "done"

@@ -185,6 +185,45 @@ def test_save_markdown_and_json(pair, tmp_path):
         chat.command("/save")
 
 
+def test_save_closes_the_code_fence_of_an_answer_cut_at_the_token_limit(pair, tmp_path):
+    """An answer stopped by --max-tokens inside a code block left its fence open, and the
+    rest of the saved file rendered as code: /save closes it (markdown only; the JSON keeps
+    the answer as generated)."""
+    from tandem.chat.transcript import Turn, open_fence
+    from tandem.engine.stats import GenStats
+
+    chat = ChatSession(pair, gen=GenParams(max_tokens=8))
+    cut = "Here it is:\n\n```python\ndef add(a, b):\n    return a +"
+    chat.turns += [Turn("write add()", cut, "length", "draft", GenStats(n_generated=8)),
+                   Turn("and a tilde one", "~~~~\ncode\n~~~\nstill code", "length", "draft"),
+                   Turn("thanks", "You're welcome.", "eos", "draft")]
+    chat.command(f"/save {tmp_path / 'chat.md'}")
+    md = (tmp_path / "chat.md").read_text()
+    assert open_fence(md) is None
+    assert "    return a +\n```\n\n_8 tokens" in md  # closed before the turn's summary
+    assert "still code\n~~~~\n" in md  # closed with its own marker, as long as it opened
+    # the headings after the cut answers are outside any code block
+    before_thanks = md[:md.index("## User\n\nthanks")]
+    assert open_fence(before_thanks) is None
+    chat.command(f"/save {tmp_path / 'chat.json'}")
+    doc = json.loads((tmp_path / "chat.json").read_text())
+    assert doc["messages"][1]["content"] == cut
+
+
+def test_open_fence_follows_commonmark():
+    from tandem.chat.transcript import closed_fences, open_fence
+
+    assert open_fence("no code") is None
+    assert open_fence("```\nx\n```") is None
+    assert open_fence("```js\nx") == "```"
+    assert open_fence("````\n```\nstill inside") == "````"  # a shorter fence does not close
+    assert open_fence("```\nx\n``` not a close") == "```"  # a closing fence has no text
+    assert open_fence("~~~\n```\n") == "~~~"  # nor the other character
+    assert open_fence("``` inline ` code") is None  # a backtick after ``` is not a fence
+    assert closed_fences("```\nx\n") == "```\nx\n```"
+    assert closed_fences("plain") == "plain"
+
+
 def test_slash_command_parsing():
     assert parse_command("hello") is None
     assert parse_command("//etc/passwd is a file") is None
@@ -250,14 +289,50 @@ def test_plain_rate_is_measured_here(pair):
     assert rate and rate > 0 and "12-token plain probe" in chat.plain_source
     # the latest measurement alone, with when it was taken: the live view compares with it
     # only while it is recent
-    latest, source, when = chat.latest_plain
+    latest, source, when = chat.latest_plain.rate, chat.latest_plain.source, chat.latest_plain.when
     assert latest == pytest.approx(rate) and source == "12-token plain probe"
     assert t0 <= when <= time.perf_counter()
     assert chat.turns == []  # the probe is not part of the conversation
     chat.command("/strategy none")
     answer(chat, "count")
     assert "plain turns of this chat" in chat.plain_source
-    assert chat.latest_plain[1] == "plain turns of this chat" and chat.latest_plain[2] >= when
+    assert chat.latest_plain.source == "plain turns of this chat" and chat.latest_plain.when >= when
+
+
+def test_stats_compare_turns_only_with_plain_measured_at_the_same_load(pair):
+    """/stats' speculative ratio counts only the turns that had a plain measurement under
+    30 s old taken at the same load; a busy turn is never set against a quiet probe (which
+    once gave "speculative 0.12x")."""
+    import io
+
+    from rich.console import Console
+    from tandem.chat.speed import PlainMeasure, plain_for
+    from tandem.chat.transcript import Turn
+    from tandem.chat.tui import ChatView
+    from tandem.engine.stats import GenStats
+
+    chat = ChatSession(pair, gen=GenParams(max_tokens=16))
+    chat.plain_log.append(PlainMeasure(10.0, "16-token plain probe", 100.0, 0.02))
+
+    def turn(started, busy):  # 20 tokens in 1 s: 2x the probe's 10 tok/s
+        return Turn("q", "a", "eos", "draft", GenStats(n_generated=20, t_total=1.0),
+                    started=started, busy=busy)
+
+    chat.turns += [turn(110.0, 0.01), turn(112.0, 0.70), turn(200.0, 0.0)]
+    assert plain_for(chat.plain_log, chat.turns[0]) is chat.plain_log[0]
+    assert plain_for(chat.plain_log, chat.turns[1]) is None  # busy against a quiet probe
+    assert plain_for(chat.plain_log, chat.turns[2]) is None  # 100 s after the probe
+    vs = chat.vs_plain()
+    assert vs == {"ratio": pytest.approx(2.0), "compared": 1, "speculative": 3, "busy": 1}
+    out = io.StringIO()
+    ChatView(Console(file=out, width=200)).show_stats(chat.session_stats())
+    text = out.getvalue()
+    assert "2.00× vs plain over 1 of 3 turns" in text and "1 of them ran while the machine " \
+        "was busy" in text
+    chat.turns[0].busy = 0.9  # now no turn compares: no ratio at all
+    out = io.StringIO()
+    ChatView(Console(file=out, width=200)).show_stats(chat.session_stats())
+    assert "×" not in out.getvalue() and "not compared: none of 3 turns" in out.getvalue()
 
 
 @pytest.mark.slow

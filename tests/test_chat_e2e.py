@@ -187,3 +187,7 @@ def test_chat_through_a_pipe(tiny_models, tmp_path):
     assert "strategy: none" in out and "tokens · plain decoding" in out
     assert summaries(out) == 2
     assert "Bye." in out and "Error:" not in res.stderr
+    # the first answer kept for drafting says so, once, with how to turn it off
+    assert out.count("tandem keeps its answers in") == 1
+    assert "--no-history" in out and "tandem history clear" in out
+    assert (tmp_path / "home" / "history" / ".noted").is_file()

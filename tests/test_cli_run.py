@@ -185,3 +185,45 @@ def test_no_color_is_respected(cli):
         pytest.skip("help output has no colour here even when forced")
     res = cli("--raw", "-n", "8", "--stats", "hi", env={**forced, "NO_COLOR": "1"})
     assert res.returncode == EXIT_OK and not _colour_codes(text(res) + err(res))
+
+
+def test_a_first_word_that_looks_like_a_pair_is_named_before_generating(cli):
+    """`tandem run nosuchpair hello` once answered "nosuchpair hello" without a word: a first
+    word that reads as a pair name but is none is said on stderr (with the close catalog
+    names) before the answer, which still comes; a quoted prompt is never taken for a pair."""
+    res = cli("--raw", "-n", "4", "nosuchpair", "hello")
+    assert res.returncode == EXIT_OK, err(res)
+    assert err(res).startswith("Warning: 'nosuchpair' is not a pair name: the prompt is "
+                               "'nosuchpair hello'. `tandem pairs` lists the pairs")
+    assert text(res)  # the answer came
+    close = cli("--raw", "-n", "4", "qwen7b", "hello")
+    assert close.returncode == EXIT_OK
+    assert "'qwen7b' is not a pair name (close pairs: qwen2.5-7b" in err(close)
+    for prompt in (["nosuchpair hello"], ["repair", "this"], ["explain", "hash", "maps"]):
+        quiet = cli("--raw", "-n", "4", *prompt)
+        assert quiet.returncode == EXIT_OK and "pair name" not in err(quiet), prompt
+
+
+def test_the_first_kept_answer_says_where_and_how_to_turn_it_off(cli, tmp_path):
+    """Answers are kept for drafting by default: the first run that keeps one says so once
+    on stderr (a marker file in TANDEM_HOME), with the way out; later runs say nothing."""
+    home = tmp_path / "home"
+    env = {"TANDEM_HOME": str(home)}
+    off = cli("--raw", "-n", "16", "--no-history", "hello there", env=env)
+    assert off.returncode == EXIT_OK and "keeps its answers" not in err(off)
+    first = cli("--raw", "-n", "16", "hello there", env=env)
+    assert first.returncode == EXIT_OK, err(first)
+    note = [line for line in err(first).splitlines() if "keeps its answers" in line]
+    assert note == [f"Note: tandem keeps its answers in {home / 'history'} so that `auto` can "
+                    "draft from text repeated later (said once). --no-history (or `history: "
+                    "off` in config.yaml, TANDEM_HISTORY=off) turns it off; `tandem history "
+                    "clear` deletes them."]
+    assert text(first) and "keeps its answers" not in text(first)  # stdout: the answer only
+    assert (home / "history" / ".noted").is_file()
+    again = cli("--raw", "-n", "16", "hello there", env=env)
+    assert again.returncode == EXIT_OK and "keeps its answers" not in err(again)
+    # clearing the answers keeps the marker: the note is not repeated
+    cleared = subprocess.run([sys.executable, "-m", "tandem", "history", "clear"],
+                             capture_output=True, env={**os.environ, "TANDEM_HOME": str(home)})
+    assert cleared.returncode == EXIT_OK and b"cleared 1 history" in cleared.stdout
+    assert "keeps its answers" not in err(cli("--raw", "-n", "16", "hello there", env=env))

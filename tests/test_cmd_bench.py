@@ -104,7 +104,11 @@ def test_quick_run_progress_on_stderr_only(quick):
     err = res.stderr.decode()
     lines = [line for line in err.splitlines() if PROGRESS.match(line)]
     assert [PROGRESS.match(line).groups() for line in lines] == [(str(i), "20") for i in range(1, 21)]
+    # each line says how long the rest will take (from the mean time of the runs so far)
+    assert all(re.search(r" · about \d+(\.\d)? (s|min|h) left$", line) for line in lines[:-1]), lines
+    assert lines[-1].endswith(" · done") and "20 runs" in err.splitlines()
     assert "wrote" in err and "tuned:" in err
+    assert "not saved" not in err  # --out was given
     assert "tok/s" not in res.stdout.decode() and "[1/20]" not in res.stdout.decode()
 
 
@@ -113,6 +117,7 @@ def test_quick_run_writes_the_files(quick):
     assert sorted(p.name for p in out.iterdir()) == FILES
     report = json.loads((out / "report.json").read_text())
     assert report["partial"] is False and len(report["runs"]) == 20
+    assert report["verdict"].startswith(("best here: ", "partial: ")), report["verdict"]
     assert report["cells"] == json.loads(res.stdout.decode())["cells"]
     csv_lines = (out / "runs.csv").read_text().splitlines()
     assert csv_lines[0].startswith("config,prompt_id,category,rep,") and len(csv_lines) == 21
@@ -134,7 +139,7 @@ def test_quick_run_never_tunes_from_two_prompts_per_category(quick, home):
     assert "not tuned: no configuration convinced" in err and "at least 3 prompts" in err
     doc = json.loads(res.stdout.decode())
     assert doc["meta"]["tuning"].startswith("profile kept")
-    assert "tuning: profile kept" in (out / "report.md").read_text()
+    assert "| tuning | profile kept" in (out / "report.md").read_text()
 
 
 # ------------------------------------------------------------------ Ctrl-C
@@ -198,6 +203,11 @@ def test_jsonl_prompts_from_stdin_and_markdown_when_piped(cli):
     # stdout piped without --json: the Markdown report, progress stays on stderr
     assert out.startswith("# spec-bench report") and "| greet |" in out and "| sea |" in out
     assert "[1/4]" not in out and "[1/4]" in res.stderr.decode()
+    # the verdict comes first, from this run's figures; nothing was saved, and stderr says so
+    assert re.match(r"\*\*best here: (ngram \d+\.\d\dx( busy)? of plain|plain decoding)",
+                    out.splitlines()[2]), out.splitlines()[2]
+    assert ("Note: the report was not saved (no --out): pass --out DIR to keep report.json, "
+            "runs.csv, report.md and speedup.svg.") in res.stderr.decode()
 
 
 def test_text_prompts_from_stdin(cli):

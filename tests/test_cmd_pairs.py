@@ -75,7 +75,7 @@ def test_pairs_lists_the_catalog(cli, home):
     for name in catalog.pair_names():
         assert any(line.startswith(name) for line in lines), name
     assert "qwen2.5-coder-1.5b (default)" in out
-    assert "~20.4 GB" in out and "~23 GB" in out  # approximate, and marked so
+    assert "~20.4 GB" in out and re.search(r"~\d+(\.\d)? GiB", out)  # approximate, and marked so
     assert "Error" not in err and "approximate" in err
     assert cli("pairs", "list")[1] == out
 
@@ -90,7 +90,7 @@ def test_pairs_json_catalog_shape(cli, home):
     families = {p["target"]["repo"].split("/")[1].split("-")[0].lower() for p in pairs}
     assert {"qwen2.5", "qwen3", "meta", "llama", "gemma", "deepseek"} <= families
     for p in pairs:
-        assert p["good_for"] and p["memory_gb"] and p["approx_size"], p["name"]
+        assert p["good_for"] and p["memory"] and p["approx_size"], p["name"]
         for m in (p["target"], p["draft"]):
             assert re.fullmatch(r"[\w.-]+/[\w.-]+", m["repo"])
             assert m["file"].lower().endswith("q4_k_m.gguf"), m
@@ -300,3 +300,24 @@ def test_real_process_keeps_stdout_and_stderr_apart(tmp_path, tiny_models):
     p = subprocess.run([sys.executable, "-m", "tandem", "pairs", "--json"],
                        capture_output=True, text=True, env=env, timeout=60)
     assert p.returncode == 0 and len(json.loads(p.stdout)["pairs"]) >= 10
+
+
+def test_pairs_and_hw_show_one_memory_figure(cli, home):
+    """`pairs` once said ~2.2 GB for the default pair (a catalog guess) where `hw` planned
+    1.8 GiB: both show the planner's figure now, for every pair, table and JSON alike."""
+    code, out, _ = cli("pairs", "--json")
+    assert code == 0
+    pairs = {p["name"]: p for p in json.loads(out)["pairs"]}
+    for name in ("qwen2.5-coder-1.5b", "qwen3-8b", "llama3.3-70b"):
+        code, hw_out, err = cli("hw", "--pair", name, "--json")
+        assert code == 0, err
+        plan = json.loads(hw_out)["plan"]
+        planned = plan["target"]["total"] + plan["draft"]["total"]
+        assert pairs[name]["memory"] == planned, name
+        assert pairs[name]["memory_estimated"] is True  # nothing on disk in this home
+    code, table, notes = cli("pairs")
+    from tandem.fsutil import fmt_bytes
+
+    row = next(line for line in table.splitlines() if line.startswith("qwen2.5-coder-1.5b"))
+    assert f"~{fmt_bytes(pairs['qwen2.5-coder-1.5b']['memory'])}" in row
+    assert "as `tandem hw --pair PAIR` plans them" in notes

@@ -294,8 +294,8 @@ def test_vs_plain_uses_this_answers_own_plain_steps():
     # 10 plain steps of 0.1 s, then 5 steps of 4 drafts all accepted at 0.2 s each: 35 tokens
     # in 2.0 s of steps = 17.5 tok/s against 10 tok/s plain
     state = _auto_answer(0.1, [(4, 4, 0.2)] * 5)
-    speedup, plain, what = state.comparison()
-    assert plain == pytest.approx(10.0) and speedup == pytest.approx(1.75)
+    speedup, plain, what, busy = state.comparison()
+    assert plain == pytest.approx(10.0) and speedup == pytest.approx(1.75) and busy is None
     assert what == "10 plain steps of this answer"
     text = export(render(state, width=120))
     assert "1.75× vs plain 10.0 tok/s (measured here: 10 plain steps of this answer)" in text
@@ -316,3 +316,102 @@ def test_the_two_draft_limits_say_which_is_which():
     assert "n-gram draft ≤ 16" in text  # the longest n-gram draft a step may carry
     ngram = feed(LiveState(strategy="ngram", n_max=6), evs)
     assert "n-gram draft ≤ 6" in export(render(ngram, width=120))
+
+
+# ----- a ratio measured on a busy machine (issue 32) -----
+# "x vs plain" is a speed against plain decoding measured in the same conditions; a busy
+# machine's ratio is marked busy ("busy: 1.75× ...") or not shown, never a plain "× vs plain".
+VS_PLAIN = "× vs plain"
+
+
+def _all_text(state) -> str:
+    return export(render(state, width=120)) + summary_text(state)
+
+
+def summary_text(state) -> str:
+    from tandem.chat.tui import summary_line
+
+    return summary_line(state, 120) + "\n" + summary_line(state, 40)
+
+
+def test_a_busy_answer_is_not_compared_with_a_quiet_probe():
+    """The probe ran on a quiet machine; another program then took 60% of the CPU during
+    the answer: the recent probe is no measure of plain decoding now (chat once said
+    "speculative 0.12x")."""
+    evs, t_end = recorded_events()
+    state = feed(LiveState(strategy="draft", n_max=4, plain_rate=10.0, plain_source="probe",
+                           plain_at=t_end - 5, plain_busy=0.02), evs)
+    state.now = t_end
+    assert state.comparison() is not None  # same load: compared
+    assert VS_PLAIN in _all_text(state)
+    state.busy = 0.60
+    assert state.comparison() is None
+    text = _all_text(state)
+    assert "×" not in text
+    assert "not comparable" in text and "60% of the CPU now, 2% at the plain" in text
+    assert "not comparable (busy)" in export(render(state, width=40))
+    # the other way round: a probe measured busy says nothing of a quiet answer
+    state.busy, state.plain_busy = 0.01, 0.70
+    assert state.comparison() is None and "×" not in _all_text(state)
+
+
+def test_a_busy_ratio_against_its_own_plain_steps_is_marked_busy():
+    """The answer's own plain steps ran under the same load as its drafts: the ratio may be
+    shown, marked busy, never as a plain "× vs plain"."""
+    state = _auto_answer(0.1, [(4, 4, 0.2)] * 5)
+    state.busy = 0.55
+    cmp = state.comparison()
+    assert cmp is not None and cmp.busy == 0.55 and cmp.speedup == pytest.approx(1.75)
+    for text in (export(render(state, width=120)), export(render(state, width=40)),
+                 summary_text(state)):
+        assert VS_PLAIN not in text and "busy: 1.75×" in text
+    assert "other processes used 55% of the CPU" in export(render(state, width=120))
+
+
+def test_the_view_measures_the_load_of_each_answer():
+    """ChatView takes each answer's load from its meter and says so in the summary."""
+
+    class Meter:
+        def __init__(self, share):
+            self.value = share
+
+        def start(self):
+            return self
+
+        def share(self):
+            return self.value
+
+    evs, t_end = recorded_events()
+    for share, expect_ratio in ((0.03, True), (0.8, False)):
+        out = io.StringIO()
+        clock = iter([evs[0][0]] + [t for t, _ in evs] + [t_end] * 10)
+        view = ChatView(Console(file=out, width=120), live=False, clock=lambda: next(clock),
+                        load=lambda: Meter(share))
+        view.set_plain_rate(10.0, "probe", evs[0][0], 0.02)
+        view.start_answer("draft", 4)
+        for _, ev in evs:
+            view.event(ev)
+        view.finish()
+        assert (VS_PLAIN in out.getvalue()) is expect_ratio, out.getvalue()
+        assert ("×" in out.getvalue()) is expect_ratio
+
+
+def test_the_header_says_how_the_plain_rate_is_used():
+    from tandem.chat.speed import PlainMeasure
+    from tandem.chat.tui import plain_banner
+
+    quiet = plain_banner(PlainMeasure(31.2, "16-token plain probe", 0.0, 0.02))
+    assert quiet.startswith("plain decoding measured here: 31.2 tok/s (16-token plain probe)")
+    assert "for 30 s, at the same load" in quiet
+    loaded = plain_banner(PlainMeasure(9.5, "16-token plain probe", 0.0, 0.53))
+    assert "while other processes used 53% of the CPU" in loaded
+
+
+def test_stats_compare_only_turns_measured_like_their_plain_rate():
+    from tandem.chat.tui import vs_plain_text
+
+    assert vs_plain_text({"ratio": None, "compared": 0, "speculative": 3, "busy": 2}) == (
+        "not compared: none of 3 turns had a plain measurement under 30 s old, taken at the "
+        "same load (/strategy none for a plain turn); 2 of them ran while the machine was busy")
+    text = vs_plain_text({"ratio": 1.234, "compared": 2, "speculative": 3, "busy": 1})
+    assert text.startswith("1.23× vs plain over 2 of 3 turns")

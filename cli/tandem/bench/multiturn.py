@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Sequence
 
 import yaml
 
-from tandem.bench.runner import BenchConfig, BenchProgress, RunResult, _run_one
+from tandem.bench.runner import BenchConfig, BenchProgress, RunResult, measured_run
 from tandem.bench import workloads
 from tandem.bench.workloads import Prompt
 from tandem.engine.history import Library
@@ -95,10 +95,10 @@ def run_conversations(session, convs: Sequence[Conversation], configs: Sequence[
             for a in history:
                 library.history.add(a)
             session.library = library
-            done = _run_one(session, tokens, config, gen)
+            done, busy = measured_run(session, tokens, config, gen)
             done_runs += 1
             out[config.name] = (done, BenchProgress(done_runs, total, RunResult.from_done(
-                config.name, Prompt(pid, category, text), 0, done)))
+                config.name, Prompt(pid, category, text), 0, done, busy)))
         return out
 
     for conv in convs:

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Sequence
 
 from tandem.bench.runner import BenchConfig, RunResult, first_difference  # noqa: F401 (re-exported)
+from tandem.bench.verdict import OVERALL, load_warning, ratio_text, verdict
 from tandem.fsutil import atomic_write_text
+from tandem.machine.load import busy
 
-OVERALL = "overall"
 # In fast mode a greedy divergence whose two tokens' logits (plain decoding's, at that
 # position) are closer than this is a near-tie flip: batched and single-token kernels round
 # differently, on the 1.5B target by up to 0.69 for any logit and 0.31 for the winning one
@@ -54,6 +55,7 @@ class Cell:
     # per decode step
     e2e_speedup: float | None = None
     step_ms: float = 0.0
+    busy_runs: int = 0  # runs measured on a busy machine (or their plain run): marked busy
 
 
 @dataclass
@@ -63,13 +65,16 @@ class Report:
     cells: list[Cell]
     partial: bool = False
     meta: dict = field(default_factory=dict)
+    # the load over the runs: {"runs", "busy_runs", "peak": the largest share other processes
+    load: dict = field(default_factory=dict)  # took of the CPU during a run (None: unknown)}
 
     def cell(self, config: str, category: str = OVERALL) -> Cell | None:
         return next((c for c in self.cells if c.config == config and c.category == category), None)
 
     def to_dict(self) -> dict:
         return {"meta": self.meta, "partial": self.partial, "configs": self.configs,
-                "categories": self.categories, "cells": [asdict(c) for c in self.cells]}
+                "categories": self.categories, "cells": [asdict(c) for c in self.cells],
+                "load": self.load, "verdict": verdict(self), "load_warning": load_warning(self)}
 
 
 def _quantile(xs: Sequence[float], q: float) -> float:
@@ -97,17 +102,23 @@ def aggregate(results: Sequence[RunResult], configs: Sequence[BenchConfig], gree
             if runs:
                 cells.append(_cell(config, category, runs, plain, greedy, config.name == plain_name,
                                    exact))
-    return Report([c.to_dict() for c in configs], categories, cells, partial, meta or {})
+    shares = [r.busy for r in results if r.busy is not None]
+    load = {"runs": len(results), "busy_runs": sum(1 for r in results if busy(r.busy)),
+            "peak": max(shares) if shares else None}
+    return Report([c.to_dict() for c in configs], categories, cells, partial, meta or {}, load)
 
 
 def _cell(config: BenchConfig, category: str, runs: list[RunResult], plain: dict, greedy: bool,
           is_plain: bool, exact: bool = False) -> Cell:
     ratios, identical, compared, mismatches, near_ties = [], 0, 0, [], 0
     e2e = []
+    busy_runs = sum(1 for r in runs if busy(r.busy))
     for r in runs:
         base = plain.get((r.prompt_id, r.rep))
         if base is None:
             continue
+        if not is_plain and busy(base.busy) and not busy(r.busy):
+            busy_runs += 1
         if base.tokens_per_second > 0:
             ratios.append(r.tokens_per_second / base.tokens_per_second)
         # end to end compares the same work only where both evaluated the same prompt tokens
@@ -153,7 +164,7 @@ def _cell(config: BenchConfig, category: str, runs: list[RunResult], plain: dict
         prompts=len({r.prompt_id for r in runs}),
         steps_by_drafted=_steps_by_drafted(sum(r.n_steps for r in runs), d_at),
         e2e_speedup=statistics.median(e2e) if e2e else None,
-        step_ms=1000 * statistics.median(r.step_s for r in runs))
+        step_ms=1000 * statistics.median(r.step_s for r in runs), busy_runs=busy_runs)
 
 
 def _steps_by_drafted(n_steps: int, drafted_at: Sequence[int]) -> list[int]:
@@ -185,7 +196,7 @@ def to_csv(results: Sequence[RunResult]) -> str:
     buf = io.StringIO()
     cols = ["config", "prompt_id", "category", "rep", "n_generated", "tokens_per_second",
             "t_decode", "drafted", "accepted", "n_steps", "t_draft", "t_verify", "t_sample",
-            "reason", "tokens_per_second_own", "t_prefill", "t_e2e", "step_s"]
+            "reason", "tokens_per_second_own", "t_prefill", "t_e2e", "step_s", "busy"]
     w = csv.writer(buf)
     w.writerow(cols)
     for r in results:
@@ -197,15 +208,47 @@ def _fmt(x: float | None, spec: str = ".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+# meta entries with a section of their own in the report, not a row of its header
+_OWN_SECTIONS = ("costs", "predictions")
+
+
+def header_rows(meta: dict) -> list[tuple[str, str]]:
+    """The report header as (setting, value) rows of readable text: lists joined, the cost
+    figures and predictions left to their own tables."""
+    rows = []
+    for key, value in meta.items():
+        if key in _OWN_SECTIONS:
+            continue
+        if isinstance(value, (list, tuple)):
+            value = ", ".join(str(v) for v in value) or "-"
+        elif isinstance(value, dict):
+            value = ", ".join(f"{k} {v}" for k, v in value.items()) or "-"
+        elif isinstance(value, bool):
+            value = "yes" if value else "no"
+        rows.append((key.replace("_", " "), str(value)))
+    return rows
+
+
+def _cell_text(s: str) -> str:
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
 def to_markdown(report: Report) -> str:
-    lines = ["# spec-bench report", ""]
+    """Over 80 lines because the report is one document read top to bottom: each section's
+    table follows its explanation, in the order a reader needs them."""
+    lines = ["# spec-bench report", "", f"**{verdict(report)}**", ""]
     if report.partial:
         lines += ["**Partial results**: the run was interrupted.", ""]
-    for k, v in report.meta.items():
-        lines.append(f"- {k}: {v}")
+    warning = load_warning(report)
+    if warning:
+        lines += [f"**Warning**: {warning}", ""]
+    lines += ["| setting | value |", "|---|---|"]
+    lines += [f"| {k} | {_cell_text(v)} |" for k, v in header_rows(report.meta)]
     lines += ["", "Speedup is the median over prompts of decode tokens/s divided by plain "
               "decoding's on the same prompt in the same run; the bracket is its 25th-75th percentile. "
-              "Tokens/s count end-of-text as llama-server does (a predicted token).", ""]
+              "Tokens/s count end-of-text as llama-server does (a predicted token). \"busy\": "
+              "some of the cell's runs (or plain decoding's on the same prompts) were measured "
+              "while other processes took the CPU.", ""]
     names = [c["name"] for c in report.configs]
     lines.append("| category | " + " | ".join(names) + " |")
     lines.append("|---" * (len(names) + 1) + "|")
@@ -214,7 +257,7 @@ def to_markdown(report: Report) -> str:
         for name in names:
             c = report.cell(name, category)
             row.append("-" if c is None else
-                       f"{_fmt(c.speedup)}x [{_fmt(c.speedup_lo)}-{_fmt(c.speedup_hi)}] "
+                       f"{ratio_text(c)} [{_fmt(c.speedup_lo)}-{_fmt(c.speedup_hi)}] "
                        f"{c.tokens_per_second:.1f} tok/s")
         label = f"**{category}**" if category == OVERALL else category
         lines.append(f"| {label} | " + " | ".join(row) + " |")
@@ -255,6 +298,12 @@ def to_markdown(report: Report) -> str:
         for name, curve in curves.items():
             row = {int(k): v for k, v in curve.items()}
             lines.append(f"| {name} | " + " | ".join(f"{row[n]:.1f}" if n in row else "-" for n in sizes) + " |")
+    drafts = costs.get("drafts") or {}
+    if drafts:
+        lines += ["", "## Draft-model cost", "",
+                  "| draft | ms per token | relative to a target token |", "|---|---|---|"]
+        lines += [f"| {_cell_text(name)} | {d.get('ms_per_token', 0):.1f} | "
+                  f"{d.get('relative_to_target', 0):.2f} |" for name, d in drafts.items()]
     predictions = report.meta.get("predictions") or {}
     for profile, pred in predictions.items():
         lines += ["", f"## Prediction for profile `{profile}` (a model, not a measurement)", "",
@@ -313,14 +362,14 @@ def to_svg(report: Report) -> str:
     cats = report.categories + [OVERALL]
     colors = ["#8c8c8c", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
               "#e377c2", "#17becf", "#bcbd22"]
-    vals = [[(report.cell(n, c).speedup if report.cell(n, c) and report.cell(n, c).speedup else 0.0)
-             for n in names] for c in cats]
+    grid = [[report.cell(n, c) for n in names] for c in cats]
+    vals = [[(cell.speedup if cell and cell.speedup else 0.0) for cell in row] for row in grid]
     top = max([v for row in vals for v in row] + [1.5])
     bar, gap, left, height = 14, 18, 60, 260
     group = bar * len(names) + gap
     width = left + group * len(cats) + 200
-    y = lambda v: 30 + height - v / top * height  # noqa: E731
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 110}" '
+    y = lambda v: 55 + height - v / top * height  # noqa: E731
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 150}" '
            'font-family="sans-serif" font-size="11">',
            f'<text x="{left}" y="18" font-size="13">Speedup over plain decoding (measured)</text>']
     for t in range(0, int(top * 2) + 1):
@@ -334,8 +383,13 @@ def to_svg(report: Report) -> str:
             x = x0 + ni * bar
             out.append(f'<rect x="{x:.1f}" y="{y(v):.1f}" width="{bar - 2}" height="{y(0) - y(v):.1f}" '
                        f'fill="{colors[ni % len(colors)]}"><title>{_xml(names[ni])} on {_xml(cat)}: {v:.2f}x</title></rect>')
-        out.append(f'<text x="{x0 + bar * len(names) / 2:.1f}" y="{height + 48}" text-anchor="end" '
-                   f'transform="rotate(-35 {x0 + bar * len(names) / 2:.1f} {height + 48})">{_xml(cat)}</text>')
+            if v > 0:  # the value on the bar itself, read upwards from its top
+                cx, ty = x + (bar - 2) / 2 + 3, y(v) - 3
+                label = f"{v:.2f}" + (" busy" if grid[ci][ni].busy_runs else "")
+                out.append(f'<text x="{cx:.1f}" y="{ty:.1f}" font-size="9" '
+                           f'transform="rotate(-90 {cx:.1f} {ty:.1f})">{label}</text>')
+        out.append(f'<text x="{x0 + bar * len(names) / 2:.1f}" y="{height + 73}" text-anchor="end" '
+                   f'transform="rotate(-35 {x0 + bar * len(names) / 2:.1f} {height + 73})">{_xml(cat)}</text>')
     for ni, name in enumerate(names):
         ly = 40 + ni * 16
         lx = left + group * len(cats) + 16

@@ -10,6 +10,7 @@ from tandem.engine.events import DoneEvent
 from tandem.engine.llama import ContextParams
 from tandem.engine.strategies import DraftParams
 from tandem.engine.speculative import GenParams
+from tandem.machine.load import LoadMeter
 
 
 @dataclass(frozen=True)
@@ -66,9 +67,11 @@ class RunResult:
     t_e2e: float = 0.0  # prompt + decode
     step_s: float = 0.0  # decode time per decode step
     n_prompt_eval: int = 0  # prompt tokens evaluated (the rest came from the KV cache)
+    busy: float | None = None  # share of the CPU other processes took during it (None: unknown)
 
     @classmethod
-    def from_done(cls, config: str, prompt: Prompt, rep: int, done: DoneEvent) -> "RunResult":
+    def from_done(cls, config: str, prompt: Prompt, rep: int, done: DoneEvent,
+                  busy: float | None = None) -> "RunResult":
         s = done.stats
         c = tandem_counts(s.n_generated, done.reason == "eos", s.n_steps, s.t_prefill,
                           s.t_decode)
@@ -77,7 +80,7 @@ class RunResult:
                    list(s.drafted_at), list(s.accepted_at), s.t_draft, s.t_verify, s.t_sample,
                    done.reason, list(done.tokens), done.text, list(s.notes),
                    tokens_per_second_own=s.tokens_per_second, t_prefill=s.t_prefill,
-                   t_e2e=c.t_e2e, step_s=c.step_s, n_prompt_eval=s.n_prompt_eval)
+                   t_e2e=c.t_e2e, step_s=c.step_s, n_prompt_eval=s.n_prompt_eval, busy=busy)
 
 
 @dataclass(frozen=True)
@@ -124,8 +127,8 @@ def run_bench(session, prompts: Sequence[Prompt], configs: Sequence[BenchConfig]
             return
         # cold: every run evaluates its whole prompt, as `tandem run` does, so that end-to-end
         # times compare the same work (the previous configuration left this prompt cached)
-        done = _run_one(session, prompt_tokens(prompt), config, gen, cold=True)
-        yield BenchProgress(n, total, RunResult.from_done(config.name, prompt, rep, done))
+        done, busy = measured_run(session, prompt_tokens(prompt), config, gen, cold=True)
+        yield BenchProgress(n, total, RunResult.from_done(config.name, prompt, rep, done, busy))
 
 
 def classify_divergences(session, prompts: Sequence[Prompt], configs: Sequence[BenchConfig],
@@ -177,6 +180,15 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 def asdict_gen(gen: GenParams) -> dict:
     return {f: getattr(gen, f) for f in gen.__dataclass_fields__}
+
+
+def measured_run(session, tokens: list[int], config: BenchConfig, gen: GenParams,
+                 cold: bool = False) -> tuple[DoneEvent, float | None]:
+    """One recorded run and the share of the CPU other processes took meanwhile (a ratio
+    measured on a busy machine is marked busy in the report)."""
+    load = LoadMeter().start()
+    done = _run_one(session, tokens, config, gen, cold)
+    return done, load.share()
 
 
 def _run_one(session, tokens: list[int], config: BenchConfig, gen: GenParams,

@@ -25,6 +25,8 @@ from tandem.engine.strategies import DraftParams
 from tandem.engine.speculative import GenParams
 from tandem.engine.stats import GenStats
 from tandem.errors import ContextOverflowError, UsageError
+from tandem.chat.speed import PlainMeasure, vs_plain
+from tandem.machine.load import LoadMeter
 
 PLAIN_PROBE_PROMPT = "Write a short Python function that adds two numbers."
 
@@ -125,14 +127,18 @@ class ChatSession:
         self._plain_tokens = 0  # plain-decoding tokens measured on this machine, this pair
         self._plain_time = 0.0
         self.plain_source = ""  # how the plain rate was measured
-        # the latest plain measurement alone, and when (time.perf_counter): the live view
-        # compares with it only while it is recent (chat/tui.py, PLAIN_FRESH_S)
-        self.latest_plain: tuple[float, str, float] | None = None  # (tok/s, source, when)
+        # the plain measurements, latest last: an answer is compared with the latest one
+        # only while it is recent and was taken at the same load (machine/load.py)
+        self.plain_log: list[PlainMeasure] = []
 
     # ----- state -----
     @property
     def n_ctx(self) -> int:
         return self.pair.target_ctx.n_ctx
+
+    @property
+    def latest_plain(self) -> PlainMeasure | None:
+        return self.plain_log[-1] if self.plain_log else None
 
     @property
     def plain_rate(self) -> float | None:
@@ -183,14 +189,16 @@ class ChatSession:
             yield Notice("dropped",
                          f"context full: dropped the {_plural(dropped, 'oldest turn')} "
                          f"({kept} kept, prompt {len(tokens)} of {self.n_ctx} tokens)", dropped)
-        turn = Turn(user=text, strategy=self.strategy)
+        turn = Turn(user=text, strategy=self.strategy, started=time.perf_counter())
         answer = Answer(self.pair, tokens, self._turn_gen(), self.strategy, self.draft)
         stream = answer.events()
+        load = LoadMeter().start()
         try:
             yield from stream
         finally:
             stream.close()
             turn.assistant, turn.reason, turn.stats = answer.text, answer.reason, answer.stats
+            turn.busy = load.share()
             if not answer.failed:  # an error: the message is not part of the conversation
                 self.turns.append(turn)
                 self._learn_plain(turn)
@@ -222,12 +230,12 @@ class ChatSession:
     def _learn_plain(self, turn: Turn) -> None:
         st = turn.stats
         if turn.strategy == "none" and st is not None and st.n_generated >= 8 and st.t_decode > 0:
-            self._add_plain(st.n_generated, st.t_decode, "plain turns of this chat")
+            self._add_plain(st.n_generated, st.t_decode, "plain turns of this chat", turn.busy)
 
-    def _add_plain(self, n: int, seconds: float, source: str) -> None:
+    def _add_plain(self, n: int, seconds: float, source: str, load: float | None) -> None:
         self._plain_tokens += n
         self._plain_time += seconds
-        self.latest_plain = (n / seconds, source, time.perf_counter())
+        self.plain_log.append(PlainMeasure(n / seconds, source, time.perf_counter(), load))
         if source not in self.plain_source:
             self.plain_source = f"{self.plain_source} + {source}" if self.plain_source else source
 
@@ -246,13 +254,17 @@ class ChatSession:
             return self.plain_rate
         gen = GenParams(max_tokens=max_tokens, sampling=SamplingParams(), ignore_eos=True)
         done = None
+        load = LoadMeter().start()
         for ev in self.pair.generate(tokens, gen, strategy="none", record=False):
             if isinstance(ev, DoneEvent):
                 done = ev
         if done is not None and done.stats.n_generated and done.stats.t_decode > 0:
             self._add_plain(done.stats.n_generated, done.stats.t_decode,
-                            f"{done.stats.n_generated}-token plain probe")
+                            f"{done.stats.n_generated}-token plain probe", load.share())
         return self.plain_rate
+
+    def vs_plain(self) -> dict:
+        return vs_plain(self.plain_log, self.turns)
 
     # ----- slash commands -----
     def command(self, line: str) -> CommandResult | None:
@@ -372,6 +384,7 @@ class ChatSession:
             "tokens": n_all,
             "tokens_per_second": n_all / t_all if t_all > 0 else 0.0,
             "speculative_tokens_per_second": total.tokens_per_second,
+            "vs_plain": self.vs_plain(),
             "drafted": total.drafted,
             "accepted": total.accepted,
             "acceptance_rate": total.acceptance_rate,
@@ -381,6 +394,7 @@ class ChatSession:
             "acceptance_by_position": total.acceptance_by_position,
             "plain_tokens_per_second": self.plain_rate,
             "plain_source": self.plain_source,
+            "plain_busy": self.latest_plain.busy if self.latest_plain else None,
             "last_prompt_tokens": last.n_prompt if last else 0,
             "last_prompt_evaluated": last.n_prompt_eval if last else 0,
         }

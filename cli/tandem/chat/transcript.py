@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -19,6 +20,8 @@ class Turn:
     reason: str = ""  # eos | length | stop | context | interrupted
     strategy: str = "none"
     stats: GenStats | None = None
+    started: float = 0.0  # time.perf_counter() when the answer began
+    busy: float | None = None  # share of the CPU other processes took meanwhile (machine/load)
 
 
 def to_dict(turns: Sequence[Turn], *, system: str | None, target: str, draft: str | None,
@@ -48,11 +51,40 @@ def to_markdown(turns: Sequence[Turn], *, system: str | None, target: str,
     if system:
         lines += ["## System", "", system, ""]
     for t in turns:
-        lines += ["## User", "", t.user, "",
-                  "## Assistant", "", t.assistant or "_(no text)_", ""]
+        # an answer cut at the token limit may stop inside a code block: closed here, or the
+        # rest of the file renders as code
+        lines += ["## User", "", closed_fences(t.user), "",
+                  "## Assistant", "", closed_fences(t.assistant) or "_(no text)_", ""]
         if t.stats is not None:
             lines += [f"_{turn_summary(t)}_", ""]
     return "\n".join(lines)
+
+
+_FENCE = re.compile(r" {0,3}(`{3,}|~{3,})(.*)$")
+
+
+def open_fence(text: str) -> str | None:
+    """The code fence a markdown text leaves open at its end (its marker: ``` or ~~~, as
+    long as it was opened), or None. A fence closes with the same character, at least as
+    many of them, and nothing after them (CommonMark)."""
+    fence = None
+    for line in text.splitlines():
+        m = _FENCE.match(line)
+        if m is None:
+            continue
+        mark, rest = m.groups()
+        if fence is None:
+            if not (mark[0] == "`" and "`" in rest):  # ``` with a backtick after is inline
+                fence = mark
+        elif mark[0] == fence[0] and len(mark) >= len(fence) and not rest.strip():
+            fence = None
+    return fence
+
+
+def closed_fences(text: str) -> str:
+    """`text` with the code fence it leaves open, if any, closed on a line of its own."""
+    fence = open_fence(text)
+    return text if fence is None else text.rstrip("\n") + "\n" + fence
 
 
 def save(path: Path, turns: Sequence[Turn], *, system: str | None, target: str,

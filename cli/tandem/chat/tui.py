@@ -13,7 +13,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.live import Live
@@ -25,8 +25,10 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from tandem.chat.transcript import open_fence
 from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
 from tandem.engine.stats import GenStats
+from tandem.machine.load import FRESH_S, LoadMeter, busy, busy_text, same_load
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
 RATE_WINDOW = 1.0  # seconds of tokens behind the "now" rate
@@ -37,9 +39,20 @@ TAIL_CHARS = 6000  # the live view renders only the end of a long answer
 # answer's own plain steps (auto decodes plainly where drafting does not pay; the fallback
 # guard does too), once there are this many...
 MIN_PLAIN_STEPS = 8
-# ...else a plain measurement (the start-up probe, a plain turn) at most this old: a shared
-# machine's load changes within a minute (issue 25: 2.64x, then 0.45x a minute later)
-PLAIN_FRESH_S = 30.0
+# ...else a plain measurement (the start-up probe, a plain turn) at most this old and taken
+# at the same load (machine/load.py)
+PLAIN_FRESH_S = FRESH_S
+
+
+class Comparison(NamedTuple):
+    """This answer against plain decoding: the ratio, the plain tok/s, what that rate is,
+    and the load when the machine was busy while both were measured (only this answer's
+    own plain steps are compared on a busy machine, and the ratio then says so)."""
+
+    speedup: float
+    plain: float
+    what: str
+    busy: float | None = None
 
 
 @dataclass
@@ -52,6 +65,8 @@ class LiveState:
     plain_rate: float | None = None  # measured plain decoding tok/s for this pair, this machine
     plain_source: str = ""
     plain_at: float | None = None  # when it was measured (the view's clock); None: unknown
+    plain_busy: float | None = None  # share of the CPU other processes took meanwhile
+    busy: float | None = None  # the same during this answer so far (set by the view)
     parts: list[tuple[str, bool]] = field(default_factory=list)  # (text, from_draft)
     steps: GenStats = field(default_factory=GenStats)  # tokens, drafts, acceptance so far
     draft_len: int | None = None  # draft length asked of the drafter at the latest step
@@ -153,20 +168,42 @@ class LiveState:
     def by_position(self) -> list[float]:
         return self.steps.acceptance_by_position
 
-    def comparison(self) -> tuple[float, float, str] | None:
-        """(speedup, plain tok/s, what the plain rate is) against plain decoding measured in
-        similar conditions: this answer's own plain steps, else a recent plain measurement;
-        None when there is neither (no ratio is better than one against a stale rate)."""
+    def comparison(self) -> Comparison | None:
+        """This answer against plain decoding measured in the same conditions: its own plain
+        steps (on a busy machine too, and then marked busy), else a plain measurement at most
+        PLAIN_FRESH_S old taken at the same load; None when there is neither (no ratio is
+        better than one against a stale or differently loaded rate)."""
         if (self.plain_steps >= MIN_PLAIN_STEPS and self.plain_time > 0 and self.step_time > 0):
             plain = self.plain_steps / self.plain_time
-            return ((self.step_tokens / self.step_time) / plain, plain,
-                    f"{self.plain_steps} plain steps of this answer")
-        if (self.plain_rate and self.plain_at is not None and self.avg_rate > 0
-                and 0 <= self.now - self.plain_at <= PLAIN_FRESH_S):
+            return Comparison((self.step_tokens / self.step_time) / plain, plain,
+                              f"{self.plain_steps} plain steps of this answer",
+                              self.busy if busy(self.busy) else None)
+        if self._recent_plain() and same_load(self.busy, self.plain_busy):
             age = self.now - self.plain_at
             source = f"{self.plain_source}, " if self.plain_source else ""
-            return self.avg_rate / self.plain_rate, self.plain_rate, f"{source}{age:.0f} s ago"
+            return Comparison(self.avg_rate / self.plain_rate, self.plain_rate,
+                              f"{source}{age:.0f} s ago")
         return None
+
+    def _recent_plain(self) -> bool:
+        return bool(self.plain_rate and self.plain_at is not None and self.avg_rate > 0
+                    and 0 <= self.now - self.plain_at <= PLAIN_FRESH_S)
+
+    def no_comparison(self, narrow: bool = False) -> str:
+        """Why there is no ratio (when comparison() is None)."""
+        if self._recent_plain():  # recent, but measured at another load
+            if narrow:
+                return "vs plain: not comparable (busy)"
+            def pct(share):
+                return "?" if share is None else f"{share:.0%}"
+
+            return (f"vs plain: not comparable, the load differs (other processes: "
+                    f"{pct(self.busy)} of the CPU now, {pct(self.plain_busy)} at the plain "
+                    "measurement)")
+        if self.plain_rate:
+            return (f"vs plain: no recent measurement (the last is over {PLAIN_FRESH_S:.0f} s "
+                    "old)" if not narrow else "vs plain: none recent")
+        return "speedup: no plain rate measured yet"
 
     @property
     def speedup(self) -> float | None:
@@ -230,18 +267,18 @@ def panel_lines(state: LiveState, width: int | None = None) -> list[Text]:
     cmp = state.comparison()
     if state.strategy == "none":
         speed.append("plain decoding (no drafts)")
+    elif cmp is not None and cmp.busy is not None:
+        speed.append(f"busy: {cmp.speedup:.2f}×", style="bold")
+        speed.append(f" {cmp.what}" if narrow else
+                     f" {cmp.what} ({_fmt_rate(cmp.plain)} tok/s; {busy_text(cmp.busy)})")
     elif cmp is not None:
-        speedup, plain, what = cmp
-        speed.append(f"{speedup:.2f}×", style="bold")
+        speed.append(f"{cmp.speedup:.2f}×", style="bold")
         if narrow:
-            speed.append(f" vs plain {_fmt_rate(plain)} (measured)")
+            speed.append(f" vs plain {_fmt_rate(cmp.plain)} (measured)")
         else:
-            speed.append(f" vs plain {_fmt_rate(plain)} tok/s (measured here: {what})")
-    elif state.plain_rate:
-        speed.append(f"vs plain: no recent measurement (the last is over {PLAIN_FRESH_S:.0f} s "
-                     "old)" if not narrow else "vs plain: none recent")
+            speed.append(f" vs plain {_fmt_rate(cmp.plain)} tok/s (measured here: {cmp.what})")
     else:
-        speed.append("speedup: no plain rate measured yet")
+        speed.append(state.no_comparison(narrow))
     lines.append(speed)
     draft_len = state.draft_len if state.draft_len is not None else state.n_max
     if state.strategy != "none":
@@ -293,8 +330,11 @@ def summary_line(state: LiveState, width: int | None = None) -> str:
     cmp = state.comparison()
     if state.strategy == "none":
         parts.append("plain decoding")
+    elif cmp is not None and cmp.busy is not None:
+        parts.append(f"busy: {cmp.speedup:.2f}× {cmp.what} ({busy_text(cmp.busy)})")
     elif cmp is not None:
-        parts.append(f"{cmp[0]:.2f}× vs plain {_fmt_rate(cmp[1])} tok/s (measured: {cmp[2]})")
+        parts.append(f"{cmp.speedup:.2f}× vs plain {_fmt_rate(cmp.plain)} tok/s "
+                     f"(measured: {cmp.what})")
     if state.strategy != "none" and state.drafted:
         parts.append(f"accepted {100 * state.acceptance_rate:.0f}% "
                      f"({state.accepted}/{state.drafted})")
@@ -308,6 +348,30 @@ def summary_line(state: LiveState, width: int | None = None) -> str:
     elif state.status == "interrupted":
         parts.append("stopped: Ctrl-C")
     return (" · " if width is None or width >= NARROW else "\n").join(parts)
+
+
+def plain_banner(measure) -> str:
+    """The chat header's plain rate (a conversation.PlainMeasure), with the rule the panel
+    compares by, so a header figure beside "no recent measurement" does not contradict it."""
+    rate = f"plain decoding measured here: {_fmt_rate(measure.rate)} tok/s ({measure.source}"
+    if busy(measure.busy):
+        return (f"{rate}, while {busy_text(measure.busy)}); answers are compared only with "
+                "plain decoding measured at the same load")
+    return (f"{rate}); answers are compared with it for {PLAIN_FRESH_S:.0f} s, at the same "
+            "load")
+
+
+def vs_plain_text(vs: dict) -> str:
+    """/stats' speculative turns against plain decoding (ChatSession.vs_plain): a ratio only
+    over the turns that had a plain measurement at the same load within PLAIN_FRESH_S."""
+    n, of = vs["compared"], vs["speculative"]
+    rule = (f"a plain measurement under {PLAIN_FRESH_S:.0f} s old, taken at the same load "
+            "(/strategy none for a plain turn)")
+    busy_note = (f"; {vs['busy']} of them ran while the machine was busy"
+                 if vs.get("busy") else "")
+    if vs.get("ratio") is None:
+        return f"not compared: none of {of} turns had {rule}{busy_note}"
+    return f"{vs['ratio']:.2f}× vs plain over {n} of {of} turns (those with {rule}){busy_note}"
 
 
 def render_panel(state: LiveState, width: int | None = None) -> RenderableType:
@@ -381,8 +445,8 @@ def markdown_tail(text: str, limit: int) -> str:
     if cut < 0:
         return text[-limit:]
     head, tail = text[:cut], text[cut + 1:]
-    fences = sum(1 for line in head.splitlines() if line.lstrip().startswith("```"))
-    return ("```\n" + tail) if fences % 2 else tail
+    fence = open_fence(head)
+    return f"{fence}\n{tail}" if fence else tail
 
 
 # ----- the view object -----
@@ -391,7 +455,9 @@ class ChatView:
 
     def __init__(self, console: Console | None = None, show_draft: bool = False,
                  live: bool | None = None, clock: Callable[[], float] = time.perf_counter,
-                 refresh_per_second: float = 8):
+                 refresh_per_second: float = 8, load: Callable[[], LoadMeter] = LoadMeter):
+        """`load()`: a LoadMeter for each answer (the share of the CPU other processes take
+        while it is generated)."""
         self.console = console or Console(highlight=False)
         self.show_draft = show_draft
         self.interactive = self.console.is_terminal if live is None else live
@@ -400,8 +466,11 @@ class ChatView:
         self.plain_rate: float | None = None
         self.plain_source = ""
         self.plain_at: float | None = None
+        self.plain_busy: float | None = None
         self.state: LiveState | None = None
         self._live: Live | None = None
+        self._load_meter = load
+        self._load: LoadMeter | None = None
 
     # --- session ---
     def banner(self, title: str, lines: Iterable[str] = ()) -> None:
@@ -429,18 +498,22 @@ class ChatView:
         return input(prompt)
 
     def set_plain_rate(self, rate: float | None, source: str = "",
-                       at: float | None = None) -> None:
-        """The latest plain measurement and when it was taken (this view's clock)."""
+                       at: float | None = None, load: float | None = None) -> None:
+        """The latest plain measurement, when it was taken (this view's clock) and the share
+        of the CPU other processes took meanwhile."""
         self.plain_rate, self.plain_source, self.plain_at = rate, source, at
+        self.plain_busy = load
         if self.state is not None:
             self.state.plain_rate, self.state.plain_source = rate, source
-            self.state.plain_at = at
+            self.state.plain_at, self.state.plain_busy = at, load
 
     # --- an answer ---
     def start_answer(self, strategy: str, n_max: int) -> None:
         self.state = LiveState(strategy=strategy, n_max=n_max, show_draft=self.show_draft,
                                plain_rate=self.plain_rate, plain_source=self.plain_source,
-                               plain_at=self.plain_at, now=self.clock())
+                               plain_at=self.plain_at, plain_busy=self.plain_busy,
+                               now=self.clock())
+        self._load = self._load_meter().start()
         if self.interactive:
             self._live = Live(console=self.console, transient=True, auto_refresh=True,
                               refresh_per_second=self.refresh_per_second,
@@ -453,7 +526,13 @@ class ChatView:
             return Text("")
         if st.status == "generating":
             st.now = self.clock()
+            self._measure_load()
         return render(st, self.console.width, self.console.height)
+
+    def _measure_load(self) -> None:
+        share = self._load.share() if self._load is not None else None
+        if share is not None:  # None: too short an interval to tell yet
+            self.state.busy = share
 
     def event(self, ev) -> None:
         """Any engine event of the answer being generated."""
@@ -479,6 +558,7 @@ class ChatView:
             st.status = "interrupted"
         elif st.status == "generating":
             st.status = "done"
+        self._measure_load()
         self._stop_live()
         if self.interactive:
             if st.parts:
@@ -558,12 +638,14 @@ class ChatView:
         plain = data.get("plain_tokens_per_second")
         if plain:
             line = f"{_fmt_rate(plain)} tok/s (measured here: {data['plain_source']})"
-            spec = data.get("speculative_tokens_per_second")
-            if spec and data["drafted"]:
-                line += f" · speculative {spec / plain:.2f}×"
+            if busy(data.get("plain_busy")):
+                line += f", the latest while busy ({busy_text(data['plain_busy'])})"
             rows.append(("plain", line))
         else:
             rows.append(("plain", "not measured"))
+        vs = data.get("vs_plain") or {}
+        if vs.get("speculative"):
+            rows.append(("speculative", vs_plain_text(vs)))
         rows.append(("last prompt", f"{data['last_prompt_tokens']} tokens, "
                                     f"{data['last_prompt_evaluated']} evaluated "
                                     "(rest from the KV cache)"))

@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
@@ -12,13 +13,14 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console, Group
 from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from tandem.bench.sweep import sweep_help
 from tandem.commands import options
 from tandem.errors import RemoteError, TandemError, UsageError
 from tandem.fsutil import check_input_file
+from tandem.machine.load import busy as is_busy
 
 SWEEP_HELP = sweep_help()  # from the sweep table, so a new key cannot be left out
 
@@ -36,15 +38,23 @@ def _live_table(report, names) -> Table:
         table.add_column(n, justify="right")
     if report is None:
         return table
-    from tandem.bench.report import OVERALL
+    from tandem.bench.report import OVERALL, ratio_text
 
     for cat in report.categories + [OVERALL]:
-        row = []
-        for n in names:
-            c = report.cell(n, cat)
-            row.append("-" if c is None or c.speedup is None else f"{c.speedup:.2f}x")
-        table.add_row(cat, *row)
+        table.add_row(cat, *(ratio_text(report.cell(n, cat)) for n in names))
     return table
+
+
+def eta_text(done: int, total: int, elapsed: float) -> str:
+    """The time left, from the mean time of the runs so far: "about 3 min left"."""
+    if done <= 0 or total <= done:
+        return "" if total > done else "done"
+    left = elapsed / done * (total - done)
+    if left < 60:
+        return f"about {max(5, round(left / 5) * 5):.0f} s left"
+    if left < 3600:
+        return f"about {round(left / 60):.0f} min left"
+    return f"about {left / 3600:.1f} h left"
 
 
 @app.command("spec-bench")
@@ -72,7 +82,7 @@ def spec_bench(
     predict: Annotated[Optional[list[str]], typer.Option("--predict", help="Also predict the speedup on this hardware profile from the measured acceptance (repeatable; labelled as a prediction).")] = None,
     predict_costs: Annotated[Optional[Path], typer.Option("--predict-costs", exists=True, dir_okay=False, help="Also predict the speedup with the costs scripts/gpu_check.sh measured on a machine (its JSON; shapes matched to this pair by model size).")] = None,
     tune: Annotated[bool, typer.Option("--tune", help="Save the fastest configuration for run, chat and --strategy auto.")] = False,
-    n_ctx, n_threads, exact, rpc, rpc_timeout, verbose,
+    n_ctx, n_threads, exact, rpc, rpc_timeout, verbose, yes,
 ):
     """Measure plain decoding against speculative strategies on a workload, side by side.
 
@@ -107,9 +117,10 @@ def spec_bench(
     prepared = options.prepare_pair(
         pair, model, model_draft, options.setting_flags(
             exact, strategy="none", n_max=n_max, n_min=n_min, p_min=p_min, n_ctx=n_ctx,
-            n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout), verbose)
+            n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout), verbose, yes)
     target_path, draft_path, planned = prepared.target, prepared.draft, prepared.options
-    draft_paths = [_fetch(ref) for ref in drafts] if drafts else ([draft_path] if draft_path else [])
+    draft_paths = ([_fetch(ref, yes) for ref in drafts] if drafts
+                   else ([draft_path] if draft_path else []))
     bench = BenchSession(request, target_path, draft_paths, planned, items, grid, conversations)
     err = Console(stderr=True, no_color=bool(os.environ.get("NO_COLOR")) or None)
     partial = _run(bench, err, verbose, as_json)
@@ -178,27 +189,32 @@ def _show_runs(bench, err: Console, verbose: bool, should_stop) -> None:
     from tandem.bench.runner import BenchProgress
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeRemainingColumn(), console=err)
-    task = progress.add_task("spec-bench", total=bench.total)
+                        TextColumn("{task.fields[eta]}"), console=err)
+    task = progress.add_task("spec-bench", total=bench.total, eta="")
     live = None
+    began = time.monotonic()
     try:
         for ev in bench.run(verbose, should_stop):
             if not isinstance(ev, BenchProgress):
                 err.print(ev, highlight=False)
                 continue
             if ev.result is None:  # the runs begin
+                began = time.monotonic()
+                err.print(f"{bench.total} runs", highlight=False)
                 if err.is_terminal:
                     live = Live(Group(progress, _live_table(None, bench.names)), console=err,
                                 refresh_per_second=4, transient=False)
                     live.start()
                 continue
-            progress.update(task, completed=ev.done)
+            eta = eta_text(ev.done, ev.total, time.monotonic() - began)
+            progress.update(task, completed=ev.done, eta=eta)
             if live:
                 live.update(Group(progress, _live_table(bench.live_report(), bench.names)))
             else:
                 r = ev.result
+                busy = " (busy)" if is_busy(r.busy) else ""
                 err.print(f"[{ev.done}/{ev.total}] {r.config:<24} {r.category:<14} "
-                          f"{r.tokens_per_second:6.2f} tok/s", highlight=False)
+                          f"{r.tokens_per_second:6.2f} tok/s{busy} · {eta}", highlight=False)
     finally:
         if live:
             live.stop()
@@ -212,9 +228,16 @@ def _show_outcome(bench, report, err: Console, as_json: bool) -> None:
     from tandem.bench import tune as tuning
     from tandem.models.store import tandem_home
 
+    warning = rep.load_warning(report)
+    if warning:
+        err.print(f"Warning: {warning}", highlight=False, soft_wrap=True)
     if bench.request.out is not None:
         files = bench.write_outputs(report)
         err.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)
+    else:
+        err.print("Note: the report was not saved (no --out): pass --out DIR to keep "
+                  "report.json, runs.csv, report.md and speedup.svg.", highlight=False,
+                  soft_wrap=True)
     if bench.tuned is not None:
         path = bench.save_tuned(tandem_home())
         if path is None:
@@ -227,14 +250,16 @@ def _show_outcome(bench, report, err: Console, as_json: bool) -> None:
     if as_json:
         print(json.dumps({**report.to_dict(), "runs": [asdict(r) for r in bench.results]}))
     elif sys.stdout.isatty():
-        Console(no_color=bool(os.environ.get("NO_COLOR")) or None).print(
-            _live_table(report, bench.names))
+        console = Console(no_color=bool(os.environ.get("NO_COLOR")) or None, highlight=False)
+        console.print(rep.verdict(report), style="bold", markup=False)
+        console.print(_live_table(report, bench.names))
     else:  # piped: the Markdown report, which does not depend on a terminal width
         sys.stdout.write(rep.to_markdown(report))
 
 
-def _fetch(ref: str) -> Path:
-    """A draft reference as a local file: a path, or pulled through the store."""
+def _fetch(ref: str, yes: bool) -> Path:
+    """A draft reference as a local file: a path, or pulled through the store (a large
+    download only with --yes or a yes at a terminal)."""
     from tandem.commands.progress import download_view
     from tandem.models import pairing
     from tandem.models.store import Store
@@ -246,6 +271,7 @@ def _fetch(ref: str) -> Path:
         return local
     view = download_view()
     try:
+        options.confirm_download(ref, [m.spec], store.models_dir, yes, view.note)
         return store.ensure(m.spec, progress=view)
     finally:
         view.close()

@@ -26,7 +26,7 @@ def chat(
     temp, top_k, top_p, min_p, repeat_penalty, seed, n_ctx, n_threads,
     show_draft: Annotated[bool, typer.Option("--show-draft", help="Colour the tokens the target accepted from the draft.")] = False,
     plain_probe: Annotated[int, typer.Option("--plain-probe", help="Tokens of plain decoding measured at start for the speedup figure (0: off; plain turns also count).")] = 16,
-    exact, context_file, no_history, rpc, rpc_timeout, verbose,
+    exact, context_file, no_history, rpc, rpc_timeout, verbose, yes,
 ):
     """Chat in the terminal, with live tokens/s, draft acceptance and speedup.
 
@@ -42,7 +42,7 @@ def chat(
       tandem chat --rpc 192.168.1.20:50052     # the target's layers on that rpc-server
     """
     from tandem.chat.conversation import ChatSession
-    from tandem.chat.tui import ChatView, make_console
+    from tandem.chat.tui import ChatView, make_console, plain_banner
     from tandem.config.schema import check_max_tokens
     from tandem.commands.engine import open_pair
     from tandem.engine.speculative import GenParams
@@ -61,7 +61,7 @@ def chat(
     prepared = options.prepare_pair(
         pair, model, model_draft, options.setting_flags(
             exact, no_history, strategy=strategy, n_max=n_max, n_min=n_min, p_min=p_min, n_ctx=n_ctx,
-            n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout), verbose)
+            n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout), verbose, yes)
     target_path, draft_path, opts = prepared.target, prepared.draft, prepared.options
     gen = GenParams(max_tokens=max_tokens, sampling=sampling)
     names = target_path.name + (f" + {Path(draft_path).name}" if draft_path else "")
@@ -76,13 +76,22 @@ def chat(
         if plain_probe > 0 and chat.strategy != "none":
             with view.loading(f"Measuring plain decoding on this machine ({plain_probe} tokens)…"):
                 chat.measure_plain(plain_probe)
-        view.set_plain_rate(*(chat.latest_plain or (None, "", None)))
+        _show_plain(view, chat)
         lines = [f"strategy {chat.strategy} · draft ≤ {chat.draft.n_max} · context {chat.n_ctx} tokens"]
-        if chat.plain_rate:
-            lines.append(f"plain decoding measured here: {chat.plain_rate:.1f} tok/s")
+        if chat.latest_plain is not None:
+            lines.append(plain_banner(chat.latest_plain))
         lines.append("/help for commands · Ctrl-C stops an answer · Ctrl-D exits")
         view.banner(f"tandem chat · {names}", lines)
         _loop(chat, view)
+
+
+def _show_plain(view, chat) -> None:
+    """The latest plain measurement, for the view to compare answers with."""
+    m = chat.latest_plain
+    if m is None:
+        view.set_plain_rate(None)
+    else:
+        view.set_plain_rate(m.rate, m.source, m.when, m.busy)
 
 
 def _read_lines_leniently() -> None:
@@ -126,6 +135,9 @@ def _loop(chat, view) -> None:
                 view.notice("(empty message: type some text, or /help)")
                 continue
             stopped = _answer(chat, view, text)
+            note = options.history_note(chat.pair.options)
+            if note:
+                view.notice(note)
         except RemoteError:
             view.abort()  # the worker is gone with the link: the chat cannot go on
             raise
@@ -137,7 +149,7 @@ def _loop(chat, view) -> None:
             view.abort()
             view.console.print()
             break
-        view.set_plain_rate(*(chat.latest_plain or (None, "", None)))
+        _show_plain(view, chat)
         armed = stopped
     view.goodbye()
 

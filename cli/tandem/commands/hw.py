@@ -53,7 +53,7 @@ def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size
                  force_profile=False, hardware=None, rpc=None) -> dict:
     """Everything `tandem hw` shows, as objects (the renderers only format)."""
     from tandem.commands.options import check_model_path, check_pair_or_files
-    from tandem.commands.plan import resolve
+    from tandem.commands.plan import files_on_disk, resolve
     from tandem.errors import UsageError
     from tandem.machine import hardware as hwmod
     from tandem.machine.fit import plan_for_settings, recommended_pairs
@@ -80,7 +80,7 @@ def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size
             spec = catalog.get_pair(pair_name)
             chosen.update(name=spec.name, target=spec.target, draft=spec.draft,
                           label=(spec.target.name, spec.draft.name))
-        return _files_on_disk(store, chosen["target"], chosen["draft"])
+        return files_on_disk(store, chosen["target"], chosen["draft"])
 
     resolved = resolve({"profile": profile, "pair": pair, "n_ctx": ctx_size, "rpc": rpc,
                         "force_profile": force_profile or None}, files, hardware=hw)
@@ -99,21 +99,6 @@ def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size
     return {"hardware": hw, "resolved": resolved, "pair": pair_name, "labels": label,
             "plan": plan, "remote": remote,
             "recommended": recommended_pairs(settings, resolved.profile, store=store, **machine)}
-
-
-def _files_on_disk(store, target, draft):
-    """(target, draft) paths when they are on disk already (never downloads), else None."""
-    from pathlib import Path
-
-    paths = []
-    for item in (target, draft):
-        if item is None or isinstance(item, Path):
-            paths.append(item)
-        elif store.is_present(item):
-            paths.append(store.path_for(item))
-        else:
-            return None
-    return tuple(paths) if paths[0] is not None and paths[0].exists() else None
 
 
 def report_json(r: dict) -> dict:
@@ -143,8 +128,9 @@ def report_json(r: dict) -> dict:
 
 
 def _needs(plan) -> int | None:
-    """Both models' memory, GPU and RAM together (unified memory counted once)."""
-    return sum(m.total for m in plan.models) if plan is not None else None
+    from tandem.commands.plan import needs
+
+    return needs(plan)
 
 
 def _b(n) -> str:
@@ -258,7 +244,7 @@ def _render_plan(r: dict, console) -> None:
                _b(sum(m.kv for m in plan.models)), _b(sum(m.compute for m in plan.models)),
                _b(plan.gpu_used if plan.gpu_budget is not None else 0),
                _b(sum(m.cpu_total for m in plan.models)),
-               _b(sum(m.total for m in plan.models)), style="bold")
+               _b(_needs(plan)), style="bold")
     console.print(pt)
     left = []
     if plan.gpu_budget is not None:

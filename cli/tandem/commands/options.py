@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from tandem.errors import ModelError, TandemError, UsageError
-from tandem.fsutil import decode_text, read_stream
+from tandem.fsutil import decode_text, fmt_bytes, read_stream
 
 # The options run, chat, serve and spec-bench share (spelled as llama.cpp spells them), with
 # their defaults: {parameter name: (type with its typer.Option, default)}. A command names each
@@ -41,7 +41,13 @@ SHARED = {
     "rpc": (Annotated[Optional[str], typer.Option("--rpc", help="llama.cpp RPC servers for the target's layers, HOST:PORT[,HOST:PORT...] (start one with `tandem rpc-server`); the draft stays on this machine. Config `rpc:`, env TANDEM_RPC.")], None),
     "rpc_timeout": (Annotated[Optional[float], typer.Option("--rpc-timeout", help="Seconds without progress over --rpc before the request ends with exit 6 (default 60; config `rpc_timeout:`, env TANDEM_RPC_TIMEOUT).")], None),
     "verbose": (Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log on stderr.")], False),
+    "yes": (Annotated[bool, typer.Option("--yes", "-y", help="Download a pair that is not on disk without asking, whatever its size (without it, a download over 2 GB asks at a terminal and is refused elsewhere).")], False),
 }
+
+# a pair download larger than this (bytes), or of unknown size, needs --yes or a yes at a
+# terminal: `tandem run qwen2.5-coder-3b hi` once started a 2.5 GB download unannounced. The
+# default pair (1.6 GB) is below it; `tandem pull` asks nothing (pulling is the request).
+CONFIRM_DOWNLOAD_BYTES = 2 * 10**9
 
 
 def shared_options(command):
@@ -112,10 +118,38 @@ def split_pair_and_prompt(args: list[str]) -> tuple[str | None, str]:
         raise UsageError(f"unknown pair {first!r}",
                          f"{shown}`tandem pairs` lists the pairs; to send it as prompt text, "
                          "quote the whole prompt as one argument")
-    return None, " ".join(args)
+    prompt = " ".join(args)
+    if len(args) > 1 and _name_like(first):
+        # sent as text, but said first: `tandem run nosuchpair hello` once answered the
+        # prompt "nosuchpair hello" without a word
+        near = _close_pairs(first, PAIR_NOTE_CUTOFF)
+        shown = f" (close pairs: {', '.join(near)})" if near else ""
+        print(f"Warning: {first!r} is not a pair name{shown}: the prompt is {prompt!r}. "
+              "`tandem pairs` lists the pairs; a quoted prompt is never taken for one.",
+              file=sys.stderr)
+    return None, prompt
 
 
-def _close_pairs(word: str) -> list[str]:
+# a first word this close to a catalog name (difflib's ratio) is refused when it has a '-' in
+# it (PAIR_REFUSE_CUTOFF), and otherwise sent as prompt text with a warning
+PAIR_REFUSE_CUTOFF = 0.75
+PAIR_NOTE_CUTOFF = 0.65
+# English words with "pair" in them, which start prompts ("repair this function")
+_PAIR_WORDS = {"pair", "pairs", "paired", "pairing", "repair", "repairs", "repaired",
+               "repairing", "despair", "impair", "impaired", "unpaired"}
+
+
+def _name_like(word: str) -> bool:
+    """A first word that reads as a pair name: close to a catalog name, or a made-up word
+    with "pair" in it (`nosuchpair`, `mypair`)."""
+    lowered = word.lower()
+    if not re.fullmatch(r"[a-z][a-z0-9_.-]*", lowered):
+        return False
+    return bool(_close_pairs(word, PAIR_NOTE_CUTOFF)) or (
+        "pair" in lowered and lowered not in _PAIR_WORDS)
+
+
+def _close_pairs(word: str, cutoff: float = PAIR_REFUSE_CUTOFF) -> list[str]:
     import difflib
 
     from tandem.models import catalog
@@ -125,7 +159,7 @@ def _close_pairs(word: str) -> list[str]:
         names[name.lower()] = name
         for alias in spec.aliases:
             names.setdefault(alias.lower(), name)
-    close = difflib.get_close_matches(word.lower(), list(names), n=3, cutoff=0.75)
+    close = difflib.get_close_matches(word.lower(), list(names), n=3, cutoff=cutoff)
     return list(dict.fromkeys(names[c] for c in close))
 
 
@@ -153,7 +187,10 @@ def check_model_path(path: Path, role: str) -> Path:
 
 
 def resolve_models(pair: str | None, model: Path | None, draft: Path | None,
-                    progress_cb=None, note=None) -> tuple[Path, Path | None]:
+                    progress_cb=None, note=None, yes: bool | None = None) -> tuple[Path, Path | None]:
+    """The pair's files: the user's own (-m, -md), else the catalog pair's from the store,
+    downloaded first when missing (see confirm_download; `yes`: the command's --yes, None
+    where it has none)."""
     if draft is not None:
         check_model_path(draft, "draft")
     if model is not None:
@@ -168,9 +205,39 @@ def resolve_models(pair: str | None, model: Path | None, draft: Path | None,
         if note is not None and store.path_for(m).exists() and not store.is_present(m):
             note(f"{m.filename} in the store does not match its record (damaged or "
                  "incomplete): downloading it again")
+    confirm_download(spec.name, [m for m in wanted if not store.is_present(m)],
+                     store.models_dir, yes, note)
     target_path = store.ensure(spec.target, progress=progress_cb)
     draft_path = draft or store.ensure(spec.draft, progress=progress_cb)
     return target_path, draft_path
+
+
+def confirm_download(name: str, missing, where: Path, yes: bool | None, note=None) -> None:
+    """Before fetching `missing` (catalog ModelSpecs) for `name`: say what it costs, and
+    above CONFIRM_DOWNLOAD_BYTES (or of unknown size) go on only with --yes (`yes`; None:
+    the command has no such flag) or a yes typed at a terminal; else UsageError (exit 2)."""
+    if not missing:
+        return
+    sizes = [m.display_size for m in missing]
+    total = sum(n for n in sizes if n)
+    approx = any(m.size is None for m in missing)
+    download = ("a download of unknown size" if None in sizes else
+                f"a {'~' if approx else ''}{fmt_bytes(total, decimal=True)} download")
+    files = ", ".join(m.filename for m in missing)
+    if yes or (None not in sizes and total <= CONFIRM_DOWNLOAD_BYTES):
+        if note is not None:
+            note(f"{name} is not on disk: {download} ({files}) into {where}")
+        return
+    what = f"{name} is not on disk and needs {download} ({files})"
+    if sys.stdin is not None and sys.stdin.isatty() and sys.stderr.isatty():
+        if typer.confirm(f"{what} into {where}. Download it now?", default=False, err=True):
+            return
+        raise UsageError(f"not downloading {name}", f"`tandem pull {name}` fetches it when "
+                         "you want it")
+    flag = "pass --yes to download it, or run" if yes is not None else "run"
+    limit = fmt_bytes(CONFIRM_DOWNLOAD_BYTES, decimal=True)
+    raise UsageError(f"{what}; a download over {limit} or of unknown size needs a yes",
+                     f"{flag} `tandem pull {name}` first")
 
 
 def _finite(value: float | None, flag: str) -> None:
@@ -202,11 +269,12 @@ def check_pair_or_files(pair: str | None, model: Path | None, model_draft: Path 
                          "drop the pair name to use your own files, or drop -m/-md")
 
 
-def prepare_pair(pair, model, model_draft, flags: dict, verbose: bool):
+def prepare_pair(pair, model, model_draft, flags: dict, verbose: bool, yes: bool | None = None):
     """The command's pair prepared to load (commands.plan.Prepared): settings (flags > env >
     config > tuned > profile > defaults) -> model files -> memory plan -> SessionOptions;
     warnings go to stderr. `flags`: {settings key: value or None}. A lone -m runs plain
-    decoding, so its Prepared has no draft. Shared by run, chat, serve and spec-bench."""
+    decoding, so its Prepared has no draft. Shared by run, chat, serve and spec-bench.
+    `yes`: the command's --yes for a large download (None: it has no such flag)."""
     from dataclasses import replace
 
     from tandem.commands.plan import prepare_session
@@ -221,7 +289,7 @@ def prepare_pair(pair, model, model_draft, flags: dict, verbose: bool):
     try:
         prepared = prepare_session(
             {**flags, "pair": pair},
-            lambda name: resolve_models(name, model, model_draft, view, view.note),
+            lambda name: resolve_models(name, model, model_draft, view, view.note, yes),
             verbose=verbose)
     finally:
         view.close()
@@ -236,6 +304,33 @@ def setting_flags(exact: bool = False, no_history: bool = False, **flags) -> dic
     """The settings flags of a command, whose parameters are named as the settings keys
     (None: not given); --exact is the mode, --no-history the history."""
     return {**flags, "mode": "exact" if exact else None, "history": "off" if no_history else None}
+
+
+# under <home>/history/: the first answer kept for drafting has been announced (`tandem
+# history clear` deletes the answers, not this)
+HISTORY_NOTED = ".noted"
+
+
+def history_note(opts) -> str | None:
+    """Once per home, after the first answer was kept for drafting (SessionOptions `opts`
+    with the history on): where it is and how to turn it off; the marker file is written
+    then. None otherwise (and when nothing was stored: answers under 8 tokens are not)."""
+    from tandem.engine.history import history_dir
+    from tandem.fsutil import atomic_write_text
+
+    if not opts.history or opts.home is None:
+        return None
+    folder = history_dir(opts.home)
+    marker = folder / HISTORY_NOTED
+    if marker.exists() or not any(folder.glob("*.json")):
+        return None
+    try:
+        atomic_write_text(marker, "the first kept answer was announced\n")
+    except OSError:
+        pass  # an unwritable home says it again next time, nothing worse
+    return (f"tandem keeps its answers in {folder} so that `auto` can draft from text "
+            "repeated later (said once). --no-history (or `history: off` in config.yaml, "
+            "TANDEM_HISTORY=off) turns it off; `tandem history clear` deletes them.")
 
 
 def read_context_files(paths) -> list[tuple[Path, str]]:

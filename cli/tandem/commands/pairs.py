@@ -88,8 +88,10 @@ def list_pairs(
     store = Store()
     pairs = catalog.load_catalog()
     default = catalog.get_pair(None).name
+    memory = _memory(pairs, store)
     if as_json:
-        print_json({"pairs": [_pair_json(p, p.name == default, store) for p in pairs.values()],
+        print_json({"pairs": [_pair_json(p, p.name == default, store, memory[p.name])
+                              for p in pairs.values()],
                      "other_models": _others_json(store, pairs)})
         return
     headers = ("PAIR", "TARGET", "DRAFT", "SIZE", "MEMORY", "ON DISK", "GOOD FOR")
@@ -101,7 +103,7 @@ def list_pairs(
             p.target.key if wide else p.target.filename,
             p.draft.key if wide else p.draft.filename,
             _size(p.approx_size, approx),
-            f"~{p.memory_gb:g} GB" if p.memory_gb else "?",
+            _memory_text(*memory[p.name]),
             _on_disk(p, store),
             p.good_for,
         ))
@@ -112,8 +114,37 @@ def list_pairs(
         out.print("Other models on disk:")
         for o in others:
             out.print(f"  {o['ref']}  {fmt_bytes(o['size'], decimal=True)}  {o['path']}")
-    stderr_console().print("Sizes and memory are approximate (~) where the catalog has no exact size. "
-                 "`tandem pull PAIR` downloads a pair.")
+    stderr_console().print(
+        "MEMORY: both models' weights, KV caches and compute buffers as `tandem hw --pair PAIR` "
+        "plans them with this machine's settings (its context size: profile, config or tuned); ~: "
+        "estimated from the catalog, the rest from the files on disk. Sizes are approximate "
+        "(~) where the catalog has no exact size. `tandem pull PAIR` downloads a pair.")
+
+
+def _memory(pairs: dict[str, catalog.PairSpec], store: Store) -> dict[str, tuple[Any, bool]]:
+    """{pair: (bytes or None, estimated)}: the planner's figure, the one `tandem hw` shows
+    (commands.plan.pair_plan). Settings that cannot be resolved (a broken config.yaml) leave
+    it unknown, said once on stderr: the catalog is still worth listing."""
+    from tandem.commands.plan import needs, pair_plan
+    from tandem.errors import TandemError
+    from tandem.machine.hardware import detect
+    from tandem.machine.profiles import load_profiles
+    from tandem.models.store import tandem_home
+
+    out: dict[str, tuple[Any, bool]] = {name: (None, True) for name in pairs}
+    try:
+        hardware = detect()
+        profiles = load_profiles(user_dir=tandem_home() / "profiles")
+        for name in pairs:
+            plan = pair_plan(name, store, hardware=hardware, profiles=profiles)
+            out[name] = (needs(plan), not all(m.exact for m in plan.models))
+    except TandemError as exc:
+        stderr_console().print(f"Note: memory not planned ({exc.message})")
+    return out
+
+
+def _memory_text(n: int | None, estimated: bool) -> str:
+    return "?" if n is None else ("~" if estimated else "") + fmt_bytes(n)
 
 
 def _on_disk(p: catalog.PairSpec, store: Store) -> str:
@@ -136,10 +167,12 @@ def _model_json(m: catalog.ModelSpec, store: Store) -> dict[str, Any]:
     }
 
 
-def _pair_json(p: catalog.PairSpec, is_default: bool, store: Store) -> dict[str, Any]:
+def _pair_json(p: catalog.PairSpec, is_default: bool, store: Store,
+               memory: tuple[Any, bool]) -> dict[str, Any]:
     return {
         "name": p.name, "aliases": list(p.aliases), "default": is_default,
-        "description": p.description, "good_for": p.good_for, "memory_gb": p.memory_gb,
+        "description": p.description, "good_for": p.good_for,
+        "memory": memory[0], "memory_estimated": memory[1],
         "approx_size": p.approx_size,
         "target": _model_json(p.target, store), "draft": _model_json(p.draft, store),
     }

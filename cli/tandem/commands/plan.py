@@ -142,6 +142,38 @@ def prepare_session(cli: Mapping[str, Any] | None,
                     Path(target), Path(draft) if draft is not None else None)
 
 
+def files_on_disk(store, target, draft):
+    """(target, draft) paths when they are on disk already (never downloads), else None;
+    `target`/`draft`: catalog ModelSpecs or paths (draft may be None)."""
+    paths = []
+    for item in (target, draft):
+        if item is None or isinstance(item, Path):
+            paths.append(item)
+        elif store.is_present(item):
+            paths.append(store.path_for(item))
+        else:
+            return None
+    return tuple(paths) if paths[0] is not None and paths[0].exists() else None
+
+
+def needs(plan: Plan | None) -> int | None:
+    """Both models' memory in a plan, GPU and RAM together (unified memory counted once):
+    the one figure `tandem pairs` and `tandem hw` show for a pair."""
+    return sum(m.total for m in plan.models) if plan is not None else None
+
+
+def pair_plan(name: str, store, *, hardware: Hardware | None = None,
+              profiles: Mapping[str, Profile] | None = None, home: Path | None = None) -> Plan:
+    """The memory/offload plan `tandem hw NAME` shows for a catalog pair: its settings
+    resolved as for a run (profile, config.yaml, env, the tuned values of its files when on
+    disk), from its GGUF headers when on disk, else from the catalog's sizes."""
+    spec = get_pair(name)
+    r = resolve({"pair": spec.name}, lambda _: files_on_disk(store, spec.target, spec.draft),
+                hardware=hardware, profiles=profiles, home=home)
+    return plan_for_settings(r.settings, spec.target, spec.draft, store=store,
+                             hardware=r.hardware, backend=r.backend)
+
+
 def session_options(s: Settings, plan: Plan | None = None, *, backend: str = "cpu",
                     home: Path | None = None, verbose: bool = False) -> SessionOptions:
     """The engine's options for resolved settings: the draft length and its stops become the

@@ -9,6 +9,7 @@ import typer
 
 from tandem.commands.options import (
     check_text,
+    history_note,
     prepare_pair,
     read_context_files,
     read_stdin,
@@ -38,7 +39,7 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with text and statistics.")] = False,
     no_stream: Annotated[bool, typer.Option("--no-stream", help="Print the text once it is complete.")] = False,
     stats: Annotated[Optional[bool], typer.Option("--stats/--no-stats", help="Statistics on stderr (default: when stderr is a terminal).")] = None,
-    exact, context_file, no_history, rpc, rpc_timeout, verbose,
+    exact, context_file, no_history, rpc, rpc_timeout, verbose, yes,
 ):
     """Generate a completion; text on stdout, statistics on stderr.
 
@@ -71,7 +72,7 @@ def run(
     contexts = read_context_files(context_file)
     flags = setting_flags(exact, no_history, strategy=strategy, n_max=n_max, n_min=n_min, p_min=p_min,
                           n_ctx=n_ctx, n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout)
-    prepared = prepare_pair(pair, model, model_draft, flags, verbose)
+    prepared = prepare_pair(pair, model, model_draft, flags, verbose, yes)
     target_path, draft_path, opts = prepared.target, prepared.draft, prepared.options
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt}]
@@ -94,6 +95,9 @@ def run(
         raise
     _finish(done, out, as_json=as_json, no_stream=no_stream, show_stats=show_stats,
             n_ctx=opts.target_ctx.n_ctx, max_tokens=max_tokens)
+    note = history_note(opts)
+    if note:
+        print(f"Note: {note}", file=sys.stderr)
 
 
 def _finish(done, out, *, as_json: bool, no_stream: bool, show_stats: bool, n_ctx: int,

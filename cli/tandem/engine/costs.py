@@ -32,6 +32,9 @@ UNKNOWN_SPREAD = 0.15
 SPREAD_WEIGHT = 0.2  # the observed noise's moving average (as observe_verify's own)
 MAX_CACHED_BATCH = 65  # contexts cap logits at 65 rows: no verify batch is larger
 CLOCK_SKEW_S = 3600  # a calibration "from the future" beyond this is a damaged file
+# a measurement during which other processes used more than this share of the CPU was taken
+# on a busy machine (cpu_snapshot/others_share; pricing.py, machine/load.py)
+BUSY_SHARE = 0.25
 
 
 @dataclass
@@ -99,7 +102,7 @@ class CostModel:
         if self.when <= 0:
             return f"costs: {self.source}"
         stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.when))
-        busy = "" if self.busy is None else f", other processes {self.busy:.0%} of the CPU"
+        busy = "" if self.busy is None else f", other processes {self.busy:.0%} of the CPU then"
         return f"costs: {self.source} {stamp}{busy}"
 
     def observe_verify(self, n: int, seconds: float, weight: float = 0.2) -> None:

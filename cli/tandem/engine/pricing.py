@@ -11,14 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Sequence
 
-from tandem.engine.costs import DISAGREE, MAX_BATCH, CostModel, calibrate, disagreement
+from tandem.engine.costs import BUSY_SHARE, DISAGREE, MAX_BATCH, CostModel, calibrate, disagreement
 from tandem.engine.knowledge import Knowledge
 from tandem.engine.llama import Context
 from tandem.fsutil import machine_key
 
-# a calibration during which other processes used more than this share of the CPU was
-# measured on a busy machine: it serves the session that measured it and is not saved
-BUSY_SHARE = 0.25
+# a calibration measured on a busy machine (other processes above costs.BUSY_SHARE of the
+# CPU) serves the session that measured it and is not saved
 # what the calibration decodes: short, and the same on every machine
 PROBE_TEXT = "def main():\n    print('calibrating')\n"
 

@@ -97,7 +97,6 @@ class PairSpec:
     description: str = ""
     aliases: tuple[str, ...] = ()
     good_for: str = ""
-    memory_gb: float | None = None  # approximate RAM/VRAM for both models + an 8k context
 
     @property
     def models(self) -> tuple[ModelSpec, ModelSpec]:
@@ -250,7 +249,6 @@ def _parse(doc: Any, origin: str) -> _Catalog:
             description=str(desc),
             aliases=tuple(aliases),
             good_for=str(raw.get("good_for") or ""),
-            memory_gb=_positive_number(raw, "memory_gb", where),
         )
         for n in (pname, *aliases):
             k = n.lower()
