@@ -332,6 +332,9 @@ def test_each_request_gets_a_log_line(server):
         assert re.match(r"tandem serve: POST /v1/chat/completions 200 · prompt \d+ "
                         r"\(\d+ cached\) · 5 tokens · \d+\.\d\d s · [\d.]+ tok/s", line), line
     assert refused.startswith("tandem serve: POST /v1/chat/completions 400 · ")
+    # answers are kept for drafting by default: said once, as run and chat say it
+    notes = [ln for ln in server.log if ln.startswith("Note: tandem keeps its answers")]
+    assert len(notes) == 1, notes
 
 
 def test_quiet_server_logs_no_requests(tiny_models, tmp_path):

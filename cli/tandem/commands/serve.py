@@ -7,11 +7,13 @@ command runs (`tandem run` does not pay for them).
 from __future__ import annotations
 
 import sys
+from functools import partial
 from typing import Annotated, Optional
 
 import typer
 
 from tandem.commands.options import (
+    history_note,
     prepare_pair,
     read_context_files,
     sampling_params,
@@ -99,7 +101,7 @@ def serve(
                             longest_token_bytes(target_path) or UNKNOWN_TOKEN_BYTES)
             config = server.ServeConfig(
                 model_id=target_path.stem, api_key=api_key, budget=budget, timeout=timeout,
-                quiet=quiet,
+                quiet=quiet, notice=partial(history_note, opts),
                 defaults=Defaults(max_tokens=max_tokens, sampling=sampling))
             draft = f" + {draft_path.name}" if draft_path else ""
             print(f"tandem serve: {server.listen_note(host, sock)} · {target_path.name}{draft} · "

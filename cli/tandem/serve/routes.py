@@ -19,6 +19,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
+from typing import Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -55,6 +56,8 @@ class ServeConfig:
     budget: Budget | None = None  # None: the target context's size, the longest token unknown
     timeout: float = REQUEST_TIMEOUT  # s for a request's headers, and again for its body
     quiet: bool = False  # no per-request line on stderr
+    # after an answer: a note for stderr, once (the command's: where answers are kept)
+    notice: Callable[[], str | None] | None = None
 
 
 class EngineStream(StreamingResponse):
@@ -140,6 +143,11 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
                 print(protocol.log_line(request.method, request.url.path, status,
                                         time.monotonic() - started, stats),
                       file=sys.stderr, flush=True)
+            if status == 200 and config.notice is not None:
+                note = config.notice()
+                if note:
+                    config.notice = None  # said once
+                    print(f"Note: {note}", file=sys.stderr, flush=True)
 
         try:
             return await respond(request, kind, log)
