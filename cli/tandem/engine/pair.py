@@ -11,22 +11,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from tandem.config.schema import check_strategy
 from tandem.engine import template
 from tandem.engine.auto import BUCKETS, ORDER, AutoDrafter
+from tandem.engine.context_params import ContextParams
 from tandem.engine.costs import CostModel
 from tandem.engine.drafters import Drafter
 from tandem.engine.events import DoneEvent
 from tandem.engine.history import HistoryStore, Library, read_context_file
 from tandem.engine.knowledge import Knowledge
-from tandem.engine.llama import Context, ContextParams, Model
 from tandem.engine.loading import ContextCache, check_pair, draft_paths, load_drafts
 from tandem.engine.pricing import PROBE_TEXT, Pricing, cost_key
 from tandem.engine.speculative import GenParams, generate
 from tandem.engine.strategies import DrafterParts, DraftParams, make_drafter, need_draft_model
 from tandem.errors import UsageError
+
+if TYPE_CHECKING:
+    from tandem.engine.llama import Context, Model
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,8 @@ class PairSession:
             from tandem.engine.ggml import attach
 
             attach(options.rpc)
+
+        from tandem.engine.llama import Model  # the backend, loaded with the models
 
         def load(path: Path, label: str, **how) -> Model:
             return Model(path, verbose=options.verbose, **how,
