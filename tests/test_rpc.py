@@ -138,12 +138,10 @@ def _no_debris(home: Path, cwd: Path) -> None:
 
 def test_nobody_listening(tandem, home, tmp_path):
     port = free_port()
-    t0 = time.monotonic()
     res = tandem("--raw", "-n", "8", "--rpc", f"127.0.0.1:{port}", "hi", timeout=60)
     assert res.returncode == EXIT_REMOTE
     assert f"Error: nobody is listening on 127.0.0.1:{port}" in err(res)
     assert "Hint: " in err(res) and "Traceback" not in err(res) and out(res) == ""
-    assert time.monotonic() - t0 < 60
     _no_debris(home, tmp_path)
 
 
@@ -264,12 +262,16 @@ def test_server_stalled_mid_generation(tiny_models, home, tmp_path, server):
     _no_debris(home, tmp_path)
 
 
-@pytest.mark.parametrize("how", [("--rpc", "localhost"), ("--rpc", "127.0.0.1:0"),
-                                 ("--rpc", "127.0.0.1:70000"), ("--rpc", "a:1,a:1")])
-def test_bad_endpoints_are_usage_errors(tandem, how):
+@pytest.mark.parametrize("how, words", [
+    (("--rpc", "localhost"), ("RPC servers", "HOST:PORT")),
+    (("--rpc", "127.0.0.1:0"), ("RPC servers", "HOST:PORT")),
+    (("--rpc", "127.0.0.1:70000"), ("RPC servers", "HOST:PORT")),
+    (("--rpc", "a:1,a:1"), ("twice",)),
+])
+def test_bad_endpoints_are_usage_errors(tandem, how, words):
     res = tandem("--raw", "-n", "4", *how, "hi", timeout=60)
     assert res.returncode == EXIT_USAGE, err(res)
-    assert "RPC servers" in err(res) and "HOST:PORT" in err(res) or "twice" in err(res)
+    assert all(w in err(res) for w in words), err(res)
 
 
 def test_rpc_from_env_and_config(tandem, home, server, tiny_models):
@@ -623,15 +625,13 @@ def test_a_port_that_never_answers_times_out(tandem, home, tmp_path):
     silent.bind(("127.0.0.1", 0))
     silent.listen(4)  # never accepted: the kernel completes the connection, nobody reads
     ep = f"127.0.0.1:{silent.getsockname()[1]}"
-    t0 = time.monotonic()
-    try:
+    try:  # the subprocess's own timeout bounds the wait; the message says the handshake's
         res = tandem("--raw", "-n", "4", "--rpc", ep, "hi", timeout=60)
     finally:
         silent.close()
     assert res.returncode == EXIT_REMOTE, err(res)
     assert f"Error: no answer from {ep} to the RPC handshake within" in err(res)
     assert "one client at a time" in err(res)
-    assert time.monotonic() - t0 < 60
     _no_debris(home, tmp_path)
 
 

@@ -575,3 +575,56 @@ def test_settings_hold_values_only():
 
     untyped = [k for k, hint in typing.get_type_hints(Settings).items() if hint is typing.Any]
     assert untyped == [], untyped
+
+
+_CLOCKS = {"perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time", "time_ns"}
+
+
+def _is_clock(node) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+        and node.func.attr in _CLOCKS and getattr(node.func.value, "id", "") == "time"
+
+
+def _wall_clock_asserts(tree) -> list[int]:
+    """Lines of asserts that compare a measured duration: a clock reading minus a start
+    (`time.perf_counter() - t0`), or a name assigned one, on a side of a comparison. A
+    deadline guard of a wait loop (`time.monotonic() < deadline`, `deadline - time.monotonic()
+    > 0`) is a timeout, not a measurement: allowed."""
+    def duration(node) -> bool:
+        return isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and \
+            any(_is_clock(n) for n in ast.walk(node.left))
+
+    durations = {t.id for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AugAssign))
+                 and any(duration(v) or (isinstance(v, ast.Call) and getattr(v.func, "id", "")
+                                         == "max" and any(duration(a) for a in v.args))
+                         for v in [n.value])
+                 for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                 if isinstance(t, ast.Name)}
+    found = []
+    for a in ast.walk(tree):
+        if isinstance(a, ast.Assert):
+            for c in ast.walk(a.test):
+                if isinstance(c, ast.Compare) and any(
+                        duration(s) or (isinstance(s, ast.Name) and s.id in durations)
+                        for s in [c.left, *c.comparators]):
+                    found.append(a.lineno)
+    return found
+
+
+def test_no_wall_clock_asserts_in_the_tests():
+    """Tests assert behaviour (bytes read, calls made, what was refused), never how long
+    something took: on a loaded machine a wall-clock bound fails a correct program (issue 29).
+    Timing belongs to the benchmarks."""
+    tests = PKG.parents[1] / "tests"
+    found = [(p.name, line) for p in sorted(tests.glob("*.py"))
+             for line in _wall_clock_asserts(ast.parse(p.read_text(encoding="utf-8")))]
+    assert found == [], found
+
+
+def test_the_wall_clock_check_sees_one():
+    tree = ast.parse("import time\nt0 = time.perf_counter()\nf()\n"
+                     "assert time.perf_counter() - t0 < 0.5\n"
+                     "took = time.monotonic() - t0\nassert took < 3\n"
+                     "deadline = time.monotonic() + 9\nassert time.monotonic() < deadline\n"
+                     "left = deadline - time.monotonic()\nassert left > 0\n")
+    assert _wall_clock_asserts(tree) == [4, 6]
