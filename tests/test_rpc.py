@@ -310,6 +310,36 @@ def test_rpc_server_stops_cleanly_on_ctrl_c(home):
         s.stop()
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_rpc_server_takes_ctrl_c_at_any_point_of_its_start_up(home, seed):
+    """A SIGINT at a random point of start-up (seeded: reproducible): before the command
+    runs it is main()'s `Interrupted.` (130), from the command's first line on the server's
+    own stop (0); never a hang in llama.cpp's teardown, never a traceback."""
+    import random
+
+    delay = random.Random(seed).uniform(0.0, 1.5)  # python's start, the imports, ggml, bind
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tandem", "rpc-server", "--port", str(port),
+                             "-t", "1"], env=_env(home), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(30)  # a hang fails here
+        errs = proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        proc.stderr.close()
+    assert "Traceback" not in errs, errs
+    # each way out says its own word: the server's stop, main()'s (or the imports') Ctrl-C,
+    # or the signal itself while the interpreter was still starting
+    said = {0: "rpc-server stopped.", 130: "Interrupted.", -signal.SIGINT: ""}
+    assert code in said, (code, errs)
+    assert said[code] in errs, (code, errs)
+
+
 def _chat(tiny_models, home, script: str, *args, timeout: float = 120):
     return subprocess.run(
         [sys.executable, "-m", "tandem", "chat", "-m", str(tiny_models["target"]), "-md",
