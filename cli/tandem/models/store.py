@@ -235,7 +235,10 @@ class Store:
                     "move it out of the way; tandem re-registers the models it finds",
                 ) from None
             raise storage_error(e, "the model registry", self.registry_path, True) from None
-        return empty if doc is None else {"version": doc.version, "models": doc.models}
+        if doc is None:
+            self.check_home()  # no registry, or a home that is a file (a storage error)
+            return empty
+        return {"version": doc.version, "models": doc.models}
 
     def _write_registry(self, doc: dict) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
