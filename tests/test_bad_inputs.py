@@ -719,7 +719,7 @@ def test_corrupt_registry_is_set_aside_with_a_warning(sandbox, tiny_models):
     res = run_cli(["pairs"], home=home, work=work, models=tiny_models)
     err = res.stderr.decode()
     assert res.returncode == EXIT_OK, err
-    assert "Warning: the model registry" in err and "registry.json.bad" in err
+    assert "Warning: ignored the model registry" in err and "registry.json.bad" in err
     assert (home / "registry.json.bad").read_text() == "{not json"
 
 

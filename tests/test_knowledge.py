@@ -12,6 +12,7 @@ from tandem.engine.auto import BUCKETS, ORDER, AutoDrafter
 from tandem.engine.costs import CostModel
 from tandem.engine.events import DoneEvent, StepEvent
 from tandem.engine.knowledge import MAX_BYTES, VERSION, Knowledge
+from tandem.errors import TandemWarning
 from tandem.engine.sampling import SamplingParams
 
 # a batch of n tokens costs 10% more per extra token: drafts are not free, probes have a price
@@ -192,9 +193,10 @@ def test_a_second_session_starts_from_the_first_ones_file(tiny_models, tmp_path,
         auto = s.drafter("auto")
         ctl = auto.source_len[("prompt", 5)]
         assert ctl.tracker.accept[:2] == pytest.approx([0.95, 0.9]) and ctl.informed
-        # a corrupt file: the next session starts from the priors, without a word
+        # a corrupt file: said once (statefile's policy), the next session starts from the priors
         path.write_text("{\"version\": 1, \"when\": NaN")
-    with PairSession(tiny_models["target"], None, opts) as s:
+    with PairSession(tiny_models["target"], None, opts) as s, \
+            pytest.warns(TandemWarning, match="ignored the kept knowledge"):
         auto = s.drafter("auto")
         assert auto.source_len[("prompt", 5)].tracker.accept[0] == pytest.approx(0.6)
         done = [ev for ev in s.generate([1, 20, 21, 22], gen) if isinstance(ev, DoneEvent)][0]

@@ -138,12 +138,10 @@ def _no_debris(home: Path, cwd: Path) -> None:
 
 def test_nobody_listening(tandem, home, tmp_path):
     port = free_port()
-    t0 = time.monotonic()
     res = tandem("--raw", "-n", "8", "--rpc", f"127.0.0.1:{port}", "hi", timeout=60)
     assert res.returncode == EXIT_REMOTE
     assert f"Error: nobody is listening on 127.0.0.1:{port}" in err(res)
     assert "Hint: " in err(res) and "Traceback" not in err(res) and out(res) == ""
-    assert time.monotonic() - t0 < 60
     _no_debris(home, tmp_path)
 
 
@@ -264,12 +262,16 @@ def test_server_stalled_mid_generation(tiny_models, home, tmp_path, server):
     _no_debris(home, tmp_path)
 
 
-@pytest.mark.parametrize("how", [("--rpc", "localhost"), ("--rpc", "127.0.0.1:0"),
-                                 ("--rpc", "127.0.0.1:70000"), ("--rpc", "a:1,a:1")])
-def test_bad_endpoints_are_usage_errors(tandem, how):
+@pytest.mark.parametrize("how, words", [
+    (("--rpc", "localhost"), ("RPC servers", "HOST:PORT")),
+    (("--rpc", "127.0.0.1:0"), ("RPC servers", "HOST:PORT")),
+    (("--rpc", "127.0.0.1:70000"), ("RPC servers", "HOST:PORT")),
+    (("--rpc", "a:1,a:1"), ("twice",)),
+])
+def test_bad_endpoints_are_usage_errors(tandem, how, words):
     res = tandem("--raw", "-n", "4", *how, "hi", timeout=60)
     assert res.returncode == EXIT_USAGE, err(res)
-    assert "RPC servers" in err(res) and "HOST:PORT" in err(res) or "twice" in err(res)
+    assert all(w in err(res) for w in words), err(res)
 
 
 def test_rpc_from_env_and_config(tandem, home, server, tiny_models):
@@ -306,6 +308,36 @@ def test_rpc_server_stops_cleanly_on_ctrl_c(home):
         assert "rpc-server stopped." in s.proc.stderr.read().decode()
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rpc_server_takes_ctrl_c_at_any_point_of_its_start_up(home, seed):
+    """A SIGINT at a random point of start-up (seeded: reproducible): before the command
+    runs it is main()'s `Interrupted.` (130), from the command's first line on the server's
+    own stop (0); never a hang in llama.cpp's teardown, never a traceback."""
+    import random
+
+    delay = random.Random(seed).uniform(0.0, 1.5)  # python's start, the imports, ggml, bind
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tandem", "rpc-server", "--port", str(port),
+                             "-t", "1"], env=_env(home), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(30)  # a hang fails here
+        errs = proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        proc.stderr.close()
+    assert "Traceback" not in errs, errs
+    # each way out says its own word: the server's stop, main()'s (or the imports') Ctrl-C,
+    # or the signal itself while the interpreter was still starting
+    said = {0: "rpc-server stopped.", 130: "Interrupted.", -signal.SIGINT: ""}
+    assert code in said, (code, errs)
+    assert said[code] in errs, (code, errs)
 
 
 def _chat(tiny_models, home, script: str, *args, timeout: float = 120):
@@ -623,15 +655,13 @@ def test_a_port_that_never_answers_times_out(tandem, home, tmp_path):
     silent.bind(("127.0.0.1", 0))
     silent.listen(4)  # never accepted: the kernel completes the connection, nobody reads
     ep = f"127.0.0.1:{silent.getsockname()[1]}"
-    t0 = time.monotonic()
-    try:
+    try:  # the subprocess's own timeout bounds the wait; the message says the handshake's
         res = tandem("--raw", "-n", "4", "--rpc", ep, "hi", timeout=60)
     finally:
         silent.close()
     assert res.returncode == EXIT_REMOTE, err(res)
     assert f"Error: no answer from {ep} to the RPC handshake within" in err(res)
     assert "one client at a time" in err(res)
-    assert time.monotonic() - t0 < 60
     _no_debris(home, tmp_path)
 
 

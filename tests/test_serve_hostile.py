@@ -18,7 +18,6 @@ pytest.importorskip("openai")
 
 TIMEOUT = 2  # the server's --timeout for these tests: headers, then body, each
 NORMAL = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4}
-BLOCKED_AFTER = 60.0  # s: a normal request slower than this was held up by the case before
 
 
 @pytest.fixture(scope="module")
@@ -39,11 +38,10 @@ def _error_shape(reply) -> bool:
 
 def _still_serving(srv: Server) -> None:
     assert srv.health()["status"] == "ok"
-    t0 = time.monotonic()
+    # answered at all (a server held up by the case before would time the request out)
     status, reply, _ = srv.raw("POST", "/v1/chat/completions", json.dumps(NORMAL))
     assert status == 200, reply
     assert reply["choices"][0]["message"]["content"] is not None
-    assert time.monotonic() - t0 < BLOCKED_AFTER
 
 
 def _check_cases(srv: Server, cases) -> None:

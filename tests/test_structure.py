@@ -99,6 +99,102 @@ def test_dependency_rules():
                                                               "tandem.serve.connection"}
 
 
+# The one module that needs the compiled binding: every other module only names its types
+# (under `if TYPE_CHECKING:`) or imports it inside the function that loads a model.
+BACKEND = "tandem.engine.llama"
+
+
+def _top_level_imports(tree) -> set[str]:
+    """The modules a module imports when it is itself imported: statements outside functions
+    and outside `if TYPE_CHECKING:` blocks."""
+    found: set[str] = set()
+
+    def walk(nodes):
+        for n in nodes:
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING":
+                walk(n.orelse)
+                continue
+            if isinstance(n, ast.Import):
+                found.update(a.name for a in n.names)
+            elif isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
+                found.add(n.module)
+                found.update(f"{n.module}.{a.name}" for a in n.names)
+            walk(ast.iter_child_nodes(n))
+
+    walk(tree.body)
+    return found
+
+
+def test_only_the_backend_loads_llama_cpp_at_import():
+    """Only engine/llama.py imports llama_cpp, and no module imports engine/llama.py when it
+    is itself imported: the types come under TYPE_CHECKING, a Model or Context is made by a
+    function that imports the backend when it runs (engine/pair.py, engine/loading.py)."""
+    assert _importers("llama_cpp") == {BACKEND}
+    eager = sorted(m for m, tree in _trees() if m != BACKEND
+                   and BACKEND in _top_level_imports(tree))
+    assert eager == [], eager
+
+
+def test_the_import_check_sees_an_eager_import():
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                     "    from tandem.engine.llama import Context\n"
+                     "def f():\n    from tandem.engine import llama\n"
+                     "from tandem.engine import llama\n")
+    assert BACKEND in _top_level_imports(tree)
+    assert BACKEND not in _top_level_imports(ast.parse(
+        "def f():\n    from tandem.engine.llama import Model\n"))
+
+
+def test_every_module_but_the_backend_imports_without_llama_cpp(tmp_path):
+    """With llama_cpp blocked (a machine where the 6-8 minute build has not run), each tandem
+    module but the backend imports: the loop, drafters, pricing, serve's routes, the commands.
+    One subprocess imports them all (__main__ is left out: importing it runs the CLI)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    names = sorted(_module_name(p) for p in PKG.rglob("*.py")
+                   if _module_name(p) not in (BACKEND, "tandem.__main__"))
+    code = (
+        "import importlib, json, sys\n"
+        "sys.modules['llama_cpp'] = None\n"
+        "bad = {}\n"
+        f"for name in {names!r}:\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except BaseException as exc:\n"
+        "        bad[name] = f'{type(exc).__name__}: {exc}'\n"
+        "try:\n"  # the block itself: the backend must fail
+        "    importlib.import_module('tandem.engine.llama')\n"
+        "    bad['llama_cpp was not blocked'] = ''\n"
+        "except Exception:\n"
+        "    pass\n"
+        "print(json.dumps(bad))\n"
+    )
+    env = {**os.environ, "TANDEM_HOME": str(tmp_path / "home"), "PYTHONPATH": str(PKG.parent)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {}
+
+
+# The decode loop and the drafting internals: the loop knows drafters only through the Drafter
+# protocol (engine/drafters.py), never an index, a controller or the history behind one.
+LOOP = ("speculative", "events", "stats", "textstream", "sampling")
+DRAFTING_INTERNALS = ("ngram", "suffix", "adaptive", "auto", "history")
+
+
+def test_the_loop_imports_no_drafting_internals():
+    graph = _imports()
+    internals = {f"tandem.engine.{m}" for m in DRAFTING_INTERNALS}
+    found = sorted((m, d) for m in (f"tandem.engine.{x}" for x in LOOP)
+                   for d in graph[m] if d in internals)
+    assert found == [], found
+
+
 def _literals(path: Path):
     """Every tuple, list or set of strings in a module (a vocabulary), and every dict keyed by
     strings (a map from names to data), as (kind, set of the strings)."""
@@ -166,7 +262,7 @@ def test_settings_are_resolved_once_per_command(monkeypatch, capsys, tmp_path, t
 # The layers of docs/architecture.md, lowest first: a module imports only from its own layer
 # or lower ones.
 LAYERS = (
-    ("tandem.errors", "tandem.fsutil", "tandem.config"),
+    ("tandem.errors", "tandem.fsutil", "tandem.statefile", "tandem.config"),
     ("tandem.models",),
     ("tandem.engine",),
     ("tandem.machine",),
@@ -479,3 +575,56 @@ def test_settings_hold_values_only():
 
     untyped = [k for k, hint in typing.get_type_hints(Settings).items() if hint is typing.Any]
     assert untyped == [], untyped
+
+
+_CLOCKS = {"perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time", "time_ns"}
+
+
+def _is_clock(node) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+        and node.func.attr in _CLOCKS and getattr(node.func.value, "id", "") == "time"
+
+
+def _wall_clock_asserts(tree) -> list[int]:
+    """Lines of asserts that compare a measured duration: a clock reading minus a start
+    (`time.perf_counter() - t0`), or a name assigned one, on a side of a comparison. A
+    deadline guard of a wait loop (`time.monotonic() < deadline`, `deadline - time.monotonic()
+    > 0`) is a timeout, not a measurement: allowed."""
+    def duration(node) -> bool:
+        return isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and \
+            any(_is_clock(n) for n in ast.walk(node.left))
+
+    durations = {t.id for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AugAssign))
+                 and any(duration(v) or (isinstance(v, ast.Call) and getattr(v.func, "id", "")
+                                         == "max" and any(duration(a) for a in v.args))
+                         for v in [n.value])
+                 for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                 if isinstance(t, ast.Name)}
+    found = []
+    for a in ast.walk(tree):
+        if isinstance(a, ast.Assert):
+            for c in ast.walk(a.test):
+                if isinstance(c, ast.Compare) and any(
+                        duration(s) or (isinstance(s, ast.Name) and s.id in durations)
+                        for s in [c.left, *c.comparators]):
+                    found.append(a.lineno)
+    return found
+
+
+def test_no_wall_clock_asserts_in_the_tests():
+    """Tests assert behaviour (bytes read, calls made, what was refused), never how long
+    something took: on a loaded machine a wall-clock bound fails a correct program (issue 29).
+    Timing belongs to the benchmarks."""
+    tests = PKG.parents[1] / "tests"
+    found = [(p.name, line) for p in sorted(tests.glob("*.py"))
+             for line in _wall_clock_asserts(ast.parse(p.read_text(encoding="utf-8")))]
+    assert found == [], found
+
+
+def test_the_wall_clock_check_sees_one():
+    tree = ast.parse("import time\nt0 = time.perf_counter()\nf()\n"
+                     "assert time.perf_counter() - t0 < 0.5\n"
+                     "took = time.monotonic() - t0\nassert took < 3\n"
+                     "deadline = time.monotonic() + 9\nassert time.monotonic() < deadline\n"
+                     "left = deadline - time.monotonic()\nassert left > 0\n")
+    assert _wall_clock_asserts(tree) == [4, 6]

@@ -4,8 +4,10 @@ carried forward), and stray temporary files of killed processes are swept. The C
 the real entry point on the tiny models (a subprocess each)."""
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -16,10 +18,12 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from tandem.engine import costs as costs_mod  # noqa: E402
+from tandem.engine.context_params import ContextParams  # noqa: E402
 from tandem.engine.costs import CostModel  # noqa: E402
 from tandem.engine.history import HistoryStore, read_entries, valid_entry  # noqa: E402
 from tandem.errors import TandemWarning  # noqa: E402
 from tandem.fsutil import atomic_write_text, sweep_stale_tmp, tmp_name  # noqa: E402
+from tandem.statefile import FUTURE_SLACK_S  # noqa: E402
 
 GOOD = {"time": 1_700_000_000.0, "tokens": list(range(20, 40))}
 
@@ -270,3 +274,87 @@ def test_state_files_that_are_fifos_never_block(tiny_models, tmp_path):
     assert hist.is_file() and json.loads(hist.read_text())["entries"]  # replaced, recorded
     res = _cli(["pairs"], home)
     assert res.returncode == 0 and "registry.json.bad" in res.stderr, res.stderr
+
+
+# ------------------------------------------------- one reader, one clock rule, one policy
+
+# statefile's one warning: `ignored WHAT PATH (REASON); WHAT WAS DONE`
+SHAPE = re.compile(r"^ignored (?P<what>.+?) (?P<path>/\S+) \((?P<why>.+)\); (?P<done>.+)$")
+_FUTURE = time.time() + 2 * FUTURE_SLACK_S  # beyond the one clock rule's tolerance
+_FUTURE_ISO = datetime.datetime.fromtimestamp(_FUTURE, datetime.timezone.utc).isoformat()
+DAMAGED = {  # kind -> (corrupt content, future-dated content)
+    "costs": ("{\"verify\": {\"1\": 0.01", {"verify": {"1": 0.01}, "when": _FUTURE}),
+    "knowledge": ("[1, 2", {"version": 1, "when": _FUTURE, "sources": [], "noise": {}}),
+    "history": ("{not json", {"format": 1, "entries": [{"time": _FUTURE, "tokens": [1, 2, 3]}]}),
+    "registry": ("{\"models\": 7}", {"version": 1, "models": {"x": {
+        "path": "models/x.gguf", "size": 1, "sha256": "0" * 64, "when": _FUTURE_ISO}}}),
+}
+
+
+def _session(tiny_models, home):
+    from tandem.engine.pair import PairSession, SessionOptions
+
+    opts = SessionOptions(strategy="auto", target_ctx=ContextParams(n_ctx=256, n_threads=1),
+                          home=home, history=True)
+    return PairSession(tiny_models["target"], None, opts)
+
+
+def _a_run(tiny_models, home) -> int:
+    """One request through the pair, as `tandem run` makes it: the tokens it generated."""
+    from tandem.engine.events import DoneEvent
+    from tandem.engine.speculative import GenParams
+
+    with _session(tiny_models, home) as s:
+        events = list(s.generate([1, 20, 21, 22], GenParams(max_tokens=6, ignore_eos=True)))
+    return [ev for ev in events if isinstance(ev, DoneEvent)][0].stats.n_generated
+
+
+def _state_path(kind: str, tiny_models, home) -> Path:
+    if kind == "registry":
+        return home / "registry.json"
+    if kind == "history":
+        return HistoryStore(home, tiny_models["target"]).path
+    with _session(tiny_models, home) as s:
+        list(s.generate([1, 20, 21, 22], _gen_one()))  # the configuration's cost key is set
+        return s.costs_path() if kind == "costs" else s.knowledge_path()
+
+
+def _gen_one():
+    from tandem.engine.speculative import GenParams
+
+    return GenParams(max_tokens=1, ignore_eos=True)
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "future"])
+@pytest.mark.parametrize("kind", list(DAMAGED))
+def test_a_damaged_state_file_is_said_once_in_one_shape_and_the_run_goes_on(
+        kind, damage, tiny_models, tmp_path, monkeypatch):
+    """Each kind of state file, corrupt or dated past the one clock rule: one warning of the
+    same shape naming the file, and the run (or the store's answer) goes on without it."""
+    import warnings
+
+    from tandem.models.catalog import ModelSpec
+    from tandem.models.store import Store
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("TANDEM_HOME", str(home))
+    monkeypatch.setattr(costs_mod, "others_share", lambda before, after: 0.0)
+    path = _state_path(kind, tiny_models, home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    content = DAMAGED[kind][damage == "future"]
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if kind == "registry":
+            spec = ModelSpec(name="x", repo="r/x", filename="x.gguf", size=1, sha256="0" * 64)
+            store = Store(home)
+            assert store.entry(spec) is None and store.entry(spec) is None  # read twice
+        else:
+            assert _a_run(tiny_models, home) == 6
+            assert _a_run(tiny_models, home) == 6  # the file was dealt with: said once
+    said = [str(w.message) for w in caught if issubclass(w.category, TandemWarning)]
+    assert len(said) == 1, said
+    shape = SHAPE.match(said[0])
+    assert shape and shape["path"] == str(path), said
+    if damage == "future":
+        assert "in the future" in shape["why"], said

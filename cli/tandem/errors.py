@@ -93,6 +93,37 @@ class OutputError(TandemError):
     exit_code = EXIT_OUTPUT
 
 
+def error_classes() -> dict[str, type[TandemError]]:
+    """This module's TandemError classes by name: what an error is called when it crosses a
+    process boundary (the RPC worker, engine/worker.py)."""
+    found: dict[str, type[TandemError]] = {"TandemError": TandemError}
+    todo = [TandemError]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            todo.append(sub)
+            if sub.__module__ == __name__:
+                found[sub.__name__] = sub
+    return found
+
+
+def error_name(exc: BaseException) -> str:
+    """The name `rebuild_error` knows `exc` by: its own class if this module defines it, else
+    the nearest base class that it does (a SettingsFileError crosses as a UsageError)."""
+    known = error_classes()
+    return next((c.__name__ for c in type(exc).__mro__ if known.get(c.__name__) is c),
+                type(exc).__name__)
+
+
+def rebuild_error(name: str, message: str, hint: str | None, exit_code: int) -> TandemError:
+    """The error `error_name` named, on this side of the boundary: the same class, message,
+    hint and exit code. A name this module does not define is a TandemError with the code
+    that was sent."""
+    err = error_classes().get(name, TandemError)(message, hint)
+    if err.exit_code != exit_code:
+        err.exit_code = exit_code
+    return err
+
+
 class TandemWarning(UserWarning):
     """Something the user should know that stops nothing (a damaged file set aside, a
     surprising setting). The core warns with it; `tandem.commands.app.main` prints `Warning: ...`."""

@@ -15,7 +15,7 @@ from tandem.errors import UsageError
 
 if TYPE_CHECKING:
     from tandem.bench.runner import BenchConfig
-    from tandem.engine.llama import ContextParams
+    from tandem.engine.context_params import ContextParams
     from tandem.engine.strategies import DraftParams
 
 # key -> (where, field, parser, allowed: (lo, hi) or a tuple of choices)
@@ -97,7 +97,7 @@ def build_configs(strategies: Sequence[str], base: DraftParams, grid: dict[str, 
     its own variants, since they change the plain rate too. `ctx`: the session's (default:
     ContextParams())."""
     from tandem.bench.runner import BenchConfig
-    from tandem.engine.llama import ContextParams
+    from tandem.engine.context_params import ContextParams
     from tandem.engine.strategies import DraftParams
 
     ctx = ctx if ctx is not None else ContextParams()

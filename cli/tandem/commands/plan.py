@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 from tandem.config.schema import endpoints
 from tandem.config.settings import CONFIG_NAME, Settings, read_sources, resolve_settings
 from tandem.config.tuned import tuned_values
-from tandem.engine.llama import ContextParams, exact_context
+from tandem.engine.context_params import ContextParams, exact_context
 from tandem.engine.rpc import server_info
 from tandem.engine.pair import SessionOptions
 from tandem.engine.strategies import DraftParams

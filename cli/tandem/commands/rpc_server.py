@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import os
+import signal
 import socket
 import sys
 import threading
@@ -53,6 +54,7 @@ def rpc_server(
       # then, on the machine that runs tandem:
       tandem run --rpc 192.168.1.20:50052 "Write a quicksort in C"
     """
+    signal.signal(signal.SIGINT, _stop)  # first: a Ctrl-C at any point from here ends at once
     from tandem.engine import ggml
     from tandem.engine.rpc import PROTO
 
@@ -98,18 +100,23 @@ def rpc_server(
             done.set()
 
     # in a thread: the server blocks in C for good, and the main thread must stay free to
-    # take Ctrl-C
+    # take Ctrl-C (_stop runs there, between two waits)
     threading.Thread(target=serve, name="rpc-server", daemon=True).start()
-    try:
-        while not done.wait(0.5):
-            pass
-    except KeyboardInterrupt:
-        print("rpc-server stopped.", file=sys.stderr)
-        sys.stderr.flush()
-        # not a normal exit: C++ destructors at exit would free what the serving thread uses
-        os._exit(0)
+    while not done.wait(0.5):
+        pass
     raise UsageError(f"llama.cpp's RPC server could not listen on {endpoint}",
                      "see its message above; pick another --port or --host")
+
+
+def _stop(signum, frame) -> None:  # noqa: ARG001 - a signal handler's signature
+    """SIGINT from the command's first line on, wherever start-up is: said, and the process
+    ends at once. Never a normal exit (nor a KeyboardInterrupt that would take one): once the
+    serving thread is inside llama.cpp, C++ destructors at exit free what it uses and hang."""
+    try:
+        print("rpc-server stopped.", file=sys.stderr)
+        sys.stderr.flush()
+    finally:
+        os._exit(0)
 
 
 def _check_port(host: str, port: int) -> None:

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Annotated, Sequence
 
-from tandem.errors import TandemWarning
+import msgspec
+
 from tandem.fsutil import atomic_write_text, sweep_stale_tmp
+from tandem.statefile import Damaged, check_time, read_state
 
 MAX_BATCH = 17  # verify batches of 1 (plain) .. 17 (16 drafts + the last token)
 DRAFT_PROBE_TOKENS = 8  # single-token draft decodes timed by calibrate()
@@ -31,7 +31,6 @@ DISAGREE = 2.5
 UNKNOWN_SPREAD = 0.15
 SPREAD_WEIGHT = 0.2  # the observed noise's moving average (as observe_verify's own)
 MAX_CACHED_BATCH = 65  # contexts cap logits at 65 rows: no verify batch is larger
-CLOCK_SKEW_S = 3600  # a calibration "from the future" beyond this is a damaged file
 # a measurement during which other processes used more than this share of the CPU was taken
 # on a busy machine (cpu_snapshot/others_share; pricing.py, machine/load.py)
 BUSY_SHARE = 0.25
@@ -147,28 +146,9 @@ class CostModel:
                            "when": self.when, "busy": self.busy}, indent=1)
 
     @classmethod
-    def from_json(cls, text: str) -> "CostModel":
-        """The cached model; ValueError (saying what) for a file that is not one: the file is
-        untrusted input, and a `when` of 1e300 or a batch size of 0 once broke every run."""
-        data = json.loads(text)
-        if not isinstance(data, dict) or not isinstance(data.get("verify", {}), dict):
-            raise ValueError("not a cost file")
-        verify = {}
-        for k, v in data.get("verify", {}).items():
-            n = int(k) if isinstance(k, str) and k.strip().isdigit() else 0
-            if not 1 <= n <= MAX_CACHED_BATCH:
-                raise ValueError(f"batch size {k!r} outside 1..{MAX_CACHED_BATCH}")
-            verify[n] = _finite(v, f"the cost of {n} tokens", positive=True)
-        draft_token = _finite(data.get("draft_token", 0.0), "draft_token")
-        when = _finite(data.get("when", 0.0), "when")
-        if when > time.time() + CLOCK_SKEW_S:
-            raise ValueError("`when` is in the future")
-        busy = data.get("busy")
-        if busy is not None and not 0 <= _finite(busy, "busy") <= 1:
-            raise ValueError("`busy` outside 0..1")
-        return cls(verify=verify, draft_token=draft_token,
-                   source=str(data.get("source", "file"))[:200], when=when,
-                   busy=None if busy is None else float(busy))
+    def from_file(cls, f: "_CostFile") -> "CostModel":
+        return cls(verify={int(k): v for k, v in f.verify.items()}, draft_token=f.draft_token,
+                   source=f.source[:200], when=f.when, busy=f.busy)
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -178,31 +158,39 @@ class CostModel:
     @classmethod
     def load(cls, path: Path) -> "CostModel | None":
         """The cached model, or None (calibrate again). A file that is there but invalid is
-        said once and removed, so that the next calibration replaces it whatever happens."""
+        said once and removed (statefile's policy), so that the next calibration replaces it
+        whatever happens. The file is untrusted input: a `when` of 1e300 or a batch size of 0
+        once broke every run."""
         sweep_stale_tmp(path.parent)
-        if not path.is_file():  # missing; or a FIFO, whose read would block
-            return None
-        try:
-            text = path.read_text()
-        except OSError:
-            return None
-        try:
-            return cls.from_json(text)
-        except (ValueError, TypeError, AttributeError, RecursionError) as exc:
-            warnings.warn(TandemWarning(f"ignored the cached costs {path} ({exc}); "
-                                        "measuring them again"), stacklevel=2)
+
+        def remove() -> str:
             with contextlib.suppress(OSError):
                 path.unlink()
-            return None
+            return "measuring them again"
+
+        f = read_state(path, _CostFile, "the cached costs", remove, check=_check_cost_file)
+        return None if f is None else cls.from_file(f)
 
 
-def _finite(value, what: str, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{what} is not a number")
-    value = float(value)
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
-        raise ValueError(f"{what} must be a finite number {'> 0' if positive else '>= 0'}")
-    return value
+# seconds: a cost above this is not a timing (inf, 1e300); a slow remote step takes seconds
+_Seconds = Annotated[float, msgspec.Meta(ge=0, le=1e6)]
+
+
+class _CostFile(msgspec.Struct):
+    """A cost cache file as to_json writes it (statefile checks it)."""
+
+    verify: dict[str, Annotated[float, msgspec.Meta(gt=0, le=1e6)]] = {}
+    draft_token: _Seconds = 0.0
+    source: str = "file"
+    when: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    busy: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
+
+
+def _check_cost_file(f: _CostFile) -> None:
+    for k in f.verify:
+        if not (k.isdigit() and 1 <= int(k) <= MAX_CACHED_BATCH):
+            raise Damaged(f"batch size {k!r} outside 1..{MAX_CACHED_BATCH}")
+    check_time(f.when, "`when`")
 
 
 def cpu_snapshot() -> tuple[int, int, int] | None:

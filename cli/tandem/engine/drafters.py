@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 
 from tandem.engine.adaptive import AcceptanceTracker, FallbackGuard, LengthController, ProbeBudget
 from tandem.engine.costs import DISAGREE, CostModel
 from tandem.engine.events import StepEvent
-from tandem.engine.llama import Context
 from tandem.engine.ngram import NgramIndex
 from tandem.engine.sampling import Dist, SamplingParams, distribution, draft_top, greedy_token
+
+if TYPE_CHECKING:
+    from tandem.engine.llama import Context
 
 
 @dataclass

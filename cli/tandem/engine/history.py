@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Annotated, Any, Sequence
+
+import msgspec
 
 from tandem.engine.suffix import SuffixIndex
-from tandem.errors import TandemWarning
 from tandem.fsutil import (
     TEXT_INPUT_MAX_BYTES,
     atomic_write_text,
@@ -30,6 +29,7 @@ from tandem.fsutil import (
     read_input_file,
     sweep_stale_tmp,
 )
+from tandem.statefile import Damaged, file_key, in_future, load_state, warn_damaged
 
 HISTORY_DIR = "history"
 HISTORY_MAX_TOKENS = 100_000  # ~0.6 MB of JSON, ~25 MB of index in memory (docs/benchmarks.md)
@@ -62,48 +62,81 @@ class HistoryInfo:
     newest: float  # time.time() of the latest answer (0: unknown)
 
 
-# An entry's `time` must be a plausible clock reading: after 2000-01-01 and at most a day
-# ahead (clocks drift); 1e300 or NaN there once made every `tandem history` fail
+# An entry's `time` must be a plausible clock reading: after 2000-01-01 and not in the future
+# (statefile's one clock rule); 1e300 or NaN there once made every `tandem history` fail
 TIME_MIN = 946_684_800.0
-TIME_SKEW_S = 86_400.0
 TOKEN_ID_MAX = 1 << 31  # llama_token is int32; larger ids overflowed in ctypes
+
+
+class _Entry(msgspec.Struct):
+    time: Annotated[float, msgspec.Meta(ge=TIME_MIN)]  # NaN fails the bound
+    tokens: Annotated[list[Annotated[int, msgspec.Meta(ge=0, lt=TOKEN_ID_MAX)]],
+                      msgspec.Meta(min_length=1)]
+
+
+class _HistoryFile(msgspec.Struct):
+    """The file as HistoryStore writes it; entries are checked one by one (valid_entry)."""
+
+    entries: list[Any]
+    target: Any = "?"
 
 
 def valid_entry(e, n_vocab: int | None = None, now: float | None = None) -> bool:
     """One history entry as tandem writes it: {"time": finite clock reading, "tokens": a list
     of token ids in [0, n_vocab)} (n_vocab None: the vocabulary is not known here, so only
     what any llama token can be)."""
-    if not isinstance(e, dict):
-        return False
-    t, tokens = e.get("time"), e.get("tokens")
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
-        return False
-    if not TIME_MIN <= t <= (now if now is not None else time.time()) + TIME_SKEW_S:
-        return False
-    if not isinstance(tokens, list) or not tokens:
-        return False
-    limit = n_vocab if n_vocab is not None else TOKEN_ID_MAX
-    return all(type(tok) is int and 0 <= tok < limit for tok in tokens)
+    return _problem(e, n_vocab, now) is None
+
+
+def _problem(e, n_vocab: int | None, now: float | None) -> str | None:
+    """What is wrong with one entry, for the warning; None if nothing."""
+    try:
+        entry = msgspec.convert(e, _Entry)
+    except msgspec.ValidationError:
+        return "bad token ids, times or types"
+    if in_future(entry.time, now):
+        return "dated in the future"
+    if n_vocab is not None and max(entry.tokens) >= n_vocab:
+        return "token ids outside the vocabulary"
+    return None
+
+
+def _read(path: Path, n_vocab: int | None = None) -> tuple[list[dict], dict, str, Any]:
+    """(valid entries, {what is wrong: how many entries}, why the whole file is damaged or "",
+    the target it names) of one history file; a missing file is an empty, clean one."""
+    try:
+        f = load_state(path, _HistoryFile)
+    except Damaged as exc:
+        return [], {}, str(exc), "?"
+    except OSError as exc:
+        return [], {}, f"unreadable: {exc.strerror or exc}", "?"
+    if f is None:
+        return [], {}, "", "?"
+    now = time.time()
+    good, problems = [], {}
+    for e in f.entries:
+        problem = _problem(e, n_vocab, now)
+        if problem is None:
+            good.append({"time": float(e["time"]), "tokens": e["tokens"]})
+        else:
+            problems[problem] = problems.get(problem, 0) + 1
+    return good, problems, "", f.target
 
 
 def read_entries(path: Path, n_vocab: int | None = None) -> tuple[list[dict], int, bool]:
     """(valid entries, how many were dropped, whether the file was unreadable as a whole) of
     one history file; a missing file is an empty, clean one."""
-    if path.exists() and not path.is_file():
-        return [], 0, True  # a FIFO would block the read; the rewrite replaces it
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, NotADirectoryError):  # no history (yet), or no home for one
-        return [], 0, False
-    except (OSError, ValueError, RecursionError):
-        return [], 0, True
-    entries = data.get("entries") if isinstance(data, dict) else None
-    if not isinstance(entries, list):
-        return [], 0, True
-    now = time.time()
-    good = [{"time": float(e["time"]), "tokens": e["tokens"]} for e in entries
-            if valid_entry(e, n_vocab, now)]
-    return good, len(entries) - len(good), False
+    good, problems, broken, _ = _read(path, n_vocab)
+    return good, sum(problems.values()), bool(broken)
+
+
+def _damage(problems: dict, broken: str) -> tuple[str, str]:
+    """What a damaged history is called in its warning, and why."""
+    if broken:
+        return "the answer history", broken
+    n = sum(problems.values())
+    return (f"{n} invalid entr{'y' if n == 1 else 'ies'} of the answer history",
+            "; ".join(f"{k}: {v}" for k, v in problems.items()))
 
 
 class HistoryStore:
@@ -128,17 +161,16 @@ class HistoryStore:
         with one warning, and the file is rewritten without it at once (never carried on)."""
         if not self._checked:
             sweep_stale_tmp(self.path.parent)  # left by processes killed mid-write
-        entries, dropped, broken = read_entries(self.path, self.n_vocab)
-        if (dropped or broken) and not self._checked:
-            what = ("was unreadable" if broken else
-                    f"had {dropped} invalid entr{'y' if dropped == 1 else 'ies'} (bad token ids, "
-                    "times or types)")
+        entries, problems, broken, _ = _read(self.path, self.n_vocab)
+        if (problems or broken) and not self._checked:
+            what, why = _damage(problems, broken)
+            key = file_key(self.path, what)
             try:
                 self._write(entries)
                 done = "the file was rewritten without " + ("it" if broken else "them")
             except OSError as exc:  # a read-only home: the bad entries are still never used
                 done = f"they are ignored (cannot rewrite it: {exc.strerror or exc})"
-            warnings.warn(TandemWarning(f"the answer history {self.path} {what}; {done}"), stacklevel=2)
+            warn_damaged(self.path, what, why, done, key)
         self._checked = True
         return entries
 
@@ -187,19 +219,11 @@ def list_histories(home: Path) -> list[HistoryInfo]:
             size = path.stat().st_size
         except OSError:
             size = 0
-        entries, dropped, broken = read_entries(path)
-        target = "? (unreadable)"
-        if not broken:
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-                target = str(data.get("target", "?"))[:200]
-            except (OSError, ValueError, RecursionError, AttributeError):
-                pass
-        if dropped or broken:
-            warnings.warn(TandemWarning(
-                f"the answer history {path} " + ("is unreadable" if broken else
-                                                 f"has {dropped} invalid entries") +
-                "; the next run of its model drops them"), stacklevel=2)
+        entries, problems, broken, target = _read(path)
+        target = "? (unreadable)" if broken else str(target)[:200]
+        if problems or broken:
+            warn_damaged(path, *_damage(problems, broken),
+                         "the next run of its model drops " + ("it" if broken else "them"))
         out.append(HistoryInfo(path, target, len(entries),
                                sum(len(e["tokens"]) for e in entries), size,
                                max((e["time"] for e in entries), default=0.0)))

@@ -6,30 +6,33 @@ draft position is accepted, and how noisy this machine's verify timings are. A n
 does not pay again for the probes that found out. The file sits beside the pair's cost cache
 (`$TANDEM_HOME/costs/<key>.knowledge.json`, the same key: machine, context settings, models).
 
-It is untrusted input: read with a size bound, a version field (other versions are ignored),
-ignored when older than the cost cache's MAX_AGE_S or dated in the future, and every value
-checked (acceptances finite in [0, 1], counts and lengths bounded, keys known); an entry that
-fails is dropped, a file that fails as a whole is ignored, and nothing here raises. Written
-through fsutil.atomic_write_text.
+It is untrusted input, read as every state file is (tandem/statefile.py: a size bound,
+msgspec, the one clock rule and the one failure policy: damaged or dated in the future, it is
+said once, removed, and the run starts from the priors); a file of another version or older
+than the cost cache's MAX_AGE_S is ignored without a word; every value is checked
+(acceptances finite in [0, 1], counts and lengths bounded, keys known), and an entry that
+fails is dropped alone. Nothing here raises. Written through fsutil.atomic_write_text.
 """
 from __future__ import annotations
 
+import contextlib
 import json
-import math
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Annotated, Any, Iterable
+
+import msgspec
 
 from tandem.engine.costs import MAX_AGE_S, MAX_BATCH
 from tandem.fsutil import atomic_write_text
+from tandem.statefile import check_time, read_state
 
 VERSION = 1
 MAX_BYTES = 64 * 1024  # a full file is ~5 KiB: anything larger is not ours
 MAX_COUNT = 1_000_000  # verdicts counted per entry (more says nothing new)
 MAX_LEN = MAX_BATCH - 1  # positions kept per entry: the longest draft
-FUTURE_SLACK_S = 300  # clocks of one machine agree; a file from the future is not trusted
 MODEL = "model"  # the draft model's entry
 
 
@@ -79,56 +82,66 @@ class Knowledge:
     @classmethod
     def load(cls, path: Path, sources: Iterable[str], buckets: Iterable[int],
              now: float | None = None) -> "Knowledge | None":
-        """The kept knowledge, or None (absent, unreadable, another version, stale, or not
-        this format). `sources` and `buckets` are the keys the caller knows."""
-        try:
-            if not path.is_file() or path.stat().st_size > MAX_BYTES:
-                return None
-            with open(path, "rb") as f:
-                data = json.loads(f.read(MAX_BYTES + 1).decode("utf-8"))
-        except (OSError, ValueError, RecursionError):
+        """The kept knowledge, or None (absent, another version, stale, or damaged: said once
+        and removed, statefile's policy). `sources` and `buckets` are the keys the caller
+        knows; an entry with another key, or values out of bounds, is dropped alone."""
+        def remove() -> str:
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return "starting from the priors"
+
+        now = time.time() if now is None else now
+        f = read_state(path, _KnowledgeFile, "the kept knowledge", remove, MAX_BYTES,
+                       check=lambda f: check_time(f.when, "`when`", now))
+        if f is None or f.version != VERSION or now - f.when > MAX_AGE_S:
             return None
-        return cls.from_dict(data, set(sources), set(buckets), time.time() if now is None else now)
+        return cls.from_file(f, set(sources), set(buckets))
 
     @classmethod
-    def from_dict(cls, data, sources: set[str], buckets: set[int],
-                  now: float) -> "Knowledge | None":
-        if not isinstance(data, dict) or data.get("version") != VERSION:
-            return None
-        when = data.get("when")
-        if not _number(when) or not 0 < when <= now + FUTURE_SLACK_S or now - when > MAX_AGE_S:
-            return None
-        out = cls(when=float(when))
-        entries = data.get("sources")
-        for e in entries if isinstance(entries, list) else []:
-            if not isinstance(e, dict) or e.get("source") not in sources:
-                continue
-            b = e.get("bucket")
-            rec = _record(e)
-            if type(b) is int and b in buckets and rec is not None:
-                out.sources[(e["source"], b)] = rec
-        model = data.get("model")
-        if isinstance(model, dict):
-            out.model = _record(model)
-        noise = data.get("noise")
-        for k, v in (noise.items() if isinstance(noise, dict) else ()):
-            try:
-                n = int(k)
-            except (TypeError, ValueError):
-                continue
-            if 1 <= n <= MAX_BATCH and _number(v) and 0.0 <= v <= 1.0:
+    def from_file(cls, f: "_KnowledgeFile", sources: set[str], buckets: set[int]) -> "Knowledge":
+        out = cls(when=f.when)
+        for e in f.sources:
+            rec = _convert(e, _Source)
+            if rec is not None and rec.source in sources and rec.bucket in buckets:
+                out.sources[(rec.source, rec.bucket)] = Record(rec.accept, rec.n)
+        model = _convert(f.model, Record)
+        out.model = model if model is not None and _sound(model) else None
+        for k, v in f.noise.items():
+            n = int(k) if k.isdigit() else 0
+            if 1 <= n <= MAX_BATCH and _convert(v, _Share) is not None:
                 out.noise[n] = float(v)
         return out
 
 
-def _number(x) -> bool:
-    return type(x) in (int, float) and math.isfinite(x)
+_Share = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]  # NaN and inf fail both bounds
+_Accept = Annotated[list[_Share], msgspec.Meta(min_length=1, max_length=MAX_LEN)]
+_Count = Annotated[int, msgspec.Meta(gt=0, le=MAX_COUNT)]
 
 
-def _record(e: dict) -> Record | None:
-    accept, n = e.get("accept"), e.get("n")
-    if (not isinstance(accept, list) or not 1 <= len(accept) <= MAX_LEN
-            or not all(_number(a) and 0.0 <= a <= 1.0 for a in accept)
-            or type(n) is not int or not 0 < n <= MAX_COUNT):
+class _Source(msgspec.Struct):
+    source: str
+    bucket: int
+    accept: _Accept
+    n: _Count
+
+
+class _KnowledgeFile(msgspec.Struct):
+    """The file as to_json writes it; entries are checked one by one (from_file)."""
+
+    version: int
+    when: Annotated[float, msgspec.Meta(gt=0)]
+    sources: list[Any] = []
+    model: Any = None
+    noise: dict[str, Any] = {}
+
+
+def _convert(value, kind):
+    try:
+        return msgspec.convert(value, kind)
+    except msgspec.ValidationError:
         return None
-    return Record([float(a) for a in accept], n)
+
+
+def _sound(rec: Record) -> bool:
+    return (1 <= len(rec.accept) <= MAX_LEN and 0 < rec.n <= MAX_COUNT
+            and all(0.0 <= a <= 1.0 for a in rec.accept))

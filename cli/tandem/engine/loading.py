@@ -3,9 +3,11 @@ the contexts made on demand and kept for reuse (spec-bench sweeps batch sizes an
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
-from tandem.engine.llama import Context, ContextParams, Model
+if TYPE_CHECKING:
+    from tandem.engine.context_params import ContextParams
+    from tandem.engine.llama import Context, Model
 
 
 def check_pair(target_path: Path, draft_path: Path) -> None:
@@ -58,6 +60,8 @@ class ContextCache:
             for old in mine[:max(0, len(mine) - self.limit + 1)]:
                 if self._contexts[old] not in busy:
                     self._contexts.pop(old).close()
+            from tandem.engine.llama import Context  # the backend, loaded with a model
+
             ctx = Context(model, params)
         self._contexts[key] = ctx  # re-inserted: most recently used last
         return ctx

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from tandem.config.schema import check_strategy
 from tandem.engine import template
@@ -21,13 +21,16 @@ from tandem.engine.drafters import Drafter
 from tandem.engine.events import DoneEvent
 from tandem.engine.history import HistoryStore, Library, read_context_file
 from tandem.engine.knowledge import Knowledge
-from tandem.engine.llama import Context, ContextParams, Model, default_threads
+from tandem.engine.context_params import ContextParams, default_threads
 from tandem.engine.loading import ContextCache, check_pair, draft_paths, load_drafts
 from tandem.engine.pricing import PROBE_TEXT, Pricing, cost_key
 from tandem.engine.speculative import GenParams, generate
 from tandem.engine.strategies import DrafterParts, DraftParams, make_drafter, need_draft_model
 from tandem.engine.threads import NO_THREADS, ThreadControl, ThreadTuner, cpu_load
 from tandem.errors import UsageError
+
+if TYPE_CHECKING:
+    from tandem.engine.llama import Context, Model
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,8 @@ class PairSession:
         if options.adapt_threads and not options.rpc:
             self.threads = ThreadControl(ThreadTuner(default_threads()),
                                          lambda: (self.target_ctx, self.draft_ctx), cpu_load())
+
+        from tandem.engine.llama import Model  # the backend, loaded with the models
 
         def load(path: Path, label: str, **how) -> Model:
             return Model(path, verbose=options.verbose, **how,

@@ -9,12 +9,14 @@ everything the figures depend on).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from tandem.engine.costs import BUSY_SHARE, DISAGREE, MAX_BATCH, CostModel, calibrate, disagreement
 from tandem.engine.knowledge import Knowledge
-from tandem.engine.llama import Context
 from tandem.fsutil import machine_key
+
+if TYPE_CHECKING:
+    from tandem.engine.llama import Context
 
 # a calibration measured on a busy machine (other processes above costs.BUSY_SHARE of the
 # CPU) serves the session that measured it and is not saved

@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Generator, Iterator, Sequence
+from typing import TYPE_CHECKING, Generator, Iterator, Sequence
 
 import numpy as np
 
 from tandem.config.schema import check_max_tokens, check_prompt
+from tandem.engine.context_params import common_prefix
 from tandem.engine.drafters import Draft, Drafter, recent
 from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
-from tandem.engine.llama import Context, common_prefix
 from tandem.engine.sampling import Dist, SamplingParams, distribution, greedy_token, residual
 from tandem.engine.stats import GenStats
 from tandem.engine.textstream import TextStream
 from tandem.engine.threads import NO_THREADS, Threads
 from tandem.errors import ContextOverflowError, UsageError
+
+if TYPE_CHECKING:
+    from tandem.engine.llama import Context
 
 VERIFY_RULES = ("rejection", "match")
 _NO_DRAFT = Draft()  # a plain step's draft, shared: generate() never modifies a draft

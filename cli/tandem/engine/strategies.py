@@ -7,7 +7,7 @@ drafter a strategy is and what it needs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from tandem.config.schema import FIELDS_BY_KEY, check_strategy
 from tandem.engine.auto import AutoDrafter
@@ -15,8 +15,10 @@ from tandem.engine.costs import CostModel
 from tandem.engine.drafters import Drafter, DraftModelDrafter, HybridDrafter, NgramDrafter, NoDrafter
 from tandem.engine.history import Library
 from tandem.engine.knowledge import Knowledge
-from tandem.engine.llama import Context
 from tandem.errors import UsageError
+
+if TYPE_CHECKING:
+    from tandem.engine.llama import Context
 
 
 @dataclass(frozen=True)

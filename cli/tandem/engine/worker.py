@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from tandem.errors import RemoteError, TandemError
+from tandem.errors import RemoteError, TandemError, error_name, rebuild_error
 
 # model loading calls back once per tensor; a heartbeat at most this often
 BEAT_EVERY = 0.5
@@ -221,11 +221,7 @@ class RemotePair:
                 self._proc.join(2)
                 raise self._fail(_how_it_ended(self._proc)) from None
             if kind == "error":
-                _, message, hint, code = payload
-                err = RemoteError(message, hint) if code == RemoteError.exit_code else \
-                    TandemError(message, hint)
-                err.exit_code = code
-                raise err
+                raise rebuild_error(*payload)  # its class, message, hint and exit code
             if kind != "beat":
                 return kind, payload
             if between is not None:
@@ -361,7 +357,7 @@ def _worker_main(conn, job: Job, log_path: str) -> None:
 
 def _error(exc: BaseException) -> tuple:
     if isinstance(exc, TandemError):
-        return ("error", (type(exc).__name__, exc.message, exc.hint, exc.exit_code))
+        return ("error", (error_name(exc), exc.message, exc.hint, exc.exit_code))
     return ("error", (type(exc).__name__, f"unexpected {type(exc).__name__}: {exc}",
                       "rerun with TANDEM_DEBUG=1 and --verbose, and report it", 1))
 

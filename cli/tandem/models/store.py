@@ -24,24 +24,27 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 from tandem.errors import (
     ChecksumError,
     DownloadError,
     ModelError,
     StorageError,
-    TandemWarning,
 )
 from tandem.fsutil import blocking_file, storage_error, sweep_stale_tmp
+from tandem.statefile import check_time, read_state
 
 from .catalog import ModelSpec
 from .transfer import (FetchResult, ProgressFn, Source, partial_path, remove_quietly, sha256_file)
@@ -52,6 +55,25 @@ except ImportError:  # pragma: no cover
     _fcntl = None  # type: ignore[assignment]
 
 REGISTRY_VERSION = 1
+
+
+class _RegistryFile(msgspec.Struct):
+    """registry.json as the store writes it; each record is checked when used (_entry)."""
+
+    models: dict[str, Any]
+    version: Any = REGISTRY_VERSION
+
+
+def _check_registry(doc: _RegistryFile) -> None:
+    """The clock rule on the records' `when` (ISO 8601, UTC, as _register writes it)."""
+    for key, record in doc.models.items():
+        when = record.get("when") if isinstance(record, dict) else None
+        try:
+            stamp = _dt.datetime.fromisoformat(when).timestamp() if isinstance(when, str) else None
+        except ValueError:
+            stamp = None  # informative only: a record is not refused for its spelling
+        if stamp is not None:
+            check_time(stamp, f"the record of {key[:80]}")
 
 
 # --------------------------------------------------------------------------- home
@@ -186,14 +208,25 @@ class Store:
 
     # registry ----------------------------------------------------------------
     def _read_registry(self) -> dict:
+        """The registry as a dict; a damaged one is set aside (registry.json.bad) and a new one
+        started, said once (statefile's policy): files already downloaded are re-adopted by
+        `ensure` after a hash check. A registry that cannot be read at all is a storage error."""
+        empty = {"version": REGISTRY_VERSION, "models": {}}
+
+        def set_aside() -> str:
+            bad = self.registry_path.with_name("registry.json.bad")
+            try:
+                os.replace(self.registry_path, bad)
+            except OSError as exc:
+                return f"it could not be set aside ({exc.strerror or exc}); a new one is used"
+            return (f"it was moved to {bad.name} and a new one started (models on disk are "
+                    "re-registered when used)")
+
         try:
-            if self.registry_path.exists() and not (self.registry_path.is_file()
-                                                    or self.registry_path.is_dir()):
-                raw = ""  # a FIFO or device: reading it could block; set aside as unreadable
-            else:
-                raw = self.registry_path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return {"version": REGISTRY_VERSION, "models": {}}
+            if self.registry_path.is_dir():
+                raise IsADirectoryError(errno.EISDIR, "is a directory")
+            doc = read_state(self.registry_path, _RegistryFile, "the model registry", set_aside,
+                             check=_check_registry, io_errors=True)
         except OSError as e:
             self.check_home()
             if self.registry_path.is_dir():
@@ -202,23 +235,10 @@ class Store:
                     "move it out of the way; tandem re-registers the models it finds",
                 ) from None
             raise storage_error(e, "the model registry", self.registry_path, True) from None
-        try:
-            doc = json.loads(raw)
-            valid = isinstance(doc, dict) and isinstance(doc.get("models"), dict)
-        except (ValueError, RecursionError):  # a nesting bomb is as unreadable as bad JSON
-            valid = False
-        if not valid:
-            # Unreadable registry: keep a copy for inspection and start afresh. Files
-            # already downloaded are re-adopted by `ensure` after a hash check.
-            bad = self.registry_path.with_name("registry.json.bad")
-            with contextlib.suppress(OSError):
-                os.replace(self.registry_path, bad)
-                warnings.warn(TandemWarning(
-                    f"the model registry {self.registry_path} was unreadable; it was moved to "
-                    f"{bad.name} and a new one started (models on disk are re-registered "
-                    "when used)"), stacklevel=2)
-            return {"version": REGISTRY_VERSION, "models": {}}
-        return doc
+        if doc is None:
+            self.check_home()  # no registry, or a home that is a file (a storage error)
+            return empty
+        return {"version": doc.version, "models": doc.models}
 
     def _write_registry(self, doc: dict) -> None:
         self.home.mkdir(parents=True, exist_ok=True)

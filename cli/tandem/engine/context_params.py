@@ -1,0 +1,72 @@
+"""What describes a llama.cpp context, without llama.cpp: its parameters (ContextParams),
+exact mode's changes to them, the logits-row limits, and the token-prefix comparison the
+contexts and the loop share. engine/llama.py builds contexts from these; everything that only
+names or compares them imports this module, so it loads without the compiled binding."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from tandem.config.schema import MAX_DRAFT
+
+# Rows of logits one decode may ask for: a verify batch of up to 64 drafts + the last token.
+# llama.cpp reserves compute memory for n_outputs_max rows (default: n_batch, ~300 MiB with
+# a 152k vocabulary); capping it keeps the reservation to what verification can use.
+MAX_OUTPUTS = MAX_DRAFT + 1
+
+# Largest batch whose logits equal single-token decoding's bit for bit on llama.cpp's CPU
+# kernels (unrepacked weights, flash attention, q8_0 KV): measured identical for 1..7 rows,
+# up to 0.57 apart from 8 rows on. In exact mode, verify batches of a target with any layer
+# on the CPU stay within it (drafts <= 6). GPU kernels were not measured here: a target fully
+# on the GPU keeps the profile's draft length, and the run's notes say exactness is unverified.
+EXACT_BATCH = 7
+
+
+@dataclass(frozen=True)
+class ContextParams:
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_threads: int = 0  # 0: all physical cores (os.cpu_count as a fallback)
+    n_threads_batch: int = 0
+    flash_attn: str = "on"  # "on" keeps batched and single-token attention identical on CPU
+    type_k: str = "f16"
+    type_v: str = "f16"
+    n_outputs_max: int = MAX_OUTPUTS
+    # exact mode: verify batches stay within EXACT_BATCH rows on CPU kernels (see above)
+    exact: bool = False
+
+
+def exact_context(ctx: ContextParams) -> ContextParams:
+    """What exact mode needs of the target's context on llama.cpp's CPU kernels: flash
+    attention on (without it, 2+ rows take other matmul kernels) and a q8_0 KV cache (with
+    f16, single-token flash attention switches to a split-KV kernel at 512 cached tokens);
+    verify batches then stay within EXACT_BATCH rows."""
+    return replace(ctx, flash_attn="on", type_k="q8_0", type_v="q8_0", exact=True)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two sequences share.
+
+    Slices are compared in C: the whole shorter length first (a cache and the tokens that
+    extend it), else a binary search for the first difference (a draft cache after a
+    rejection), never a Python loop over the whole context, which would run every step."""
+    a = a if type(a) is list else list(a)
+    b = b if type(b) is list else list(b)
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], and the first difference is below hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def default_threads() -> int:
+    """llama.cpp's thread count when none is given: every core."""
+    return max(1, os.cpu_count() or 1)
