@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 from bench_peer import (CODING_PROMPTS, DEFAULT_PROMPTS, BenchPrompt, Row, Server, ServerError,
+                        exit_status,
                         default_tandem, load_prompts, native_bin, resolve_models, save_rows,
                         server_row, tandem_command, tandem_row)
 
@@ -304,10 +305,7 @@ def main(argv: list[str] | None = None) -> int:
               f"ratios: median over prompts of the per-prompt ratio, measured interleaved; "
               f"threads chosen: the count tandem's defaults ended each request with (its notes; "
               f"'default': all {os.cpu_count()} cores).")
-    errors = [r for r in rows if r.error]
-    if errors:
-        print(f"\n{len(errors)} run(s) failed; see stderr / --out", file=sys.stderr)
-    return 130 if interrupted else (1 if errors else 0)
+    return exit_status(rows, interrupted)
 
 
 if __name__ == "__main__":

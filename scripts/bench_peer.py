@@ -504,6 +504,14 @@ def save_rows(out: Path, meta: dict, rows: list) -> None:
 
 
 
+def exit_status(rows, interrupted: bool) -> int:
+    """A bench script's exit code: 130 when interrupted, 1 when a run failed (said on stderr)."""
+    errors = [r for r in rows if r.error]
+    if errors:
+        print(f"\n{len(errors)} run(s) failed; see stderr / --out", file=sys.stderr)
+    return 130 if interrupted else (1 if errors else 0)
+
+
 def default_tandem() -> list[str]:
     exe = ROOT / ".venv" / "bin" / "tandem"
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "tandem"]
@@ -713,10 +721,7 @@ def main(argv: list[str] | None = None) -> int:
               "prompt + decode time over the configuration's; per step: its time per decode "
               f"step over the configuration's; same output: greedy text equal to "
               f"`{BASELINE}`'s after stripping.")
-    errors = [r for r in rows if r.error]
-    if errors:
-        print(f"\n{len(errors)} run(s) failed; see stderr / --out", file=sys.stderr)
-    return 130 if interrupted else (1 if errors else 0)
+    return exit_status(rows, interrupted)
 
 
 if __name__ == "__main__":

@@ -191,7 +191,7 @@ def prepare(pair: PairSession, req, defaults: Defaults,
     beforehand (serve/prompt.py), so that no request's preparation delays the one being
     generated. The prompt goes through the same PairSession.prompt_tokens as run and chat."""
     budget = budget or Budget(pair.target_ctx.n_ctx)
-    local = isinstance(pair, PairSession)
+    local = tokenizes_aside(pair)  # a remote pair's worker tokenizes the prompt whole
     return prompt.prompt_tokens(pair, req, budget, local=local), gen_params(req, defaults)
 
 
