@@ -50,8 +50,8 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     ns = ap.parse_args()
 
-    from tandem.engine.llama import exact_context
-    from tandem.engine.llama import Context, ContextParams, Model
+    from tandem.engine.backend.llama import exact_context
+    from tandem.engine.backend.llama import Context, ContextParams, Model
 
     path = ns.model
     if path is None:

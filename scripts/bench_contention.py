@@ -3,7 +3,7 @@
 
 Issue 32: llama.cpp's threads wait for the slowest at every barrier, so one core that another
 program keeps busy stalls every step; tandem's engine chooses the thread count that is fastest
-now (engine/threads.py) when the user did not fix one. This measures it on the default pair
+now (engine/tuning/threads.py) when the user did not fix one. This measures it on the default pair
 (or -m/-md) in three conditions, one after another:
 
   quiet   nothing else runs

@@ -123,7 +123,7 @@ def row_costs(n_vocab: int, reps: int = 200) -> dict:
     greedy choice of every verified row and the draft model's top-k stop test (p_min)."""
     import numpy as np
 
-    from tandem.engine.sampling import SamplingParams, draft_top, greedy_token
+    from tandem.engine.loop.sampling import SamplingParams, draft_top, greedy_token
 
     rows = np.random.default_rng(0).standard_normal((8, n_vocab)).astype(np.float32)
     sp = SamplingParams()
@@ -144,7 +144,7 @@ class Tandem:
     native process does."""
 
     def __init__(self, ns):
-        from tandem.engine.llama import Context, ContextParams, Model
+        from tandem.engine.backend.llama import Context, ContextParams, Model
 
         params = ContextParams(n_ctx=ns.ctx, n_threads=ns.threads, flash_attn="on")
         self.target = Model(ns.target, n_gpu_layers=ns.ngl, repack=False)
@@ -156,9 +156,9 @@ class Tandem:
         self.ns = ns
 
     def run(self, strategy: str) -> dict:
-        from tandem.engine.drafters import NgramDrafter, NoDrafter
-        from tandem.engine.events import DoneEvent, PrefillEvent
-        from tandem.engine.speculative import GenParams, generate
+        from tandem.engine.drafting.drafters import NgramDrafter, NoDrafter
+        from tandem.engine.loop.events import DoneEvent, PrefillEvent
+        from tandem.engine.loop.speculative import GenParams, generate
 
         ns = self.ns
         # each drafter owns its draft length; generate() only bounds a step by the room left
@@ -190,14 +190,14 @@ class Tandem:
         """`auto` with the draft model and the suffix index of prompt and output, its
         controllers and guard, on GPU-like costs (a verify batch as cheap as a step, a draft
         token a twentieth of one) so that it drafts and its per-step work shows."""
-        from tandem.engine.auto import AutoDrafter
-        from tandem.engine.costs import CostModel
+        from tandem.engine.drafting.auto import AutoDrafter
+        from tandem.engine.tuning.costs import CostModel
 
         costs = CostModel({n: 1e-3 * (1 + 0.01 * n) for n in (1, 2, 4, 8, 17)}, 5e-5)
         return AutoDrafter(self._model(), costs, n_max=self.ns.n_max)
 
     def _model(self):
-        from tandem.engine.drafters import DraftModelDrafter
+        from tandem.engine.drafting.drafters import DraftModelDrafter
 
         return DraftModelDrafter(self.dctx, self.ns.n_max, 0, self.ns.p_min)
 

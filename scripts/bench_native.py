@@ -97,12 +97,12 @@ def main() -> int:
     n_maxes = ns.n_max or [3]
     modes = ns.mode or ["exact", "repack"]
 
-    from tandem.engine import template as chat_template
-    from tandem.engine.events import DoneEvent
-    from tandem.engine.llama import ContextParams
+    from tandem.engine.backend import template as chat_template
+    from tandem.engine.loop.events import DoneEvent
+    from tandem.engine.backend.llama import ContextParams
     from tandem.engine.pair import PairSession, SessionOptions
-    from tandem.engine.strategies import DraftParams
-    from tandem.engine.speculative import GenParams
+    from tandem.engine.drafting.strategies import DraftParams
+    from tandem.engine.loop.speculative import GenParams
 
     if ns.target is None:
         from tandem.models.catalog import get_pair

@@ -66,7 +66,7 @@ class Proc:
 
 
 def start_rpc_server(tandem: list[str], threads: int, env: dict) -> tuple[Proc, int]:
-    from tandem.engine.rpc import check_endpoint
+    from tandem.engine.remote.rpc import check_endpoint
     from tandem.errors import RemoteError
 
     port = peer.free_port()

@@ -59,7 +59,7 @@ def parse_ks(text: str) -> list[int]:
 
 
 def environment() -> dict:
-    from tandem.engine import llama
+    from tandem.engine.backend import llama
 
     env = {"python": platform.python_version(), "machine": platform.machine(),
            "cpu_count": os.cpu_count(), "llama_cpp_python": llama.LLAMA_CPP_VERSION,
@@ -92,8 +92,8 @@ def _median_ms(times: list[float]) -> float:
 def measure_shape(path: Path, ns) -> dict:
     """Decode cost, verify curve, host row costs and batch invariance of one model."""
     from batch_invariance import TEXT, compare
-    from tandem.engine import llama
-    from tandem.engine.sampling import SamplingParams, draft_top
+    from tandem.engine.backend import llama
+    from tandem.engine.loop.sampling import SamplingParams, draft_top
 
     lines = llama.capture_log()
     model = llama.Model(path, n_gpu_layers=ns.ngl)
@@ -190,7 +190,7 @@ def planned(target: Path, draft: Path) -> dict:
 
 def check_offload(target: Path, draft: Path) -> dict:
     """Load each model as planned and compare where llama.cpp put its layers with the plan."""
-    from tandem.engine import llama
+    from tandem.engine.backend import llama
 
     plan = planned(target, draft)
     out = {"profile": plan["profile"], "status": plan["plan"].get("status"), "models": {}}
@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     ns.ks = parse_ks(ns.ks)
     ns.contexts = [int(c) for c in ns.contexts.split(",")]
 
-    from tandem.engine import llama
+    from tandem.engine.backend import llama
 
     llama.init_backend()
     offload = llama.supports_gpu_offload()

@@ -149,7 +149,7 @@ if ! "$VPY" -c 'import tandem' 2>/dev/null \
   export PYTHONPATH="$ROOT/cli${PYTHONPATH:+:$PYTHONPATH}"
 fi
 "$VPY" -c 'import gguf' 2>/dev/null || export PYTHONPATH="$SRC/vendor/llama.cpp/gguf-py${PYTHONPATH:+:$PYTHONPATH}"
-offload="$("$VPY" -c 'from tandem.engine.llama import supports_gpu_offload as s; print(s())')"
+offload="$("$VPY" -c 'from tandem.engine.backend.llama import supports_gpu_offload as s; print(s())')"
 if [ "$BACKEND" = cuda ] && [ "$offload" != True ]; then
   fail "llama.cpp was built but offers no GPU offload" "see $LOG for GGML_CUDA"
 fi

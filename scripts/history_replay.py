@@ -30,9 +30,9 @@ from pathlib import Path
 def record(out: Path, mt_bench: Path | None, per_group: int, n: int, threads: int) -> None:
     from tandem.bench import multiturn
     from tandem.bench.runner import BenchConfig
-    from tandem.engine.llama import ContextParams
+    from tandem.engine.backend.llama import ContextParams
     from tandem.engine.pair import PairSession, SessionOptions
-    from tandem.engine.speculative import GenParams
+    from tandem.engine.loop.speculative import GenParams
     from tandem.models.catalog import get_pair
     from tandem.models.store import Store
 
@@ -66,8 +66,8 @@ def simulate(drafter, prompt: list[int], output: list[int], costs, cap: int = 16
     """(steps, drafted, accepted, predicted seconds) of greedy decoding with `drafter`."""
     import numpy as np
 
-    from tandem.engine.events import StepEvent
-    from tandem.engine.sampling import SamplingParams
+    from tandem.engine.loop.events import StepEvent
+    from tandem.engine.loop.sampling import SamplingParams
 
     tokens, pos = list(prompt), 0
     steps = drafted = accepted = 0
@@ -96,7 +96,7 @@ class Oracle:
     No policy over these indexes can do better: it bounds what drafting from them gives."""
 
     name = "oracle"
-    notes = ()  # the Drafter protocol (engine/drafters.py): nothing to say, no sources
+    notes = ()  # the Drafter protocol (engine/drafting/drafters.py): nothing to say, no sources
     step_sources = ()
 
     def __init__(self, auto, costs, output_of):
@@ -107,7 +107,7 @@ class Oracle:
         self.auto.prefill(prompt)
 
     def propose(self, tokens, room, sampling, rng, sample):
-        from tandem.engine.drafters import Draft
+        from tandem.engine.drafting.drafters import Draft
 
         want = self.output_of(len(tokens))
         best: list[int] = []
@@ -126,10 +126,10 @@ class Oracle:
 
 
 def policy(name: str, costs, history: list[list[int]]):
-    from tandem.engine.auto import AutoDrafter
-    from tandem.engine.costs import CostModel
-    from tandem.engine.drafters import HybridDrafter
-    from tandem.engine.history import Library
+    from tandem.engine.drafting.auto import AutoDrafter
+    from tandem.engine.tuning.costs import CostModel
+    from tandem.engine.drafting.drafters import HybridDrafter
+    from tandem.engine.drafting.history import Library
 
     costs = CostModel(dict(costs.verify), 0.0)
     if name == "ngram":  # auto's n-gram drafting before the suffix index
@@ -145,7 +145,7 @@ def policy(name: str, costs, history: list[list[int]]):
 
 
 def replay(path: Path, costs_path: Path, policies: list[str]) -> None:
-    from tandem.engine.costs import CostModel
+    from tandem.engine.tuning.costs import CostModel
 
     costs = CostModel.load(costs_path)
     if costs is None:

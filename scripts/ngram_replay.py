@@ -22,10 +22,10 @@ from pathlib import Path
 
 def record(prompts_file: Path, out: Path, per_category: int, n: int, threads: int) -> None:
     from tandem.bench.workloads import group_mt_bench, read_file, select
-    from tandem.engine.events import DoneEvent
-    from tandem.engine.llama import ContextParams
+    from tandem.engine.loop.events import DoneEvent
+    from tandem.engine.backend.llama import ContextParams
     from tandem.engine.pair import PairSession, SessionOptions
-    from tandem.engine.speculative import GenParams
+    from tandem.engine.loop.speculative import GenParams
     from tandem.models.catalog import get_pair
     from tandem.models.store import Store
 
@@ -48,8 +48,8 @@ def record(prompts_file: Path, out: Path, per_category: int, n: int, threads: in
 def replay(items: list[dict], make, verify_limit: int, costs, overhead: float,
            oracle: bool) -> float:
     """Predicted speedup over plain decoding for each item."""
-    from tandem.engine.events import StepEvent
-    from tandem.engine.sampling import SamplingParams
+    from tandem.engine.loop.events import StepEvent
+    from tandem.engine.loop.sampling import SamplingParams
 
     sp = SamplingParams(temperature=0.0)
     out = []
@@ -91,10 +91,10 @@ def main() -> int:
     if not ns.replay:
         return 0
 
-    from tandem.engine.auto import AutoDrafter
-    from tandem.engine.costs import CostModel
-    from tandem.engine.drafters import NgramDrafter
-    from tandem.engine.llama import EXACT_BATCH
+    from tandem.engine.drafting.auto import AutoDrafter
+    from tandem.engine.tuning.costs import CostModel
+    from tandem.engine.drafting.drafters import NgramDrafter
+    from tandem.engine.backend.llama import EXACT_BATCH
 
     costs = CostModel.load(ns.costs) if ns.costs else None
     if costs is None or not costs.verify:

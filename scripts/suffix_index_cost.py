@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Memory and time of the suffix index (tandem.engine.suffix) per token, measured here.
+"""Memory and time of the suffix index (tandem.engine.drafting.suffix) per token, measured here.
 
     .venv/bin/python scripts/suffix_index_cost.py [--tokens 100000]
 
@@ -16,7 +16,7 @@ import tracemalloc
 
 import numpy as np
 
-from tandem.engine.suffix import SuffixIndex
+from tandem.engine.drafting.suffix import SuffixIndex
 
 
 def documents(n_tokens: int, rng: np.random.Generator) -> list[list[int]]:

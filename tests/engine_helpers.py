@@ -4,10 +4,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
-from tandem.engine.drafters import DraftModelDrafter, NoDrafter
-from tandem.engine.events import DoneEvent, StepEvent
-from tandem.engine.llama import Context, ContextParams, Model
-from tandem.engine.speculative import GenParams, generate
+from tandem.engine.drafting.drafters import DraftModelDrafter, NoDrafter
+from tandem.engine.loop.events import DoneEvent, StepEvent
+from tandem.engine.backend.llama import Context, ContextParams, Model
+from tandem.engine.loop.speculative import GenParams, generate
 
 
 def run(ctx, prompt, drafter, **kw):

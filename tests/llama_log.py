@@ -1,7 +1,7 @@
 """Load models in a subprocess with llama.cpp's log on and read back the buffer sizes it reports.
 
 A subprocess, because llama.cpp only logs through our callback when verbose, and that setting is
-process-wide (tandem.engine.llama.init_backend). Each model is loaded once; every context
+process-wide (tandem.engine.backend.llama.init_backend). Each model is loaded once; every context
 configuration is then created (and freed) on it, which costs milliseconds, not a reload.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ MiB = 1 << 20
 
 _SCRIPT = r"""
 import json, os, sys
-from tandem.engine.llama import Context, ContextParams, Model
+from tandem.engine.backend.llama import Context, ContextParams, Model
 for item in json.loads(sys.argv[1]):
     os.write(2, ("### MODEL " + item["key"] + "\n").encode())
     m = Model(item["path"], item.get("gpu_layers", 0), verbose=True,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
-from tandem.engine.llama import MAX_OUTPUTS, common_prefix
+from tandem.engine.backend.llama import MAX_OUTPUTS, common_prefix
 from tandem.errors import ContextOverflowError
 
 NEG = -1e4  # a logit whose probability is 0 in float64

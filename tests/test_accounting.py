@@ -10,8 +10,8 @@ import pytest
 from tandem.bench.accounting import server_counts, tandem_counts
 from tandem.bench.runner import RunResult
 from tandem.bench.workloads import Prompt
-from tandem.engine.events import DoneEvent
-from tandem.engine.stats import GenStats
+from tandem.engine.loop.events import DoneEvent
+from tandem.engine.loop.stats import GenStats
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,9 +107,9 @@ def test_spec_bench_reports_end_to_end_only_for_the_same_work():
 def test_spec_bench_runs_single_prompts_cold(tiny_models, tmp_path, monkeypatch):
     """Every run evaluates its whole prompt (the previous configuration left it cached)."""
     from tandem.bench.runner import BenchConfig, run_bench
-    from tandem.engine.llama import ContextParams
+    from tandem.engine.backend.llama import ContextParams
     from tandem.engine.pair import PairSession, SessionOptions
-    from tandem.engine.speculative import GenParams
+    from tandem.engine.loop.speculative import GenParams
 
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
     opts = SessionOptions(strategy="none", target_ctx=ContextParams(n_ctx=256, n_threads=1))

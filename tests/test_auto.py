@@ -3,16 +3,16 @@ n-gram acceptance is learnt per match length."""
 from __future__ import annotations
 
 import numpy as np
-from tandem.engine.adaptive import model_draft_gain
-from tandem.engine.costs import CostModel
-from tandem.engine.drafters import HybridDrafter
-from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent
-from tandem.engine.llama import ContextParams
-from tandem.engine.sampling import SamplingParams
-from tandem.engine.auto import AUTO_MODEL_GAIN
+from tandem.engine.drafting.adaptive import model_draft_gain
+from tandem.engine.tuning.costs import CostModel
+from tandem.engine.drafting.drafters import HybridDrafter
+from tandem.engine.loop.events import DoneEvent, PrefillEvent, StepEvent
+from tandem.engine.backend.llama import ContextParams
+from tandem.engine.loop.sampling import SamplingParams
+from tandem.engine.drafting.auto import AUTO_MODEL_GAIN
 from tandem.engine.pair import PairSession, SessionOptions
-from tandem.engine.strategies import DraftParams
-from tandem.engine.speculative import GenParams
+from tandem.engine.drafting.strategies import DraftParams
+from tandem.engine.loop.speculative import GenParams
 
 # this CPU's calibrated figures (docs/benchmarks.md): a 0.5B draft token costs 0.43 of a plain step
 CPU = CostModel({1: 0.086, 2: 0.123, 3: 0.149, 4: 0.182, 5: 0.211, 8: 0.272, 17: 0.389}, 0.0368)
@@ -30,7 +30,7 @@ def test_model_draft_gain_from_costs():
 def _auto(tiny_models, tmp_path, monkeypatch, costs: CostModel, exact: bool = False):
     import time
 
-    from tandem.engine import pricing
+    from tandem.engine.tuning import pricing
 
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
     # as if calibrated on such a machine just now: the tiny models' real timings (which the
@@ -93,7 +93,7 @@ def test_ngram_acceptance_is_learnt_per_match_length():
 
 
 def test_drafts_never_exceed_the_exact_batch(tiny_models, tmp_path, monkeypatch):
-    from tandem.engine.llama import EXACT_BATCH
+    from tandem.engine.backend.llama import EXACT_BATCH
 
     with _auto(tiny_models, tmp_path, monkeypatch, GPU, exact=True) as s:
         prompt = s.target.tokenize("a b c a b c a b c a b c a b", add_special=True,
@@ -114,7 +114,7 @@ def test_calibration_times_the_same_number_of_draft_tokens_whatever_the_sizes(
         tiny_models, tmp_path, monkeypatch):
     # spec-bench calibrates drafts with sizes=(1,): the draft cost must still be the time of
     # DRAFT_PROBE_TOKENS decodes divided by that count (it once divided one decode by 8)
-    from tandem.engine.costs import DRAFT_PROBE_TOKENS, calibrate
+    from tandem.engine.tuning.costs import DRAFT_PROBE_TOKENS, calibrate
 
     with _auto(tiny_models, tmp_path, monkeypatch, CPU) as s:
         probe = s.target.tokenize("def f(): pass", add_special=False, parse_special=False)
@@ -130,7 +130,7 @@ def test_an_implausible_cached_cost_curve_is_measured_again(tiny_models, tmp_pat
     busy = CostModel({1: 0.43, 2: 0.54, 6: 0.29, 17: 0.26}, 0.33)
     assert not busy.plausible() and CPU.plausible() and GPU.plausible()
     assert not CostModel({}, 0.0).plausible()
-    import tandem.engine.pricing as pricing_module
+    import tandem.engine.tuning.pricing as pricing_module
 
     calls = []
 

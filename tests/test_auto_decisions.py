@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from tandem.engine.adaptive import PROBE_ACCEPT, LengthController
-from tandem.engine.auto import AutoDrafter
-from tandem.engine.costs import CostModel
-from tandem.engine.events import StepEvent
-from tandem.engine.knowledge import Knowledge
-from tandem.engine.sampling import SamplingParams
+from tandem.engine.drafting.adaptive import PROBE_ACCEPT, LengthController
+from tandem.engine.drafting.auto import AutoDrafter
+from tandem.engine.tuning.costs import CostModel
+from tandem.engine.loop.events import StepEvent
+from tandem.engine.tuning.knowledge import Knowledge
+from tandem.engine.loop.sampling import SamplingParams
 
 # verify batch of n tokens, in plain steps: (fastest, slowest) seen. STEEP: issue 25's host
 # (plain 33 ms; 2 rows 1.75-2.07, 3 rows 2.4-2.6, 4 rows 2.8-3.1, 8 rows 6.8-8.1). FLAT: the

@@ -18,11 +18,11 @@ from tandem.config import tuned as tuned_file
 from tandem.bench.runner import BenchConfig, RunResult, plan, run_bench
 from tandem.bench.sweep import SWEEP_KEYS, build_configs, parse_sweep
 from tandem.bench.workloads import Prompt
-from tandem.engine.events import DoneEvent
-from tandem.engine.llama import ContextParams
-from tandem.engine.strategies import DraftParams
-from tandem.engine.speculative import GenParams
-from tandem.engine.stats import GenStats
+from tandem.engine.loop.events import DoneEvent
+from tandem.engine.backend.llama import ContextParams
+from tandem.engine.drafting.strategies import DraftParams
+from tandem.engine.loop.speculative import GenParams
+from tandem.engine.loop.stats import GenStats
 from tandem.errors import UsageError
 
 SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared" / "spec_bench" / "question.dev.jsonl"

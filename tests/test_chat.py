@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from tandem.engine import template as chat_template  # noqa: E402
+from tandem.engine.backend import template as chat_template  # noqa: E402
 from tandem.chat.conversation import (  # noqa: E402
     COMMANDS,
     ChatSession,
@@ -16,10 +16,10 @@ from tandem.chat.conversation import (  # noqa: E402
     message_text,
     parse_command,
 )
-from tandem.engine.events import DoneEvent, PrefillEvent, TokenEvent  # noqa: E402
-from tandem.engine.llama import ContextParams, common_prefix  # noqa: E402
+from tandem.engine.loop.events import DoneEvent, PrefillEvent, TokenEvent  # noqa: E402
+from tandem.engine.backend.llama import ContextParams, common_prefix  # noqa: E402
 from tandem.engine.pair import PairSession, SessionOptions  # noqa: E402
-from tandem.engine.speculative import GenParams  # noqa: E402
+from tandem.engine.loop.speculative import GenParams  # noqa: E402
 from tandem.errors import ContextOverflowError, TandemError, UsageError  # noqa: E402
 
 
@@ -190,7 +190,7 @@ def test_save_closes_the_code_fence_of_an_answer_cut_at_the_token_limit(pair, tm
     rest of the saved file rendered as code: /save closes it (markdown only; the JSON keeps
     the answer as generated)."""
     from tandem.chat.transcript import Turn, open_fence
-    from tandem.engine.stats import GenStats
+    from tandem.engine.loop.stats import GenStats
 
     chat = ChatSession(pair, gen=GenParams(max_tokens=8))
     cut = "Here it is:\n\n```python\ndef add(a, b):\n    return a +"
@@ -309,7 +309,7 @@ def test_stats_compare_turns_only_with_plain_measured_at_the_same_load(pair):
     from tandem.chat.speed import PlainMeasure, plain_for
     from tandem.chat.transcript import Turn
     from tandem.chat.tui import ChatView
-    from tandem.engine.stats import GenStats
+    from tandem.engine.loop.stats import GenStats
 
     chat = ChatSession(pair, gen=GenParams(max_tokens=16))
     chat.plain_log.append(PlainMeasure(10.0, "16-token plain probe", 100.0, 0.02))
@@ -384,7 +384,7 @@ def test_switching_to_auto_keeps_the_kv_prefix(before, cached_costs, tiny_models
     """The first `auto` turn checks (or measures) the costs; that measurement once prefilled
     its own probe into the target's cache, so the turn re-evaluated the whole conversation
     (3,500 tokens, 40 s on the real pair). It measures after what the cache holds instead."""
-    from tandem.engine import costs as costs_mod
+    from tandem.engine.tuning import costs as costs_mod
 
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(costs_mod, "others_share", lambda before, after: 0.0)  # quiet machine

@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from tandem.engine import costs as costs_mod
-from tandem.engine.costs import CostModel, calibrate
-from tandem.engine.llama import ContextParams
+from tandem.engine.tuning import costs as costs_mod
+from tandem.engine.tuning.costs import CostModel, calibrate
+from tandem.engine.backend.llama import ContextParams
 from tandem.engine.pair import PairSession, SessionOptions
 
 pytest.importorskip("llama_cpp")
@@ -59,7 +59,7 @@ def test_an_agreeing_cache_is_used_as_is(tiny_models, tmp_path, monkeypatch):
         s.costs()
         path = s.costs_path()
     before = CostModel.load(path)
-    from tandem.engine import pricing
+    from tandem.engine.tuning import pricing
 
     seen = []
     # sub-millisecond timings of the tiny models are too noisy to agree on their own here:
@@ -98,7 +98,7 @@ def test_a_calibration_on_a_busy_machine_is_not_saved(tiny_models, tmp_path, mon
 
 
 def test_cpu_share_of_other_processes_from_proc(tmp_path):
-    from tandem.engine.costs import cpu_snapshot, others_share
+    from tandem.engine.tuning.costs import cpu_snapshot, others_share
 
     a = cpu_snapshot()
     if a is None:

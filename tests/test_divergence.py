@@ -8,9 +8,9 @@ import pytest
 from tandem.bench import report as rep
 from tandem.bench.runner import BenchConfig, classify_divergences, run_bench
 from tandem.bench.workloads import Prompt
-from tandem.engine.llama import ContextParams
+from tandem.engine.backend.llama import ContextParams
 from tandem.engine.pair import PairSession, SessionOptions
-from tandem.engine.speculative import GenParams
+from tandem.engine.loop.speculative import GenParams
 
 pytest.importorskip("llama_cpp")
 

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import pytest
-from tandem.engine.adaptive import AcceptanceTracker, FallbackGuard, LengthController
-from tandem.engine.costs import CostModel
-from tandem.engine.ngram import NgramIndex
+from tandem.engine.drafting.adaptive import AcceptanceTracker, FallbackGuard, LengthController
+from tandem.engine.tuning.costs import CostModel
+from tandem.engine.drafting.ngram import NgramIndex
 
 
 def test_ngram_index_proposes_the_latest_continuation():

@@ -7,9 +7,9 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from engine_helpers import assert_same_as_plain, drafter_for, run  # noqa: E402
-from tandem.engine.drafters import NoDrafter  # noqa: E402
-from tandem.engine.llama import Context, ContextParams, Model  # noqa: E402
-from tandem.engine.sampling import SamplingParams  # noqa: E402
+from tandem.engine.drafting.drafters import NoDrafter  # noqa: E402
+from tandem.engine.backend.llama import Context, ContextParams, Model  # noqa: E402
+from tandem.engine.loop.sampling import SamplingParams  # noqa: E402
 from tandem.errors import ContextOverflowError, UsageError  # noqa: E402
 
 PROMPTS = [
@@ -224,7 +224,7 @@ def test_invalid_parameters(models, ctxs, kw, msg):
 
 
 def test_invalid_draft_max():
-    from tandem.engine.strategies import DraftParams
+    from tandem.engine.drafting.strategies import DraftParams
 
     for n_max in (-1, 65):  # the draft length's one carrier refuses it
         with pytest.raises(UsageError, match="draft max"):
@@ -238,8 +238,8 @@ def test_empty_prompt(ctxs):
 
 @pytest.mark.parametrize("strategy", ["ngram", "hybrid", "auto"])
 def test_every_strategy_keeps_greedy_output(models, ctxs, strategy, tmp_path, monkeypatch):
-    from tandem.engine.costs import CostModel
-    from tandem.engine.drafters import DraftModelDrafter, HybridDrafter, NgramDrafter
+    from tandem.engine.tuning.costs import CostModel
+    from tandem.engine.drafting.drafters import DraftModelDrafter, HybridDrafter, NgramDrafter
 
     target = models["target"]
     costs = CostModel(verify={1: 0.01, 2: 0.011, 9: 0.013}, draft_token=0.001)
@@ -260,7 +260,7 @@ def test_every_strategy_keeps_greedy_output(models, ctxs, strategy, tmp_path, mo
 def test_hybrid_sampling_with_ngram_tokens_keeps_the_distribution(models, ctxs):
     """Deterministic (n-gram) draft tokens are verified as point masses at temperature > 0."""
     from scipy.stats import chi2_contingency
-    from tandem.engine.drafters import NgramDrafter
+    from tandem.engine.drafting.drafters import NgramDrafter
 
     prompt = toks(models["target"], "abcabcabcabcabc")
     sp = dict(temperature=1.0, top_k=6)
@@ -279,8 +279,8 @@ def test_hybrid_sampling_with_ngram_tokens_keeps_the_distribution(models, ctxs):
 
 
 def _tiny_drafter(kind, ctxs):
-    from tandem.engine.costs import CostModel
-    from tandem.engine.drafters import DraftModelDrafter, HybridDrafter
+    from tandem.engine.tuning.costs import CostModel
+    from tandem.engine.drafting.drafters import DraftModelDrafter, HybridDrafter
 
     model = DraftModelDrafter(ctxs["draft"], n_max=4, n_min=2, p_min=0.75)
     if kind == "draft":
@@ -348,8 +348,8 @@ def test_kv_fallback_and_exact_mode_say_what_they_cannot_keep(models, tiny_model
 def test_partial_gpu_offload_keeps_the_cpu_verify_cap(tiny_models, monkeypatch):
     """Finding 6: a target with some layers on the CPU still runs CPU kernels, so exact mode
     keeps EXACT_BATCH; only a full offload lifts it (with a note: GPU kernels unmeasured)."""
-    from tandem.engine import llama
-    from tandem.engine.llama import EXACT_BATCH
+    from tandem.engine.backend import llama
+    from tandem.engine.backend.llama import EXACT_BATCH
 
     monkeypatch.setattr(llama, "supports_gpu_offload", lambda: True)  # a CPU build ignores ngl
     for ngl, full in ((1, False), (2, False), (3, True), (-1, True)):

@@ -7,18 +7,18 @@ import os
 
 import numpy as np
 import pytest
-from tandem.engine.auto import AutoDrafter
-from tandem.engine.costs import CostModel
-from tandem.engine.events import DoneEvent, StepEvent
-from tandem.engine.history import (
+from tandem.engine.drafting.auto import AutoDrafter
+from tandem.engine.tuning.costs import CostModel
+from tandem.engine.loop.events import DoneEvent, StepEvent
+from tandem.engine.drafting.history import (
     HistoryStore,
     Library,
     clear_histories,
     list_histories,
     read_context_file,
 )
-from tandem.engine.sampling import SamplingParams
-from tandem.engine.suffix import SuffixIndex
+from tandem.engine.loop.sampling import SamplingParams
+from tandem.engine.drafting.suffix import SuffixIndex
 from tandem.errors import UsageError
 
 # ------------------------------------------------------------------ the index
@@ -68,7 +68,7 @@ def test_step_by_step_indexing_builds_the_same_chains_as_bulk():
     """A decode step indexes its new tokens in Python, a loaded history in numpy: both must
     give the same hash chains, or a lookup would miss (or find) different occurrences."""
     import numpy as np
-    from tandem.engine import suffix
+    from tandem.engine.drafting import suffix
 
     rng = np.random.default_rng(3)
     seq = [int(t) for t in rng.integers(0, 7, 400)]  # a small alphabet: many repeats
@@ -194,10 +194,10 @@ def test_auto_drafts_from_history_and_says_so():
 
 def test_pair_session_records_answers_reports_sources_and_opt_out_writes_nothing(
         tiny_models, tmp_path, monkeypatch):
-    from tandem.engine.adaptive import LengthController
-    from tandem.engine.llama import ContextParams
+    from tandem.engine.drafting.adaptive import LengthController
+    from tandem.engine.backend.llama import ContextParams
     from tandem.engine.pair import PairSession, SessionOptions
-    from tandem.engine.speculative import GenParams
+    from tandem.engine.loop.speculative import GenParams
 
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
     ctx = ContextParams(n_ctx=256, n_threads=1)
@@ -227,9 +227,9 @@ def test_pair_session_records_answers_reports_sources_and_opt_out_writes_nothing
 
 
 def test_opt_out_reads_and_writes_nothing(tiny_models, tmp_path, monkeypatch):
-    from tandem.engine.llama import ContextParams
+    from tandem.engine.backend.llama import ContextParams
     from tandem.engine.pair import PairSession, SessionOptions
-    from tandem.engine.speculative import GenParams
+    from tandem.engine.loop.speculative import GenParams
 
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
     opts = SessionOptions(strategy="auto", target_ctx=ContextParams(n_ctx=256, n_threads=1),

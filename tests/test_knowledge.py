@@ -1,4 +1,4 @@
-"""What paid is kept beside the cost cache (engine/knowledge.py): a new request or process
+"""What paid is kept beside the cost cache (engine/tuning/knowledge.py): a new request or process
 starts from it; the file is bounded, versioned, ignored when stale, checked on read."""
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import time
 
 import numpy as np
 import pytest
-from tandem.engine.auto import BUCKETS, ORDER, AutoDrafter
-from tandem.engine.costs import CostModel
-from tandem.engine.events import DoneEvent, StepEvent
-from tandem.engine.knowledge import MAX_BYTES, VERSION, Knowledge
+from tandem.engine.drafting.auto import BUCKETS, ORDER, AutoDrafter
+from tandem.engine.tuning.costs import CostModel
+from tandem.engine.loop.events import DoneEvent, StepEvent
+from tandem.engine.tuning.knowledge import MAX_BYTES, VERSION, Knowledge
 from tandem.errors import TandemWarning
-from tandem.engine.sampling import SamplingParams
+from tandem.engine.loop.sampling import SamplingParams
 
 # a batch of n tokens costs 10% more per extra token: drafts are not free, probes have a price
 GENTLE = CostModel({n: 0.1 * (1 + 0.1 * (n - 1)) for n in range(1, 18)}, spread={1: 0.02})
@@ -77,7 +77,7 @@ def test_a_second_request_starts_from_the_first_ones_acceptance(tmp_path):
 def test_a_trial_that_falls_short_keeps_the_kept_estimate_on_trial():
     """A kept estimate is confirmed by MIN_EVIDENCE of the request's drafts accepted in
     full in a row; one that falls short restarts the count (its drafts stay probes)."""
-    from tandem.engine.adaptive import MIN_EVIDENCE
+    from tandem.engine.drafting.adaptive import MIN_EVIDENCE
 
     kept = Knowledge()
     kept.learn(("prompt", 8), [1.0] * 8, 50)
@@ -170,10 +170,10 @@ def test_the_file_is_written_atomically_and_bounded(tmp_path):
 
 
 def test_a_second_session_starts_from_the_first_ones_file(tiny_models, tmp_path, monkeypatch):
-    from tandem.engine import pricing
-    from tandem.engine.llama import ContextParams
+    from tandem.engine.tuning import pricing
+    from tandem.engine.backend.llama import ContextParams
     from tandem.engine.pair import PairSession, SessionOptions
-    from tandem.engine.speculative import GenParams
+    from tandem.engine.loop.speculative import GenParams
 
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
     monkeypatch.setattr(pricing, "disagreement", lambda *a: 1.0)

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from engine_helpers import run
 from scripted import FakeClock, ScriptedContext, ScriptedModel, logits_of, one_hot
-from tandem.engine.adaptive import FallbackGuard
-from tandem.engine.costs import CostModel
-from tandem.engine.drafters import DraftModelDrafter, HybridDrafter, NgramDrafter, NoDrafter
-from tandem.engine.sampling import SamplingParams, distribution
+from tandem.engine.drafting.adaptive import FallbackGuard
+from tandem.engine.tuning.costs import CostModel
+from tandem.engine.drafting.drafters import DraftModelDrafter, HybridDrafter, NgramDrafter, NoDrafter
+from tandem.engine.loop.sampling import SamplingParams, distribution
 
 V = 6
 BOS = 5
@@ -164,8 +164,8 @@ def test_draft_length_respects_n_batch():
 
 def test_calibration_measures_only_batches_that_fit(tiny_models):
     pytest.importorskip("llama_cpp")
-    from tandem.engine.costs import calibrate
-    from tandem.engine.llama import Context, ContextParams, Model
+    from tandem.engine.tuning.costs import calibrate
+    from tandem.engine.backend.llama import Context, ContextParams, Model
 
     m = Model(tiny_models["target"])
     ctx = Context(m, ContextParams(n_ctx=256, n_batch=4, n_ubatch=4, n_threads=1))
@@ -406,8 +406,8 @@ def _hist_target_fn(prefix):
 
 
 def _history_auto(source: str):
-    from tandem.engine.auto import AutoDrafter
-    from tandem.engine.history import Library
+    from tandem.engine.drafting.auto import AutoDrafter
+    from tandem.engine.drafting.history import Library
 
     lib = Library(None, remember=False)
     # the earlier answers disagree with each other and with the target's likeliest tokens:
@@ -448,12 +448,12 @@ def test_history_drafts_keep_the_target_distribution(source, monkeypatch):
 
 def test_greedy_with_history_is_identical_to_plain_in_exact_mode(tiny_models, monkeypatch):
     """Exact mode, greedy: auto drafting from history and files gives plain decoding's tokens."""
-    from tandem.engine.adaptive import LengthController
-    from tandem.engine.events import DoneEvent
-    from tandem.engine.llama import ContextParams
-    from tandem.engine.llama import exact_context
+    from tandem.engine.drafting.adaptive import LengthController
+    from tandem.engine.loop.events import DoneEvent
+    from tandem.engine.backend.llama import ContextParams
+    from tandem.engine.backend.llama import exact_context
     from tandem.engine.pair import PairSession, SessionOptions
-    from tandem.engine.speculative import GenParams
+    from tandem.engine.loop.speculative import GenParams
 
     ctx = exact_context(ContextParams(n_ctx=512, n_threads=1))
     opts = SessionOptions(strategy="auto", target_ctx=ctx, repack=False)

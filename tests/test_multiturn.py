@@ -9,9 +9,9 @@ from tandem.bench import multiturn
 from tandem.bench.multiturn import Conversation, run_conversations
 from tandem.bench.report import aggregate
 from tandem.bench.runner import BenchConfig, classify_divergences
-from tandem.engine.llama import ContextParams
+from tandem.engine.backend.llama import ContextParams
 from tandem.engine.pair import PairSession, SessionOptions
-from tandem.engine.speculative import GenParams
+from tandem.engine.loop.speculative import GenParams
 from tandem.errors import UsageError
 
 

@@ -271,6 +271,6 @@ def test_estimate_is_close_to_the_real_header(tiny_models):
 
 def test_planner_assumes_the_engines_logits_row_cap():
     pytest.importorskip("llama_cpp")
-    from tandem.engine.llama import MAX_OUTPUTS, ContextParams
+    from tandem.engine.backend.llama import MAX_OUTPUTS, ContextParams
 
     assert ContextSpec().n_outputs_max == MAX_OUTPUTS == ContextParams().n_outputs_max

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.engine import template
+from tandem.engine.backend import template
 from tandem.errors import ContextOverflowError, UsageError
 from tandem.serve import prompt
 from tandem.serve.protocol import Request
@@ -163,7 +163,7 @@ def test_a_prompt_that_fits_is_tokenized_whole():
 
 def _tiny_prompt(tiny_models, content):
     pytest.importorskip("llama_cpp")
-    from tandem.engine.llama import Model
+    from tandem.engine.backend.llama import Model
 
     model = Model(tiny_models["target"])
     try:
@@ -202,9 +202,9 @@ def test_run_tokenizes_user_text_as_text(tiny_models, tmp_path):
 def test_chat_tokenizes_user_text_as_text(tiny_models):
     pytest.importorskip("llama_cpp")
     from tandem.chat.conversation import ChatSession
-    from tandem.engine.llama import ContextParams
+    from tandem.engine.backend.llama import ContextParams
     from tandem.engine.pair import PairSession, SessionOptions
-    from tandem.engine.speculative import GenParams
+    from tandem.engine.loop.speculative import GenParams
 
     opts = SessionOptions(strategy="none", target_ctx=ContextParams(n_ctx=512, n_threads=1))
     with PairSession(tiny_models["target"], None, opts) as pair:
@@ -221,7 +221,7 @@ def real_counts(real_pair):
     """What the forged content must cost: the benign prompt's tokens, plus the content's
     tokens as plain text (no special parsing), minus the benign content's one token."""
     pytest.importorskip("llama_cpp")
-    from tandem.engine.llama import Model
+    from tandem.engine.backend.llama import Model
 
     model = Model(real_pair[0])
     try:
@@ -264,9 +264,9 @@ def test_real_pair_forged_turn_through_serve(real_pair, real_counts, tmp_path):
 @pytest.mark.slow
 def test_real_pair_forged_turn_through_run_and_chat(real_pair, real_counts, tmp_path):
     from tandem.chat.conversation import ChatSession
-    from tandem.engine.llama import ContextParams
+    from tandem.engine.backend.llama import ContextParams
     from tandem.engine.pair import PairSession, SessionOptions
-    from tandem.engine.speculative import GenParams
+    from tandem.engine.loop.speculative import GenParams
 
     env = {**os.environ, "TANDEM_HOME": str(tmp_path)}
     res = subprocess.run(

@@ -22,7 +22,7 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from tandem.engine import rpc  # noqa: E402
+from tandem.engine.remote import rpc  # noqa: E402
 from tandem.errors import EXIT_OK, EXIT_REMOTE, EXIT_USAGE, RemoteError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -400,7 +400,7 @@ def test_run_does_not_import_the_http_stack():
 
 @pytest.fixture(scope="module")
 def pair(tiny_models, tmp_path_factory):
-    from tandem.engine.llama import ContextParams
+    from tandem.engine.backend.llama import ContextParams
     from tandem.engine.pair import PairSession, SessionOptions
 
     os.environ.setdefault("TANDEM_HOME", str(tmp_path_factory.mktemp("pair-home")))
@@ -430,8 +430,8 @@ def _run_job(worker, make, on_text=None):
 
 
 def test_cancel_stops_within_one_step(pair):
-    from tandem.engine.sampling import SamplingParams
-    from tandem.engine.speculative import GenParams
+    from tandem.engine.loop.sampling import SamplingParams
+    from tandem.engine.loop.speculative import GenParams
     from tandem.serve.engine_thread import EngineWorker
 
     worker = EngineWorker(pair, strategy="draft", record=False, queue_size=2)
@@ -499,7 +499,7 @@ def test_protocol_checks():
 def test_one_rule_for_sampling_values_in_cli_and_api(key, value):
     """The CLI (SamplingParams) and the API (protocol) refuse the same values, and both take
     seed -1 as a random seed."""
-    from tandem.engine.sampling import SamplingParams
+    from tandem.engine.loop.sampling import SamplingParams
     from tandem.errors import UsageError
     from tandem.serve.protocol import ApiError, parse_chat
 
@@ -515,7 +515,7 @@ def test_one_rule_for_sampling_values_in_cli_and_api(key, value):
 def test_both_caches_keep_the_common_prefix(pair):
     """Turn 2 of a conversation: the target and the draft model each evaluate only what
     follows turn 1 (the draft's prefill is counted directly on its context)."""
-    from tandem.engine.llama import common_prefix
+    from tandem.engine.backend.llama import common_prefix
     from tandem.serve import protocol
     from tandem.serve.engine_thread import Defaults, EngineWorker, prepare
 

@@ -119,8 +119,8 @@ def test_every_key_has_a_value_and_a_source(home, profiles):
 
 def test_defaults_match_the_engine_defaults():
     from tandem.machine.fit import ENGINE_REPACK
-    from tandem.engine.llama import ContextParams
-    from tandem.engine.strategies import DraftParams
+    from tandem.engine.backend.llama import ContextParams
+    from tandem.engine.drafting.strategies import DraftParams
     from tandem.config.schema import FIELDS_BY_KEY
 
     assert ENGINE_REPACK["fast"] == SessionOptions().repack  # what the planner assumes about loading
@@ -348,9 +348,9 @@ def test_session_options_take_gpu_layers_from_the_plan(home):
 def test_planned_options_load_and_run_a_session(home, tiny_models):
     """What `tandem run` does once wired: settings -> plan -> SessionOptions -> PairSession."""
     from tandem.commands.plan import prepare_session
-    from tandem.engine.events import DoneEvent
+    from tandem.engine.loop.events import DoneEvent
     from tandem.engine.pair import PairSession
-    from tandem.engine.speculative import GenParams
+    from tandem.engine.loop.speculative import GenParams
 
     # one thread: two OpenMP threads spin against whatever else runs on a 2-core machine
     prep = prepare_session({"n_ctx": 512, "strategy": "draft", "n_max": 3, "n_threads": 1},

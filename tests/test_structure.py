@@ -88,10 +88,10 @@ def _importers(top: str) -> set[str]:
 
 
 def test_dependency_rules():
-    assert _importers("llama_cpp") == {"tandem.engine.llama"}
+    assert _importers("llama_cpp") == {"tandem.engine.backend.llama"}
     # native calls: llama.cpp through the binding (llama), ggml's registry for RPC devices
     # and the RPC server, which the binding does not cover (ggml)
-    assert _importers("ctypes") == {"tandem.engine.llama", "tandem.engine.ggml"}
+    assert _importers("ctypes") == {"tandem.engine.backend.llama", "tandem.engine.remote.ggml"}
     ui = _importers("typer") | _importers("rich")
     assert all(m.startswith("tandem.commands.") or m == "tandem.chat.tui" for m in ui), ui
     # the HTTP stack only where `tandem serve` runs it (tandem run never loads it)
@@ -101,7 +101,7 @@ def test_dependency_rules():
 
 # The one module that needs the compiled binding: every other module only names its types
 # (under `if TYPE_CHECKING:`) or imports it inside the function that loads a model.
-BACKEND = "tandem.engine.llama"
+BACKEND = "tandem.engine.backend.llama"
 
 
 def _top_level_imports(tree) -> set[str]:
@@ -128,9 +128,9 @@ def _top_level_imports(tree) -> set[str]:
 
 
 def test_only_the_backend_loads_llama_cpp_at_import():
-    """Only engine/llama.py imports llama_cpp, and no module imports engine/llama.py when it
+    """Only engine/backend/llama.py imports llama_cpp, and no module imports engine/backend/llama.py when it
     is itself imported: the types come under TYPE_CHECKING, a Model or Context is made by a
-    function that imports the backend when it runs (engine/pair.py, engine/loading.py)."""
+    function that imports the backend when it runs (engine/pair.py, engine/backend/loading.py)."""
     assert _importers("llama_cpp") == {BACKEND}
     eager = sorted(m for m, tree in _trees() if m != BACKEND
                    and BACKEND in _top_level_imports(tree))
@@ -139,12 +139,12 @@ def test_only_the_backend_loads_llama_cpp_at_import():
 
 def test_the_import_check_sees_an_eager_import():
     tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                     "    from tandem.engine.llama import Context\n"
-                     "def f():\n    from tandem.engine import llama\n"
-                     "from tandem.engine import llama\n")
+                     "    from tandem.engine.backend.llama import Context\n"
+                     "def f():\n    from tandem.engine.backend import llama\n"
+                     "from tandem.engine.backend import llama\n")
     assert BACKEND in _top_level_imports(tree)
     assert BACKEND not in _top_level_imports(ast.parse(
-        "def f():\n    from tandem.engine.llama import Model\n"))
+        "def f():\n    from tandem.engine.backend.llama import Model\n"))
 
 
 def test_every_module_but_the_backend_imports_without_llama_cpp(tmp_path):
@@ -168,7 +168,7 @@ def test_every_module_but_the_backend_imports_without_llama_cpp(tmp_path):
         "    except BaseException as exc:\n"
         "        bad[name] = f'{type(exc).__name__}: {exc}'\n"
         "try:\n"  # the block itself: the backend must fail
-        "    importlib.import_module('tandem.engine.llama')\n"
+        "    importlib.import_module('tandem.engine.backend.llama')\n"
         "    bad['llama_cpp was not blocked'] = ''\n"
         "except Exception:\n"
         "    pass\n"
@@ -181,17 +181,18 @@ def test_every_module_but_the_backend_imports_without_llama_cpp(tmp_path):
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {}
 
 
-# The decode loop and the drafting internals: the loop knows drafters only through the Drafter
-# protocol (engine/drafters.py), never an index, a controller or the history behind one.
-LOOP = ("speculative", "events", "stats", "textstream", "sampling")
-DRAFTING_INTERNALS = ("ngram", "suffix", "adaptive", "auto", "history")
+# The decode loop and the drafting internals: the loop (engine/loop/) knows drafters only
+# through the Drafter protocol (engine/drafting/drafters.py), never an index, a controller or
+# the history behind one.
+PROTOCOL = "tandem.engine.drafting.drafters"
 
 
 def test_the_loop_imports_no_drafting_internals():
     graph = _imports()
-    internals = {f"tandem.engine.{m}" for m in DRAFTING_INTERNALS}
-    found = sorted((m, d) for m in (f"tandem.engine.{x}" for x in LOOP)
-                   for d in graph[m] if d in internals)
+    loop = [m for m in graph if m.startswith("tandem.engine.loop.")]
+    assert "tandem.engine.loop.speculative" in loop
+    found = sorted((m, d) for m in loop for d in graph[m]
+                   if d.startswith("tandem.engine.drafting.") and d != PROTOCOL)
     assert found == [], found
 
 
@@ -316,7 +317,7 @@ RULES = {
     "unknown strategy": "tandem.config.schema",
     "max tokens must be >= 1": "tandem.config.schema",
     "the prompt is empty": "tandem.config.schema",
-    "needs a draft model": "tandem.engine.strategies",
+    "needs a draft model": "tandem.engine.drafting.strategies",
     "or --model": "tandem.commands.options",  # a pair name or your own files, not both
 }
 
@@ -380,7 +381,7 @@ def test_yaml_places_come_from_the_schema():
 def test_the_engine_reads_drafters_through_their_protocol():
     """No getattr/hasattr probing a drafter in the engine: what generate() and PairSession
     read is declared on engine.drafters.Drafter."""
-    from tandem.engine.drafters import Drafter
+    from tandem.engine.drafting.drafters import Drafter
 
     declared = set(Drafter.__annotations__) | {n for n in vars(Drafter) if not n.startswith("_")}
     probes = []
@@ -553,7 +554,7 @@ def _option_flags(annotation) -> set[str]:
 def test_module_names_say_what_they_hold():
     """No two modules share a file name (three `session.py`, two `app.py` and two `worker.py`
     once did), except a command's module named after its command (commands/history.py runs
-    the answers engine/history.py keeps)."""
+    the answers engine/drafting/history.py keeps)."""
     import collections
 
     by_stem = collections.defaultdict(list)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from engine_helpers import run
 from scripted import ScriptedContext, ScriptedModel, one_hot
-from tandem.engine.drafters import DraftModelDrafter, NoDrafter
-from tandem.engine.textstream import TextStream
+from tandem.engine.drafting.drafters import DraftModelDrafter, NoDrafter
+from tandem.engine.loop.textstream import TextStream
 
 
 def feed_all(stream: TextStream, chunks) -> list[str]:
@@ -82,8 +82,8 @@ def test_speculative_text_equals_plain_with_multibyte_tokens_and_stops(stop):
     outs = []
     for drafter in (NoDrafter(), DraftModelDrafter(ScriptedContext(model, _fn), n_max=5)):
         pieces = []
-        from tandem.engine.events import TokenEvent
-        from tandem.engine.speculative import GenParams, generate
+        from tandem.engine.loop.events import TokenEvent
+        from tandem.engine.loop.speculative import GenParams, generate
 
         done = None
         for ev in generate(ScriptedContext(model, _fn), [256], drafter,

@@ -1,4 +1,4 @@
-"""The thread count that survives a busy machine (engine/threads.py, issue 32), decided on
+"""The thread count that survives a busy machine (engine/tuning/threads.py, issue 32), decided on
 scripted step costs: a simulated 2-core machine whose plain-step cost at 1 and 2 threads is
 the measured one for each condition, on a simulated clock (no wall-clock time is asserted).
 
@@ -16,10 +16,10 @@ from unittest import mock
 import numpy as np
 import pytest
 from scripted import FakeClock, ScriptedContext, ScriptedModel, one_hot
-from tandem.engine.drafters import NoDrafter
-from tandem.engine.events import DoneEvent
-from tandem.engine.speculative import GenParams, generate
-from tandem.engine.threads import (CHECK_EVERY, MARGIN, NO_THREADS, ThreadControl, ThreadTuner,
+from tandem.engine.drafting.drafters import NoDrafter
+from tandem.engine.loop.events import DoneEvent
+from tandem.engine.loop.speculative import GenParams, generate
+from tandem.engine.tuning.threads import (CHECK_EVERY, MARGIN, NO_THREADS, ThreadControl, ThreadTuner,
                                    candidates, load_text)
 
 # seconds of a plain step at (1 thread, 2 threads), and the share of the CPU other processes
@@ -372,7 +372,7 @@ def test_the_user_fixing_threads_turns_adaptation_off(cli, adapt):
 
 
 def test_pair_session_adapts_only_unfixed_contexts(tiny_models):
-    from tandem.engine.llama import ContextParams
+    from tandem.engine.backend.llama import ContextParams
     from tandem.engine.pair import PairSession, SessionOptions
 
     gen = GenParams(max_tokens=24)
@@ -398,7 +398,7 @@ def test_pair_session_adapts_only_unfixed_contexts(tiny_models):
 
 
 def test_pricing_keeps_no_calibration_taken_with_fewer_threads(tmp_path):
-    from tandem.engine.pricing import Pricing
+    from tandem.engine.tuning.pricing import Pricing
 
     ctx = ScriptedContext(ScriptedModel(16), lambda prefix: np.zeros(16), clock=FakeClock(),
                           cost=lambda n: 0.01 * n)

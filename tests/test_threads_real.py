@@ -1,4 +1,4 @@
-"""The real default pair under a changing thread count (engine/threads.py): exact mode's
+"""The real default pair under a changing thread count (engine/tuning/threads.py): exact mode's
 promise holds when the count changes between steps, and its logits do not depend on it."""
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from tandem.engine.events import DoneEvent  # noqa: E402
-from tandem.engine.llama import Context, ContextParams, exact_context  # noqa: E402
+from tandem.engine.loop.events import DoneEvent  # noqa: E402
+from tandem.engine.backend.llama import Context, ContextParams, exact_context  # noqa: E402
 from tandem.engine.pair import PairSession, SessionOptions  # noqa: E402
-from tandem.engine.speculative import GenParams  # noqa: E402
-from tandem.engine.threads import ThreadTuner  # noqa: E402
+from tandem.engine.loop.speculative import GenParams  # noqa: E402
+from tandem.engine.tuning.threads import ThreadTuner  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 def test_exact_mode_logits_do_not_depend_on_the_thread_count(real_pair):
     """1 and 2 threads, fresh and switched on the live context, past the 512-token point:
     the same logits bit for bit (exact mode's configuration)."""
-    from tandem.engine.llama import Model
+    from tandem.engine.backend.llama import Model
 
     model = Model(real_pair[0], repack=False)
     try:

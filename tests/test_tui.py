@@ -7,8 +7,8 @@ import pytest
 
 from rich.console import Console
 from tandem.chat.tui import ChatView, LiveState, markdown_tail, render, render_answer, sparkline
-from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
-from tandem.engine.stats import GenStats
+from tandem.engine.loop.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
+from tandem.engine.loop.stats import GenStats
 
 # A recorded answer: (time, event). Three verify steps with drafts of 4:
 #   step 0: 4 drafted, 4 accepted -> 4 draft tokens + 1 target token

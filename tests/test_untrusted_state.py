@@ -17,10 +17,10 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from tandem.engine import costs as costs_mod  # noqa: E402
-from tandem.engine.context_params import ContextParams  # noqa: E402
-from tandem.engine.costs import CostModel  # noqa: E402
-from tandem.engine.history import HistoryStore, read_entries, valid_entry  # noqa: E402
+from tandem.engine.tuning import costs as costs_mod  # noqa: E402
+from tandem.engine.backend.context_params import ContextParams  # noqa: E402
+from tandem.engine.tuning.costs import CostModel  # noqa: E402
+from tandem.engine.drafting.history import HistoryStore, read_entries, valid_entry  # noqa: E402
 from tandem.errors import TandemWarning  # noqa: E402
 from tandem.fsutil import atomic_write_text, sweep_stale_tmp, tmp_name  # noqa: E402
 from tandem.statefile import FUTURE_SLACK_S  # noqa: E402
@@ -94,7 +94,7 @@ def test_a_damaged_history_is_dropped_with_one_warning_and_rewritten(case, tiny_
     assert len(_warnings(res.stderr, "answer history")) == 1, res.stderr
     data = json.loads(path.read_text())
     assert isinstance(data["entries"], list)
-    from tandem.engine.llama import Model
+    from tandem.engine.backend.llama import Model
 
     n_vocab = Model(target).n_vocab
     assert all(valid_entry(e, n_vocab) for e in data["entries"]), data
@@ -168,7 +168,7 @@ def test_a_valid_cost_file_still_loads(tmp_path):
 
 
 def test_a_session_recalibrates_over_a_damaged_cost_file(tiny_models, tmp_path, monkeypatch):
-    from tandem.engine.llama import ContextParams
+    from tandem.engine.backend.llama import ContextParams
     from tandem.engine.pair import PairSession, SessionOptions
 
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
@@ -301,8 +301,8 @@ def _session(tiny_models, home):
 
 def _a_run(tiny_models, home) -> int:
     """One request through the pair, as `tandem run` makes it: the tokens it generated."""
-    from tandem.engine.events import DoneEvent
-    from tandem.engine.speculative import GenParams
+    from tandem.engine.loop.events import DoneEvent
+    from tandem.engine.loop.speculative import GenParams
 
     with _session(tiny_models, home) as s:
         events = list(s.generate([1, 20, 21, 22], GenParams(max_tokens=6, ignore_eos=True)))
@@ -320,7 +320,7 @@ def _state_path(kind: str, tiny_models, home) -> Path:
 
 
 def _gen_one():
-    from tandem.engine.speculative import GenParams
+    from tandem.engine.loop.speculative import GenParams
 
     return GenParams(max_tokens=1, ignore_eos=True)
 

@@ -1,4 +1,4 @@
-"""Errors cross the RPC worker's process boundary (engine/worker.py) as they were raised: the
+"""Errors cross the RPC worker's process boundary (engine/remote/worker.py) as they were raised: the
 same errors.py class, message, hint and exit code on the caller's side, so `tandem serve`
 maps them to the HTTP status a local error gets (a ContextOverflowError from the KV cache
 inside the worker is a 400, not a 500)."""
@@ -10,8 +10,8 @@ import pytest
 
 from tandem import errors
 from tandem.config.files import SettingsFileError
-from tandem.engine import worker
-from tandem.engine.worker import RemotePair
+from tandem.engine.remote import worker
+from tandem.engine.remote.worker import RemotePair
 
 NAMES = sorted(errors.error_classes())
 # raised in the worker, and what the caller should get: a subclass defined outside errors.py
@@ -94,7 +94,7 @@ def test_other_exceptions_cross_as_their_nearest_known_class(crossed, name):
 
 
 def test_a_context_overflow_in_the_worker_is_a_400():
-    """The case of issue 29: the KV cache full inside the worker (engine/llama.py)."""
+    """The case of issue 29: the KV cache full inside the worker (engine/backend/llama.py)."""
     exc = worker._error(errors.ContextOverflowError("no room left in the KV cache",
                                                     "raise --ctx-size or shorten the prompt"))
     rebuilt = errors.rebuild_error(*exc[1])

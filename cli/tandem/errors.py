@@ -95,7 +95,7 @@ class OutputError(TandemError):
 
 def error_classes() -> dict[str, type[TandemError]]:
     """This module's TandemError classes by name: what an error is called when it crosses a
-    process boundary (the RPC worker, engine/worker.py)."""
+    process boundary (the RPC worker, engine/remote/worker.py)."""
     found: dict[str, type[TandemError]] = {"TandemError": TandemError}
     todo = [TandemError]
     while todo:

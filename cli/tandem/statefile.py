@@ -1,5 +1,5 @@
-"""tandem's own state files, read one way: the cost cache (engine/costs.py), the kept knowledge
-(engine/knowledge.py), the answer history (engine/history.py) and the model registry
+"""tandem's own state files, read one way: the cost cache (engine/tuning/costs.py), the kept knowledge
+(engine/tuning/knowledge.py), the answer history (engine/drafting/history.py) and the model registry
 (models/store.py).
 
 They are untrusted input (a hand edit, another version, a bad disk can leave anything in

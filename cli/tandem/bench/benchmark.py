@@ -6,7 +6,7 @@ through the same generate() users run, and writes and tunes. Like the chat's cor
 data and never prints.
 
 The measuring itself (`measure`) runs where the pair is: in this process, or, with the target
-on RPC servers, whole in the supervised worker process that holds it (engine/worker.py,
+on RPC servers, whole in the supervised worker process that holds it (engine/remote/worker.py,
 RemotePair.stream; it needs the session's contexts, which cannot cross a pipe), its items
 streamed back; a dead or stalled server then ends it with a RemoteError and the results so far.
 """
@@ -26,10 +26,10 @@ from tandem.bench.multiturn import Conversation, count_runs, run_conversations
 from tandem.bench.runner import BenchProgress, RunResult, classify_divergences, run_bench
 from tandem.bench.sweep import build_configs
 from tandem.bench.workloads import Prompt
-from tandem.engine.history import Library
-from tandem.engine.sampling import SamplingParams
+from tandem.engine.drafting.history import Library
+from tandem.engine.loop.sampling import SamplingParams
 from tandem.engine.pair import PairSession, SessionOptions
-from tandem.engine.speculative import GenParams
+from tandem.engine.loop.speculative import GenParams
 from tandem.errors import StorageError, UsageError
 from tandem.fsutil import blocking_file, storage_error
 
@@ -174,7 +174,7 @@ class BenchSession:
                     self.gen, self.request.reps, self.request.warmup, self.request.cost_curve,
                     self.total)
         if opts.rpc:
-            from tandem.engine.worker import RemotePair
+            from tandem.engine.remote.worker import RemotePair
 
             with RemotePair(self.target_path, self.draft_paths, opts) as pair:
                 yield from self._absorb(pair.stream(measure, work, should_stop=should_stop))
@@ -312,7 +312,7 @@ class _Ticking:
 def measure_costs(session: PairSession, configs, tick: Callable[[], None] | None = None) -> dict:
     """Verify cost of batches of 1..17 tokens for each target context setting benchmarked,
     and each draft's token cost relative to a plain target token."""
-    from tandem.engine.costs import calibrate
+    from tandem.engine.tuning.costs import calibrate
 
     def ticking(ctx):
         return _Ticking(ctx, tick) if tick is not None and ctx is not None else ctx

@@ -5,7 +5,7 @@ single prompts are), and the next turn's context holds plain decoding's answer (
 every lossless configuration's). Turns are reported apart: `<set> t1` (nothing said yet),
 `<set> t2+` (the earlier answers are in the context) and `<set> fresh`: after all
 conversations, a new session asks to change an earlier answer without quoting it, with the
-answers of every conversation before it as the pair's history (engine/history.py), as a
+answers of every conversation before it as the pair's history (engine/drafting/history.py), as a
 user's store would hold them. No other run sees any history: each gets an empty library.
 
 The sets: the built-in code-editing conversations (data/conversations.yaml; `code-edit`, and
@@ -22,8 +22,8 @@ import yaml
 from tandem.bench.runner import BenchConfig, BenchProgress, RunResult, measured_run
 from tandem.bench import workloads
 from tandem.bench.workloads import Prompt
-from tandem.engine.history import Library
-from tandem.engine.speculative import GenParams
+from tandem.engine.drafting.history import Library
+from tandem.engine.loop.speculative import GenParams
 from tandem.errors import UsageError
 
 CONVERSATIONS = Path(__file__).resolve().parents[1] / "data" / "conversations.yaml"

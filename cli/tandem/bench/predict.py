@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Mapping
 
 from tandem.bench.report import OVERALL, Report
-from tandem.engine.costs import CostModel
+from tandem.engine.tuning.costs import CostModel
 from tandem.errors import UsageError
 
 

@@ -6,10 +6,10 @@ from typing import Callable, Iterator, Sequence
 
 from tandem.bench.accounting import tandem_counts
 from tandem.bench.workloads import Prompt
-from tandem.engine.events import DoneEvent
-from tandem.engine.context_params import ContextParams
-from tandem.engine.strategies import DraftParams
-from tandem.engine.speculative import GenParams
+from tandem.engine.loop.events import DoneEvent
+from tandem.engine.backend.context_params import ContextParams
+from tandem.engine.drafting.strategies import DraftParams
+from tandem.engine.loop.speculative import GenParams
 from tandem.machine.load import LoadMeter
 
 

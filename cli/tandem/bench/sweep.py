@@ -15,8 +15,8 @@ from tandem.errors import UsageError
 
 if TYPE_CHECKING:
     from tandem.bench.runner import BenchConfig
-    from tandem.engine.context_params import ContextParams
-    from tandem.engine.strategies import DraftParams
+    from tandem.engine.backend.context_params import ContextParams
+    from tandem.engine.drafting.strategies import DraftParams
 
 # key -> (where, field, parser, allowed: (lo, hi) or a tuple of choices)
 # where: "draft" = DraftParams; "ctx" = both contexts; "target"/"draftctx" = one context.
@@ -97,8 +97,8 @@ def build_configs(strategies: Sequence[str], base: DraftParams, grid: dict[str, 
     its own variants, since they change the plain rate too. `ctx`: the session's (default:
     ContextParams())."""
     from tandem.bench.runner import BenchConfig
-    from tandem.engine.context_params import ContextParams
-    from tandem.engine.strategies import DraftParams
+    from tandem.engine.backend.context_params import ContextParams
+    from tandem.engine.drafting.strategies import DraftParams
 
     ctx = ctx if ctx is not None else ContextParams()
     for s in strategies:

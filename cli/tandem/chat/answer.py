@@ -10,11 +10,11 @@ from __future__ import annotations
 import time
 from typing import Iterator, Sequence
 
-from tandem.engine.events import DoneEvent, PrefillEvent, TokenEvent
+from tandem.engine.loop.events import DoneEvent, PrefillEvent, TokenEvent
 from tandem.engine.pair import PairSession
-from tandem.engine.strategies import DraftParams
-from tandem.engine.speculative import GenParams
-from tandem.engine.stats import GenStats
+from tandem.engine.drafting.strategies import DraftParams
+from tandem.engine.loop.speculative import GenParams
+from tandem.engine.loop.stats import GenStats
 
 
 class Answer:

@@ -17,13 +17,13 @@ from typing import Iterator
 from tandem.chat import transcript
 from tandem.chat.answer import Answer
 from tandem.chat.transcript import Turn
-from tandem.engine.events import DoneEvent
-from tandem.engine.sampling import SamplingParams
+from tandem.engine.loop.events import DoneEvent
+from tandem.engine.loop.sampling import SamplingParams
 from tandem.config.schema import FIELDS_BY_KEY, STRATEGIES, check_strategy
 from tandem.engine.pair import PairSession
-from tandem.engine.strategies import DraftParams
-from tandem.engine.speculative import GenParams
-from tandem.engine.stats import GenStats
+from tandem.engine.drafting.strategies import DraftParams
+from tandem.engine.loop.speculative import GenParams
+from tandem.engine.loop.stats import GenStats
 from tandem.errors import ContextOverflowError, UsageError
 from tandem.chat.speed import PlainMeasure, vs_plain
 from tandem.machine.load import LoadMeter

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from tandem import __version__
-from tandem.engine.stats import GenStats
+from tandem.engine.loop.stats import GenStats
 from tandem.errors import TandemError
 
 

@@ -26,8 +26,8 @@ from rich.table import Table
 from rich.text import Text
 
 from tandem.chat.transcript import open_fence
-from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
-from tandem.engine.stats import GenStats
+from tandem.engine.loop.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
+from tandem.engine.loop.stats import GenStats
 from tandem.machine.load import FRESH_S, LoadMeter, busy, busy_text, same_load
 
 BLOCKS = " ▁▂▃▄▅▆▇█"

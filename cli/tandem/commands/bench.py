@@ -160,7 +160,7 @@ def _run(bench, err: Console, verbose: bool, as_json: bool) -> bool:
     old = signal.signal(signal.SIGINT, on_sigint)
     try:
         _show_runs(bench, err, verbose, lambda: stop["now"])
-    except RemoteError as failed:  # --rpc: the server died or stalled (engine/worker.py)
+    except RemoteError as failed:  # --rpc: the server died or stalled (engine/remote/worker.py)
         _keep_partial(bench, err, as_json)
         raise failed from None
     finally:

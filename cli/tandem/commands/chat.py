@@ -45,7 +45,7 @@ def chat(
     from tandem.chat.tui import ChatView, make_console, plain_banner
     from tandem.config.schema import check_max_tokens
     from tandem.commands.engine import open_pair
-    from tandem.engine.speculative import GenParams
+    from tandem.engine.loop.speculative import GenParams
 
     options.check_pair_or_files(pair, model, model_draft)
     if plain_probe < 0:

@@ -1,6 +1,6 @@
 """Open the pair a command generates with: in this process, or, when the target is on RPC
 servers, in a supervised worker process (llama.cpp aborts the process that holds a broken
-RPC connection; engine/worker.py says why). run, chat and serve all open it here."""
+RPC connection; engine/remote/worker.py says why). run, chat and serve all open it here."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,7 +9,7 @@ from pathlib import Path
 def open_pair(target_path: Path, draft_path: Path | None, opts):
     """A PairSession, or a RemotePair with the same interface when `opts.rpc` is set."""
     if opts.rpc:
-        from tandem.engine.worker import RemotePair
+        from tandem.engine.remote.worker import RemotePair
 
         return RemotePair(target_path, draft_path, opts)
     from tandem.engine.pair import PairSession

@@ -1,6 +1,6 @@
 """`tandem history [show|clear]`: what auto drafts from besides the prompt, kept on disk.
 
-The store holds earlier answers per target model (tandem.engine.history); `show` lists each
+The store holds earlier answers per target model (tandem.engine.drafting.history); `show` lists each
 file's size and entries, `clear` deletes them all. Results on stdout, errors on stderr.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import typer
 
 from tandem.errors import StorageError
 from tandem.fsutil import blocking_file, fmt_bytes, storage_error
-from tandem.engine.history import clear_histories, history_dir, list_histories
+from tandem.engine.drafting.history import clear_histories, history_dir, list_histories
 from tandem.models.store import tandem_home
 
 app = typer.Typer(

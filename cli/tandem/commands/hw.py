@@ -91,7 +91,7 @@ def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size
     remote = None
     if settings.rpc:
         from tandem.config.schema import endpoints
-        from tandem.engine.rpc import server_info
+        from tandem.engine.remote.rpc import server_info
         from tandem.machine.fit import remote_plan_for_settings
 
         servers = [server_info(ep) for ep in endpoints(settings.rpc)]

@@ -250,7 +250,7 @@ def sampling_params(temp: float, top_k: int, top_p: float, min_p: float,
     """SamplingParams from the flags run and chat share. NaN slips through every range check
     (all comparisons with it are false), so it is refused here; llama.cpp's `--seed -1`
     means a random seed."""
-    from tandem.engine.sampling import SEED, SamplingParams, seed_value
+    from tandem.engine.loop.sampling import SEED, SamplingParams, seed_value
 
     for value, flag in ((temp, "--temp"), (top_p, "--top-p"), (min_p, "--min-p"),
                         (repeat_penalty, "--repeat-penalty")):
@@ -315,7 +315,7 @@ def history_note(opts) -> str | None:
     """Once per home, after the first answer was kept for drafting (SessionOptions `opts`
     with the history on): where it is and how to turn it off; the marker file is written
     then. None otherwise (and when nothing was stored: answers under 8 tokens are not)."""
-    from tandem.engine.history import history_dir
+    from tandem.engine.drafting.history import history_dir
     from tandem.fsutil import atomic_write_text
 
     if not opts.history or opts.home is None:
@@ -335,6 +335,6 @@ def history_note(opts) -> str | None:
 
 def read_context_files(paths) -> list[tuple[Path, str]]:
     """--context-file's files, read and checked before any model loads."""
-    from tandem.engine.history import read_context_file
+    from tandem.engine.drafting.history import read_context_file
 
     return [(Path(p), read_context_file(Path(p))) for p in paths or ()]

@@ -13,10 +13,10 @@ from typing import Any, Callable, Mapping
 from tandem.config.schema import endpoints
 from tandem.config.settings import CONFIG_NAME, Settings, read_sources, resolve_settings
 from tandem.config.tuned import tuned_values
-from tandem.engine.context_params import ContextParams, exact_context
-from tandem.engine.rpc import server_info
+from tandem.engine.backend.context_params import ContextParams, exact_context
+from tandem.engine.remote.rpc import server_info
 from tandem.engine.pair import SessionOptions
-from tandem.engine.strategies import DraftParams
+from tandem.engine.drafting.strategies import DraftParams
 from tandem.machine.fit import plan_for_settings, remote_plan_for_settings
 from tandem.fsutil import fmt_bytes
 from tandem.machine.hardware import Hardware, detect
@@ -210,7 +210,7 @@ USER_SOURCES = ("cli", "env", "config")  # a count from these is the user's own:
 
 def user_threads(s: Settings) -> bool:
     """Whether the user fixed the thread count (-t, TANDEM_THREADS, threads: in config.yaml,
-    0 included); otherwise the engine chooses the fastest count now (engine/threads.py)."""
+    0 included); otherwise the engine chooses the fastest count now (engine/tuning/threads.py)."""
     return any(_source(s, key) in USER_SOURCES for key in ("n_threads", "n_threads_batch"))
 
 

@@ -55,8 +55,8 @@ def rpc_server(
       tandem run --rpc 192.168.1.20:50052 "Write a quicksort in C"
     """
     signal.signal(signal.SIGINT, _stop)  # first: a Ctrl-C at any point from here ends at once
-    from tandem.engine import ggml
-    from tandem.engine.rpc import PROTO
+    from tandem.engine.remote import ggml
+    from tandem.engine.remote.rpc import PROTO
 
     if not 1 <= port <= 65535:
         raise UsageError(f"--port must be in 1..65535, got {port}", "pick a free TCP port")

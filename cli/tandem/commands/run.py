@@ -55,8 +55,8 @@ def run(
 
       tandem run --rpc 192.168.1.20:50052 "hello"     # the target's layers on that server
     """
-    from tandem.engine.events import DoneEvent, TokenEvent
-    from tandem.engine.speculative import GenParams
+    from tandem.engine.loop.events import DoneEvent, TokenEvent
+    from tandem.engine.loop.speculative import GenParams
 
     pair, prompt = split_pair_and_prompt(args or [])
     check_text(prompt, "the prompt")
@@ -125,7 +125,7 @@ def _finish(done, out, *, as_json: bool, no_stream: bool, show_stats: bool, n_ct
 def _events(target_path, draft_path, opts, contexts, messages, gen, raw):
     """generate()'s events: in this process, or, with --rpc, from a supervised worker
     process (llama.cpp aborts the process that holds a broken RPC connection; see
-    engine/worker.py)."""
+    engine/remote/worker.py)."""
     from tandem.commands.engine import open_pair
 
     session = open_pair(target_path, draft_path, opts)

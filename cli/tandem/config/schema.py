@@ -24,11 +24,11 @@ KV_TYPES = ("f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 QUANTIZED_KV = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 ON_OFF = ("on", "off")
 # where a drafted token came from: the draft model, the current prompt and output (prompt
-# lookup), a file the user named, or earlier answers (engine/history.py)
+# lookup), a file the user named, or earlier answers (engine/drafting/history.py)
 DRAFT_SOURCES = ("model", "prompt", "file", "history")
 MAX_CONTEXT = 1 << 20
 # the longest draft: verify batches carry at most MAX_DRAFT drafts and the last token
-# (engine/llama.py MAX_OUTPUTS rows of logits); the flags, files, chat's /draft and the engine
+# (engine/backend/llama.py MAX_OUTPUTS rows of logits); the flags, files, chat's /draft and the engine
 # all check the draft length against the n_max field below
 MAX_DRAFT = 64
 

@@ -2,10 +2,10 @@
 
 `run`, `chat`, `serve` and `spec-bench` all go through PairSession.generate, so a benchmark
 measures exactly what users run. The session is the composition of parts that live in their
-own modules: loading and the contexts kept for reuse (engine/loading.py), the cost models
-and the knowledge kept beside them (engine/pricing.py), the drafter for a strategy
-(engine/strategies.py), the prompt's tokens (engine/template.py) and the library auto
-drafts from (engine/history.py).
+own modules: loading and the contexts kept for reuse (engine/backend/loading.py), the cost models
+and the knowledge kept beside them (engine/tuning/pricing.py), the drafter for a strategy
+(engine/drafting/strategies.py), the prompt's tokens (engine/backend/template.py) and the library auto
+drafts from (engine/drafting/history.py).
 """
 from __future__ import annotations
 
@@ -14,23 +14,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 from tandem.config.schema import check_strategy
-from tandem.engine import template
-from tandem.engine.auto import BUCKETS, ORDER, AutoDrafter
-from tandem.engine.costs import CostModel
-from tandem.engine.drafters import Drafter
-from tandem.engine.events import DoneEvent
-from tandem.engine.history import HistoryStore, Library, read_context_file
-from tandem.engine.knowledge import Knowledge
-from tandem.engine.context_params import ContextParams, default_threads
-from tandem.engine.loading import ContextCache, check_pair, draft_paths, load_drafts
-from tandem.engine.pricing import PROBE_TEXT, Pricing, cost_key
-from tandem.engine.speculative import GenParams, generate
-from tandem.engine.strategies import DrafterParts, DraftParams, make_drafter, need_draft_model
-from tandem.engine.threads import NO_THREADS, ThreadControl, ThreadTuner, cpu_load
+from tandem.engine.backend import template
+from tandem.engine.drafting.auto import BUCKETS, ORDER, AutoDrafter
+from tandem.engine.tuning.costs import CostModel
+from tandem.engine.drafting.drafters import Drafter
+from tandem.engine.loop.events import DoneEvent
+from tandem.engine.drafting.history import HistoryStore, Library, read_context_file
+from tandem.engine.tuning.knowledge import Knowledge
+from tandem.engine.backend.context_params import ContextParams, default_threads
+from tandem.engine.backend.loading import ContextCache, check_pair, draft_paths, load_drafts
+from tandem.engine.tuning.pricing import PROBE_TEXT, Pricing, cost_key
+from tandem.engine.loop.speculative import GenParams, generate
+from tandem.engine.drafting.strategies import DrafterParts, DraftParams, make_drafter, need_draft_model
+from tandem.engine.tuning.threads import NO_THREADS, ThreadControl, ThreadTuner, cpu_load
 from tandem.errors import UsageError
 
 if TYPE_CHECKING:
-    from tandem.engine.llama import Context, Model
+    from tandem.engine.backend.llama import Context, Model
 
 
 @dataclass(frozen=True)
@@ -48,16 +48,16 @@ class SessionOptions:
     repack: bool = True
     draft_repack: bool = True
     # earlier answers of this pair on disk, drafted from by auto and added to after each
-    # answer (engine/history.py); off: neither read nor written
+    # answer (engine/drafting/history.py); off: neither read nor written
     history: bool = False
     # llama.cpp RPC servers (HOST:PORT) that hold the target's layers; the draft stays on
-    # this machine. Attaching aborts the process on a bad server: engine/worker.py runs it.
+    # this machine. Attaching aborts the process on a bad server: engine/remote/worker.py runs it.
     rpc: tuple[str, ...] = ()
     rpc_timeout: float = 60.0  # seconds without progress before a remote request is stalled
     # the directory tandem keeps its files in (the app's home, passed in by the command):
     # costs/ (calibrations and kept knowledge) and history/; None: nothing is read or written
     home: Path | None = None
-    # choose the thread count that is fastest now (engine/threads.py) for contexts without a
+    # choose the thread count that is fastest now (engine/tuning/threads.py) for contexts without a
     # count of their own (ContextParams.n_threads 0); off: llama.cpp's count, as given.
     # commands/plan.py turns it off when the user set -t / threads
     adapt_threads: bool = False
@@ -84,7 +84,7 @@ class PairSession:
         for p in paths:
             check_pair(self.target_path, p)
         if options.rpc:
-            from tandem.engine.ggml import attach
+            from tandem.engine.remote.ggml import attach
 
             attach(options.rpc)
         # made before the models load: its first look at the machine's load starts here
@@ -93,7 +93,7 @@ class PairSession:
             self.threads = ThreadControl(ThreadTuner(default_threads()),
                                          lambda: (self.target_ctx, self.draft_ctx), cpu_load())
 
-        from tandem.engine.llama import Model  # the backend, loaded with the models
+        from tandem.engine.backend.llama import Model  # the backend, loaded with the models
 
         def load(path: Path, label: str, **how) -> Model:
             return Model(path, verbose=options.verbose, **how,
@@ -174,7 +174,7 @@ class PairSession:
                                          self.knowledge))
 
     def costs(self, calibrated: bool = False) -> CostModel:
-        """The active configuration's cost model (engine/pricing.py: cached on disk, else
+        """The active configuration's cost model (engine/tuning/pricing.py: cached on disk, else
         calibrated once; `calibrated=True`: the calibration itself, unrefined)."""
         def probe() -> list[int]:
             return self.target.tokenize(PROBE_TEXT, add_special=False, parse_special=False)
@@ -186,7 +186,7 @@ class PairSession:
                                   calibrated, save=not reduced)
 
     def knowledge(self) -> Knowledge:
-        """What earlier requests of the active configuration learnt (engine/knowledge.py)."""
+        """What earlier requests of the active configuration learnt (engine/tuning/knowledge.py)."""
         return self.pricing.knowledge(self._cost_key, ORDER, BUCKETS)
 
     def costs_path(self) -> Path | None:

@@ -444,7 +444,7 @@ def probe_nvidia_smi(run: Runner = _run) -> tuple[str | None, str | None]:
 def probe_backend() -> BackendInfo:
     """Ask the installed binding; importing it is the only way to know how it was built."""
     try:
-        from tandem.engine import llama
+        from tandem.engine.backend import llama
     except Exception as exc:  # noqa: BLE001 - a broken build must not break detection
         return BackendInfo("unknown", None, "", error=str(getattr(exc, "message", exc)))
     try:

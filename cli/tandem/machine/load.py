@@ -1,5 +1,5 @@
 """How busy this machine is while something is measured, and when two measurements may be
-compared: the load check the cost calibration uses (engine/costs.py: the share of the CPU
+compared: the load check the cost calibration uses (engine/tuning/costs.py: the share of the CPU
 other processes took, from /proc; unknown where there is none) applied to any interval.
 
 A speed ratio ("1.10x vs plain") means something only when both speeds were measured under
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tandem.engine.costs import BUSY_SHARE, cpu_snapshot, others_share
+from tandem.engine.tuning.costs import BUSY_SHARE, cpu_snapshot, others_share
 
 __all__ = ["BUSY_SHARE", "FRESH_S", "LoadMeter", "busy", "same_load", "busy_text"]
 

@@ -17,10 +17,10 @@ from typing import Callable, Sequence
 
 from tandem.chat.answer import Answer
 from tandem.config.schema import SERVE_MAX_TOKENS
-from tandem.engine.events import PrefillEvent, TokenEvent
+from tandem.engine.loop.events import PrefillEvent, TokenEvent
 from tandem.engine.pair import PairSession
-from tandem.engine.sampling import SamplingParams
-from tandem.engine.speculative import GenParams
+from tandem.engine.loop.sampling import SamplingParams
+from tandem.engine.loop.speculative import GenParams
 from tandem.errors import TandemError
 from tandem.serve import prompt
 from tandem.serve.prompt import Budget

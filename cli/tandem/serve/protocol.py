@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from tandem.engine.sampling import LIMITS, SEED, seed_value
+from tandem.engine.loop.sampling import LIMITS, SEED, seed_value
 
 MAX_STOPS = 16  # OpenAI allows 4; llama-server any number: a bound keeps stop matching cheap
 MAX_STOP_CHARS = 1000

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tandem.engine.costs import CostModel
+from tandem.engine.tuning.costs import CostModel
 
 
 @dataclass
@@ -53,7 +53,7 @@ class AcceptanceTracker:
 # would make drafting pay, and the probe would only cost
 PROBE_ACCEPT = 0.9
 # An estimate is trusted to choose drafts that pay once it has seen this many verdicts; before,
-# every draft is a probe. Verdicts kept from earlier requests (engine/knowledge.py) count, but
+# every draft is a probe. Verdicts kept from earlier requests (engine/tuning/knowledge.py) count, but
 # the drafts they choose are paid as probes until this many of the request's own drafts in a
 # row were accepted in full
 MIN_EVIDENCE = 3

@@ -222,9 +222,9 @@ def _median(xs: Sequence[float]) -> float:
 
 def cpu_load() -> Callable[[], float | None]:
     """A `load` for ThreadControl: the share of the CPU other processes used since its
-    previous call, from /proc (engine/costs.py); None without /proc or over a window too
+    previous call, from /proc (engine/tuning/costs.py); None without /proc or over a window too
     short to tell (the window then runs on to the next call)."""
-    from tandem.engine.costs import cpu_snapshot, others_share
+    from tandem.engine.tuning.costs import cpu_snapshot, others_share
 
     last = [cpu_snapshot()]
 

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from tandem.engine.context_params import (  # noqa: F401 - re-exported: the backend's API
+from tandem.engine.backend.context_params import (  # noqa: F401 - re-exported: the backend's API
     EXACT_BATCH, MAX_OUTPUTS, ContextParams, common_prefix, default_threads, exact_context)
 from tandem.errors import ContextOverflowError, ModelError
 
@@ -72,13 +72,13 @@ def supports_gpu_offload() -> bool:
     """Whether this machine has an accelerator llama.cpp can offload to. Not
     llama_supports_gpu_offload(): it also says yes for any build with the RPC backend,
     which would take a CPU-only machine (or a target on a CPU rpc-server) for a GPU."""
-    from tandem.engine.ggml import local_offload_devices
+    from tandem.engine.remote.ggml import local_offload_devices
 
     return bool(_lc.llama_supports_gpu_offload()) and len(local_offload_devices()) > 1
 
 
 def _rpc_attached() -> bool:
-    from tandem.engine.ggml import attached
+    from tandem.engine.remote.ggml import attached
 
     return bool(attached())
 
@@ -122,7 +122,7 @@ class Model:
         params.use_extra_bufts = repack
         keep = None
         if local_only:
-            from tandem.engine.ggml import local_offload_devices
+            from tandem.engine.remote.ggml import local_offload_devices
 
             keep = local_offload_devices()  # llama.cpp copies the list during the load
             params.devices = ctypes.addressof(keep)
@@ -328,7 +328,7 @@ class Context:
         return call
 
     def set_threads(self, n: int) -> None:
-        """Decode with `n` threads from now on, single tokens and batches alike (engine/threads.py
+        """Decode with `n` threads from now on, single tokens and batches alike (engine/tuning/threads.py
         chooses n); llama.cpp takes it on the live context, nothing is reallocated."""
         if (n, n) != (self.n_threads, self.n_threads_batch):
             _lc.llama_set_n_threads(self._ptr, n, n)

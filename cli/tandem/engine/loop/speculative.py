@@ -16,17 +16,17 @@ from typing import TYPE_CHECKING, Generator, Iterator, Sequence
 import numpy as np
 
 from tandem.config.schema import check_max_tokens, check_prompt
-from tandem.engine.context_params import common_prefix
-from tandem.engine.drafters import Draft, Drafter, recent
-from tandem.engine.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
-from tandem.engine.sampling import Dist, SamplingParams, distribution, greedy_token, residual
-from tandem.engine.stats import GenStats
-from tandem.engine.textstream import TextStream
-from tandem.engine.threads import NO_THREADS, Threads
+from tandem.engine.backend.context_params import common_prefix
+from tandem.engine.drafting.drafters import Draft, Drafter, recent
+from tandem.engine.loop.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
+from tandem.engine.loop.sampling import Dist, SamplingParams, distribution, greedy_token, residual
+from tandem.engine.loop.stats import GenStats
+from tandem.engine.loop.textstream import TextStream
+from tandem.engine.tuning.threads import NO_THREADS, Threads
 from tandem.errors import ContextOverflowError, UsageError
 
 if TYPE_CHECKING:
-    from tandem.engine.llama import Context
+    from tandem.engine.backend.llama import Context
 
 VERIFY_RULES = ("rejection", "match")
 _NO_DRAFT = Draft()  # a plain step's draft, shared: generate() never modifies a draft
@@ -53,7 +53,7 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
     """Yield PrefillEvent, then TokenEvent/StepEvent as tokens are decided, then DoneEvent.
     Each StepEvent carries the drafter's split of its drafts by source (`step_sources`), and
     the DoneEvent its statistics with the context's and the drafter's notes; nothing changes
-    an event once it is yielded. `threads`: the session's thread count (engine/threads.py),
+    an event once it is yielded. `threads`: the session's thread count (engine/tuning/threads.py),
     told each step's verify time once the step's logits were read; it probes other counts
     there when the times say so."""
     check_prompt(prompt)

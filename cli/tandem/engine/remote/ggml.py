@@ -6,7 +6,7 @@ parameters: its own tools attach a server through ggml's registry (common/arg.cp
 add_rpc_devices), which lives in libggml, shipped beside libllama in the wheel. This module
 opens that same libggml (the one libllama already uses, so the registry is shared) and does
 what llama.cpp's tools do. It is the second module allowed to call native code; the only
-llama_cpp import stays in engine/llama.py (tests/test_structure.py holds both).
+llama_cpp import stays in engine/backend/llama.py (tests/test_structure.py holds both).
 """
 from __future__ import annotations
 
@@ -110,8 +110,8 @@ _attached: dict[str, int] = {}
 def attach(endpoints: Sequence[str]) -> None:
     """Register each server's devices, as llama.cpp's --rpc does (common/arg.cpp:
     add_rpc_devices). llama.cpp ABORTS the process when a server cannot be reached or speaks
-    another protocol: check each endpoint first (engine/rpc.py) and run this in a worker
-    process (engine/worker.py)."""
+    another protocol: check each endpoint first (engine/remote/rpc.py) and run this in a worker
+    process (engine/remote/worker.py)."""
     add = _ADD_SERVER(_rpc_proc("ggml_backend_rpc_add_server"))
     lib = _ggml()
     for ep in endpoints:

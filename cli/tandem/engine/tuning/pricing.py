@@ -1,8 +1,8 @@
 """What drafting costs and what paid, per configuration of one pair on this machine.
 
-`Pricing` holds the cost model of each configuration (engine/costs.py: cached on disk,
+`Pricing` holds the cost model of each configuration (engine/tuning/costs.py: cached on disk,
 else calibrated once) with the policy that keeps a busy machine from poisoning it, and the
-knowledge kept beside it (engine/knowledge.py). PairSession asks it for the active
+knowledge kept beside it (engine/tuning/knowledge.py). PairSession asks it for the active
 configuration's figures; the key that names the files is `cost_key` (fsutil.machine_key of
 everything the figures depend on).
 """
@@ -11,12 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from tandem.engine.costs import BUSY_SHARE, DISAGREE, MAX_BATCH, CostModel, calibrate, disagreement
-from tandem.engine.knowledge import Knowledge
+from tandem.engine.tuning.costs import BUSY_SHARE, DISAGREE, MAX_BATCH, CostModel, calibrate, disagreement
+from tandem.engine.tuning.knowledge import Knowledge
 from tandem.fsutil import machine_key
 
 if TYPE_CHECKING:
-    from tandem.engine.llama import Context
+    from tandem.engine.backend.llama import Context
 
 # a calibration measured on a busy machine (other processes above costs.BUSY_SHARE of the
 # CPU) serves the session that measured it and is not saved
@@ -76,7 +76,7 @@ class Pricing:
         self.directory = directory
         self.rpc = tuple(rpc)
         # what paid is kept for the session's next request and, with keep_knowledge, beside
-        # the cost cache for the next process (engine/knowledge.py)
+        # the cost cache for the next process (engine/tuning/knowledge.py)
         self.keep_knowledge = True
         self.notes: list[str] = []  # what became of cached costs (for the run's notes)
         self._costs: dict[str, CostModel] = {}
@@ -105,7 +105,7 @@ class Pricing:
         `calibrated=True` gives the calibration itself, whose figures were all measured under
         the same conditions. `probe()`: the tokens the measurements decode; `save=False`: a
         new calibration serves the session only (taken with fewer threads than the key's,
-        engine/threads.py)."""
+        engine/tuning/threads.py)."""
         if key not in self._costs:
             model = self._measure(self.costs_path(key), target, draft, probe(), save)
             self._calibrated[key] = model

@@ -25,7 +25,7 @@ from typing import Annotated, Any, Iterable
 
 import msgspec
 
-from tandem.engine.costs import MAX_AGE_S, MAX_BATCH
+from tandem.engine.tuning.costs import MAX_AGE_S, MAX_BATCH
 from tandem.fsutil import atomic_write_text
 from tandem.statefile import check_time, read_state
 

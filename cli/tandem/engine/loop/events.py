@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # stats.py folds these events, so it imports this module
-    from tandem.engine.stats import GenStats
+    from tandem.engine.loop.stats import GenStats
 
 
 @dataclass(frozen=True)

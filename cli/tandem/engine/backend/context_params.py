@@ -1,6 +1,6 @@
 """What describes a llama.cpp context, without llama.cpp: its parameters (ContextParams),
 exact mode's changes to them, the logits-row limits, and the token-prefix comparison the
-contexts and the loop share. engine/llama.py builds contexts from these; everything that only
+contexts and the loop share. engine/backend/llama.py builds contexts from these; everything that only
 names or compares them imports this module, so it loads without the compiled binding."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What was already said, kept for drafting: earlier answers of a pair on disk, and the files the
-user names, each as a SuffixIndex the `auto` drafter looks up (engine/auto.py).
+user names, each as a SuffixIndex the `auto` drafter looks up (engine/drafting/auto.py).
 
 On disk: one JSON file per target model under <tandem_home>/history/, keyed by the target
 file's name and size (token ids only mean something to that tokenizer), holding the answers'
@@ -21,7 +21,7 @@ from typing import Annotated, Any, Sequence
 
 import msgspec
 
-from tandem.engine.suffix import SuffixIndex
+from tandem.engine.drafting.suffix import SuffixIndex
 from tandem.fsutil import (
     TEXT_INPUT_MAX_BYTES,
     atomic_write_text,

@@ -10,15 +10,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from tandem.config.schema import FIELDS_BY_KEY, check_strategy
-from tandem.engine.auto import AutoDrafter
-from tandem.engine.costs import CostModel
-from tandem.engine.drafters import Drafter, DraftModelDrafter, HybridDrafter, NgramDrafter, NoDrafter
-from tandem.engine.history import Library
-from tandem.engine.knowledge import Knowledge
+from tandem.engine.drafting.auto import AutoDrafter
+from tandem.engine.tuning.costs import CostModel
+from tandem.engine.drafting.drafters import Drafter, DraftModelDrafter, HybridDrafter, NgramDrafter, NoDrafter
+from tandem.engine.drafting.history import Library
+from tandem.engine.tuning.knowledge import Knowledge
 from tandem.errors import UsageError
 
 if TYPE_CHECKING:
-    from tandem.engine.llama import Context
+    from tandem.engine.backend.llama import Context
 
 
 @dataclass(frozen=True)

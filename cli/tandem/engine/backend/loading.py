@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 if TYPE_CHECKING:
-    from tandem.engine.context_params import ContextParams
-    from tandem.engine.llama import Context, Model
+    from tandem.engine.backend.context_params import ContextParams
+    from tandem.engine.backend.llama import Context, Model
 
 
 def check_pair(target_path: Path, draft_path: Path) -> None:
@@ -60,7 +60,7 @@ class ContextCache:
             for old in mine[:max(0, len(mine) - self.limit + 1)]:
                 if self._contexts[old] not in busy:
                     self._contexts.pop(old).close()
-            from tandem.engine.llama import Context  # the backend, loaded with a model
+            from tandem.engine.backend.llama import Context  # the backend, loaded with a model
 
             ctx = Context(model, params)
         self._contexts[key] = ctx  # re-inserted: most recently used last

@@ -269,7 +269,7 @@ def _how_it_ended(proc) -> str:
 def _failure(job: Job, proc, log_path: str, what: str, stalled: bool = False) -> RemoteError:
     """Which endpoint failed: the ones that no longer answer a handshake (after the worker is
     gone, a healthy server is free again), else all of them."""
-    from tandem.engine.rpc import broken
+    from tandem.engine.remote.rpc import broken
 
     if proc.is_alive():
         proc.kill()
@@ -344,7 +344,7 @@ def _worker_main(conn, job: Job, log_path: str) -> None:
     if not job.options.verbose:
         os.dup2(fd, 2)  # llama.cpp's abort message: read back by the parent
     os.close(fd)
-    from tandem.engine.ggml import exit_on_abort
+    from tandem.engine.remote.ggml import exit_on_abort
 
     exit_on_abort()
     try:

@@ -1,8 +1,8 @@
 """`auto`: hybrid drafting tuned to this machine, as one named drafter.
 
-Zero-cost drafts come from suffix indexes (engine/suffix.py) over what was already said: the
+Zero-cost drafts come from suffix indexes (engine/drafting/suffix.py) over what was already said: the
 current prompt and output (prompt lookup, the conversation so far in a chat), files the user
-named, and earlier answers of this pair (engine/history.py). Of the sources that match the
+named, and earlier answers of this pair (engine/drafting/history.py). Of the sources that match the
 context's ending, the longest match wins (equal lengths: prompt, then file, then history);
 its draft length is chosen from the acceptance measured for that source at that match length
 and this machine's costs (adaptive.py), so a source or match length that does not pay is not
@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from tandem.engine.adaptive import AcceptanceTracker, LengthController, model_draft_gain
-from tandem.engine.costs import MAX_BATCH, CostModel
-from tandem.engine.drafters import Draft, DraftModelDrafter, HybridDrafter, StepSources
-from tandem.engine.events import StepEvent
-from tandem.engine.history import Library
-from tandem.engine.knowledge import MODEL, Knowledge
-from tandem.engine.suffix import MAX_MATCH, SuffixIndex
+from tandem.engine.drafting.adaptive import AcceptanceTracker, LengthController, model_draft_gain
+from tandem.engine.tuning.costs import MAX_BATCH, CostModel
+from tandem.engine.drafting.drafters import Draft, DraftModelDrafter, HybridDrafter, StepSources
+from tandem.engine.loop.events import StepEvent
+from tandem.engine.drafting.history import Library
+from tandem.engine.tuning.knowledge import MODEL, Knowledge
+from tandem.engine.drafting.suffix import MAX_MATCH, SuffixIndex
 
 # the draft model is used only where the calibrated costs predict at least this speedup at
 # this acceptance per position: measured overheads (syncs, sampling) eat a gain this small
@@ -87,7 +87,7 @@ class AutoDrafter(HybridDrafter):
             for src in ORDER for b in BUCKETS}
 
     def start_from(self, knowledge: Knowledge) -> None:
-        """Start from what earlier requests measured (engine/knowledge.py): the acceptance of
+        """Start from what earlier requests measured (engine/tuning/knowledge.py): the acceptance of
         each source and match length and of the draft model, as estimates resting on that
         many verdicts, and the verify timings' noise where this calibration has none."""
         kept = [(self.source_len.get(key), rec) for key, rec in knowledge.sources.items()]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from tandem.config.schema import DRAFT_SOURCES
-from tandem.engine.events import PrefillEvent, StepEvent, TokenEvent
+from tandem.engine.loop.events import PrefillEvent, StepEvent, TokenEvent
 
 
 @dataclass

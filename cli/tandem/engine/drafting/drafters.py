@@ -6,7 +6,7 @@ ngram:  prompt lookup over the prompt and the output so far (no model).
 hybrid: n-gram tokens when a long match exists, the draft model otherwise; a draft-model
         draft that stops early is continued with n-gram tokens.
 auto:   hybrid with adaptive draft lengths and a measured fallback to plain decoding
-        (AutoDrafter, engine/auto.py).
+        (AutoDrafter, engine/drafting/auto.py).
 
 Each drafter owns its draft length, `n_max`; generate() only says how much room a step has
 (the context end, max_tokens and the verify batch the target may decode).
@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 
-from tandem.engine.adaptive import AcceptanceTracker, FallbackGuard, LengthController, ProbeBudget
-from tandem.engine.costs import DISAGREE, CostModel
-from tandem.engine.events import StepEvent
-from tandem.engine.ngram import NgramIndex
-from tandem.engine.sampling import Dist, SamplingParams, distribution, draft_top, greedy_token
+from tandem.engine.drafting.adaptive import AcceptanceTracker, FallbackGuard, LengthController, ProbeBudget
+from tandem.engine.tuning.costs import DISAGREE, CostModel
+from tandem.engine.loop.events import StepEvent
+from tandem.engine.drafting.ngram import NgramIndex
+from tandem.engine.loop.sampling import Dist, SamplingParams, distribution, draft_top, greedy_token
 
 if TYPE_CHECKING:
-    from tandem.engine.llama import Context
+    from tandem.engine.backend.llama import Context
 
 
 @dataclass
