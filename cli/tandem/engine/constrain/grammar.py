@@ -121,12 +121,34 @@ def tokenizer_for(model: Model):
         # llguidance's convention: a leading 0xff byte marks a special token, which grammar
         # text can then never produce (user text is data, never a control token)
         pieces = [b"\xff" + p if s else p for p, s in zip(pieces, special)]
-        vocab, tokenize = model.tokenizer_entry()
-        tok = llg.LLTokenizer.from_llamacpp(tokens=pieces, vocab_ptr=vocab,
-                                            tokenize_fptr=tokenize,
-                                            eos_token=model.eog_tokens(), slices=None)
+        eog = model.eog_tokens()
+        entry = getattr(model, "tokenizer_entry", None)
+        if entry is not None:
+            vocab, tokenize = entry()
+            tok = llg.LLTokenizer.from_llamacpp(tokens=pieces, vocab_ptr=vocab,
+                                                tokenize_fptr=tokenize, eos_token=eog,
+                                                slices=None)
+        else:  # a model without llama.cpp's tokenizer (tests' scripted models)
+            tok = llg.LLTokenizer(llg.TokenizerWrapper(_Tokenize(model, pieces, eog)),
+                                  eos_token=eog)
         _TOKENIZERS[model] = tok
     return tok
+
+
+class _Tokenize:
+    """What llguidance's TokenizerWrapper reads: the token bytes and a text tokenizer."""
+
+    def __init__(self, model, pieces: list[bytes], eog: list[int]):
+        self.tokens = pieces
+        self.eos_token_id = eog[0] if eog else len(pieces) - 1
+        self.bos_token_id = None
+        self.special_token_ids = list(eog)
+        self._model = model
+
+    def __call__(self, text: bytes | str) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "replace")
+        return self._model.tokenize(text, add_special=False, parse_special=False)
 
 
 class GrammarState:
