@@ -45,6 +45,17 @@ class ScriptedModel:
     def piece(self, token: int) -> bytes:
         return self._pieces[token]
 
+    # what a grammar reads (engine/constrain/grammar.py): the bytes, and a byte tokenizer
+    def vocab_bytes(self) -> tuple[list[bytes], list[bool]]:
+        return list(self._pieces), [t in self._eog for t in range(self.n_vocab)]
+
+    def eog_tokens(self) -> list[int]:
+        return sorted(self._eog)
+
+    def tokenize(self, text: str, add_special: bool = False, parse_special: bool = False):
+        by_piece = {p: i for i, p in enumerate(self._pieces) if i not in self._eog}
+        return [by_piece[bytes([b])] for b in text.encode("utf-8")]
+
 
 @dataclass(frozen=True)
 class _Params:

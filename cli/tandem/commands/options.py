@@ -40,6 +40,13 @@ SHARED = {
     "no_history": (Annotated[bool, typer.Option("--no-history", help="Do not draft from earlier answers kept on disk, nor keep this one (config: `history: off`, env TANDEM_HISTORY=off).")], False),
     "rpc": (Annotated[Optional[str], typer.Option("--rpc", help="llama.cpp RPC servers for the target's layers, HOST:PORT[,HOST:PORT...] (start one with `tandem rpc-server`); the draft stays on this machine. Config `rpc:`, env TANDEM_RPC.")], None),
     "rpc_timeout": (Annotated[Optional[float], typer.Option("--rpc-timeout", help="Seconds without progress over --rpc before the request ends with exit 6 (default 60; config `rpc_timeout:`, env TANDEM_RPC_TIMEOUT).")], None),
+    # what the output must match, spelled as llama.cpp spells them (at most one; config
+    # `structured:`, env TANDEM_GRAMMAR, TANDEM_JSON_SCHEMA...; docs/structured.md)
+    "grammar": (Annotated[Optional[str], typer.Option("--grammar", help="A GBNF grammar the output must match (llama.cpp's syntax).", show_default=False)], None),
+    "grammar_file": (Annotated[Optional[Path], typer.Option("--grammar-file", readable=False, help="A file holding the GBNF grammar.", show_default=False)], None),
+    "json_schema": (Annotated[Optional[str], typer.Option("--json-schema", "-j", help="A JSON schema the output must follow; '{}' for any JSON value.", show_default=False)], None),
+    "json_schema_file": (Annotated[Optional[Path], typer.Option("--json-schema-file", "-jf", readable=False, help="A file holding the JSON schema.", show_default=False)], None),
+    "json_object": (Annotated[bool, typer.Option("--json-object", help="The output is one JSON object (any keys).")], False),
     "verbose": (Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log on stderr.")], False),
     "yes": (Annotated[bool, typer.Option("--yes", "-y", help="Download a pair that is not on disk without asking, whatever its size (without it, a download over 2 GB asks at a terminal and is refused elsewhere).")], False),
 }

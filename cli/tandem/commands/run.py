@@ -18,6 +18,7 @@ from tandem.commands.options import (
     shared_options,
     split_pair_and_prompt,
 )
+from tandem.commands.constraint import constraint_flags, incomplete_error, settings_constraint
 from tandem.config.schema import check_max_tokens, check_prompt
 from tandem.errors import RemoteError
 
@@ -39,7 +40,8 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with text and statistics.")] = False,
     no_stream: Annotated[bool, typer.Option("--no-stream", help="Print the text once it is complete.")] = False,
     stats: Annotated[Optional[bool], typer.Option("--stats/--no-stats", help="Statistics on stderr (default: when stderr is a terminal).")] = None,
-    exact, context_file, no_history, rpc, rpc_timeout, verbose, yes,
+    exact, context_file, no_history, rpc, rpc_timeout,
+    grammar, grammar_file, json_schema, json_schema_file, json_object, verbose, yes,
 ):
     """Generate a completion; text on stdout, statistics on stderr.
 
@@ -54,6 +56,8 @@ def run(
       tandem run --context-file app.py "Add logging to the load() function in app.py"
 
       tandem run --rpc 192.168.1.20:50052 "hello"     # the target's layers on that server
+
+      tandem run -j '{"type":"object","properties":{"name":{"type":"string"}},"required":["name"]}' "Who wrote Hamlet?"
     """
     from tandem.engine.loop.events import DoneEvent, TokenEvent
     from tandem.engine.loop.speculative import GenParams
@@ -68,11 +72,15 @@ def run(
     check_prompt(prompt)
     check_max_tokens(max_tokens)
     sampling = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, seed)
-    gen = GenParams(max_tokens=max_tokens, sampling=sampling, stop=tuple(stop or ()))
     contexts = read_context_files(context_file)
+    structured = constraint_flags(grammar, grammar_file, json_schema, json_schema_file,
+                                  json_object)
     flags = setting_flags(exact, no_history, strategy=strategy, n_max=n_max, n_min=n_min, p_min=p_min,
-                          n_ctx=n_ctx, n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout)
+                          n_ctx=n_ctx, n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout,
+                          **structured)
     prepared = prepare_pair(pair, model, model_draft, flags, verbose, yes)
+    gen = GenParams(max_tokens=max_tokens, sampling=sampling, stop=tuple(stop or ()),
+                    constraint=settings_constraint(prepared.settings))
     target_path, draft_path, opts = prepared.target, prepared.draft, prepared.options
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt}]
@@ -98,6 +106,8 @@ def run(
     note = history_note(opts)
     if note:
         print(f"Note: {note}", file=sys.stderr)
+    if done.complete is False:
+        raise incomplete_error(done.reason, done.stats.n_generated, max_tokens)
 
 
 def _finish(done, out, *, as_json: bool, no_stream: bool, show_stats: bool, n_ctx: int,
@@ -105,8 +115,10 @@ def _finish(done, out, *, as_json: bool, no_stream: bool, show_stats: bool, n_ct
     """The answer's end: the JSON object or the text's last part on stdout, then a warning
     when the context cut it and the statistics on stderr."""
     if as_json:
-        print(json.dumps({"text": done.text, "finish_reason": done.reason,
-                          "stats": done.stats.to_dict()}, ensure_ascii=False))
+        answer = {"text": done.text, "finish_reason": done.reason}
+        if done.complete is not None:  # under a grammar: whether the text matches it
+            answer["complete"] = done.complete
+        print(json.dumps({**answer, "stats": done.stats.to_dict()}, ensure_ascii=False))
     else:
         if no_stream:
             out.write(done.text)

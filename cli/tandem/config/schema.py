@@ -24,8 +24,9 @@ KV_TYPES = ("f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 QUANTIZED_KV = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 ON_OFF = ("on", "off")
 # where a drafted token came from: the draft model, the current prompt and output (prompt
-# lookup), a file the user named, or earlier answers (engine/drafting/history.py)
-DRAFT_SOURCES = ("model", "prompt", "file", "history")
+# lookup), a file the user named, earlier answers (engine/drafting/history.py), or the tokens
+# a grammar forces (engine/constrain/grammar.py)
+DRAFT_SOURCES = ("model", "prompt", "file", "history", "grammar")
 MAX_CONTEXT = 1 << 20
 # the longest draft: verify batches carry at most MAX_DRAFT drafts and the last token
 # (engine/backend/llama.py MAX_OUTPUTS rows of logits); the flags, files, chat's /draft and the engine
@@ -67,7 +68,7 @@ class Field:
     key: str
     path: tuple[str, ...]
     env: str
-    kind: str  # int | float | choice | layers | endpoints
+    kind: str  # int | float | choice | layers | endpoints | text
     default: Any
     lo: float | None = None
     hi: float | None = None
@@ -96,6 +97,10 @@ class Field:
             return "on" if value else "off"
         if isinstance(value, str) and self.kind in ("choice", "layers"):
             return value.strip().lower()
+        if isinstance(value, (dict, list)) and self.kind == "text" and "schema" in self.key:
+            import json
+
+            return json.dumps(value)  # a schema written as YAML
         return value
 
     def parse(self, text: str) -> tuple[Any, str | None]:
@@ -126,6 +131,9 @@ def _field_type(f: Field) -> Any:
         return Annotated[float, Meta(ge=f.lo, le=f.hi)]
     if f.kind == "choice":
         return one_of(f.choices)
+    if f.kind == "text":
+        # a grammar or a JSON schema (YAML may write the schema as a mapping: Field.normal)
+        return Annotated[str, Meta(extra={"says": "must be text"})]
     if f.kind == "layers":
         return Annotated[Union[Literal["auto", "all"], Annotated[int, Meta(ge=0)]], Meta(extra={
             "says": "must be auto, all or a layer count",
@@ -297,7 +305,20 @@ SETTING_FIELDS: tuple[Field, ...] = (
     # stalled (the worker is stopped, exit 6); model loading gets rpc_load_timeout
     F("rpc_timeout", ("rpc_timeout",), "TANDEM_RPC_TIMEOUT", "float", 60.0, 0.1, 86400.0,
       label="RPC stall timeout (s)", flag="--rpc-timeout"),
+    # what the output must match (at most one of them; engine/constrain/grammar.py)
+    F("grammar", ("structured", "grammar"), "TANDEM_GRAMMAR", "text", "", label="grammar",
+      flag="--grammar"),
+    F("grammar_file", ("structured", "grammar_file"), "TANDEM_GRAMMAR_FILE", "text", "",
+      label="grammar file", flag="--grammar-file"),
+    F("json_schema", ("structured", "json_schema"), "TANDEM_JSON_SCHEMA", "text", "",
+      label="JSON schema", flag="--json-schema"),
+    F("json_schema_file", ("structured", "json_schema_file"), "TANDEM_JSON_SCHEMA_FILE", "text",
+      "", label="JSON schema file", flag="--json-schema-file"),
+    F("json_object", ("structured", "json_object"), "TANDEM_JSON_OBJECT", "choice", "off",
+      choices=ON_OFF, label="any JSON object", flag="--json-object"),
 )
+# the settings that constrain the output, of which one source may give at most one
+CONSTRAINT_KEYS = ("grammar", "grammar_file", "json_schema", "json_schema_file", "json_object")
 FIELDS_BY_KEY: Mapping[str, Field] = MappingProxyType({f.key: f for f in SETTING_FIELDS})
 
 # Every other TANDEM_* variable tandem, its scripts or its tests read: with the settings' own

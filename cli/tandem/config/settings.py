@@ -76,6 +76,11 @@ class Settings:
     gpu_reserve_mb: int
     rpc: str  # HOST:PORT,... of llama.cpp RPC servers for the target ("": all local)
     rpc_timeout: float
+    grammar: str  # GBNF text ("": none); at most one of these five is in effect
+    grammar_file: str
+    json_schema: str
+    json_schema_file: str
+    json_object: str  # on: any JSON object
     sources: Mapping[str, Setting] = field(repr=False, default_factory=dict)
 
     def source(self, key: str) -> str:

@@ -197,6 +197,31 @@ class Model:
         """A token llama.cpp's parser matches by its text (control, user-defined, unknown)."""
         return bool(_lc.llama_vocab_get_attr(self.vocab, token) & _SPECIAL_ATTRS)
 
+    def vocab_bytes(self) -> tuple[list[bytes], list[bool]]:
+        """Every token's bytes with control tokens rendered as their text, and which tokens
+        llama.cpp treats as special: what a grammar library builds its token trie from."""
+        buf = ctypes.create_string_buffer(256)
+        out, special = [], []
+        for token in range(self.n_vocab):
+            n = _lc.llama_token_to_piece(self.vocab, token, buf, 256, 0, True)
+            if n < 0:
+                big = ctypes.create_string_buffer(-n)
+                n = _lc.llama_token_to_piece(self.vocab, token, big, -n, 0, True)
+                out.append(big.raw[:n])
+            else:
+                out.append(buf.raw[:n])
+            special.append(self.is_special(token))
+        return out, special
+
+    def eog_tokens(self) -> list[int]:
+        return sorted(self._eog)
+
+    def tokenizer_entry(self) -> tuple[int, int]:
+        """(vocab pointer, llama_tokenize's address): for a native library that tokenizes
+        forced text with llama.cpp's own tokenizer, never through Python."""
+        fptr = ctypes.cast(_lc.llama_tokenize, ctypes.c_void_p).value
+        return int(ctypes.cast(self.vocab, ctypes.c_void_p).value), int(fptr)
+
     def token_text(self, token: int) -> str:
         return _lc.llama_vocab_get_text(self.vocab, token).decode("utf-8", "replace")
 

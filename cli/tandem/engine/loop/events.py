@@ -49,3 +49,6 @@ class DoneEvent:
     reason: str  # "eos", "length", "stop", "context"
     text: str
     tokens: tuple[int, ...]
+    # under a grammar: whether the output is a complete match (False: cut by max tokens, the
+    # context or a stop string before the grammar was done); None without a grammar
+    complete: bool | None = None

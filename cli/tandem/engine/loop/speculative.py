@@ -6,6 +6,11 @@ target's own token is kept (plus a bonus token when all are accepted); rejected 
 are removed from the KV cache. Greedy verification is exact match against the target's argmax;
 with temperature > 0, speculative sampling (accept with min(1, p/q), else resample from
 norm(max(0, p - q))) keeps the output distribution exactly the target's.
+
+Under a grammar (GenParams.constraint) every row is sampled from the grammar-masked target
+distribution, a draft is cut at its first token the grammar refuses (never verified), and the
+grammar's forced tokens are the step's draft when there are any (free: no drafter runs).
+The grammar commits exactly the decided tokens, row by row, so a rejection needs no rollback.
 """
 from __future__ import annotations
 
@@ -19,7 +24,8 @@ from tandem.config.schema import check_max_tokens, check_prompt
 from tandem.engine.backend.context_params import common_prefix
 from tandem.engine.drafting.drafters import Draft, Drafter, recent
 from tandem.engine.loop.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
-from tandem.engine.loop.sampling import Dist, SamplingParams, distribution, greedy_token, residual
+from tandem.engine.loop.sampling import (Dist, SamplingParams, distribution, greedy_token,
+                                         penalized, residual)
 from tandem.engine.loop.stats import GenStats
 from tandem.engine.loop.textstream import TextStream
 from tandem.engine.tuning.threads import NO_THREADS, Threads
@@ -27,6 +33,7 @@ from tandem.errors import ContextOverflowError, UsageError
 
 if TYPE_CHECKING:
     from tandem.engine.backend.llama import Context
+    from tandem.engine.constrain.grammar import Constraint, GrammarState
 
 VERIFY_RULES = ("rejection", "match")
 _NO_DRAFT = Draft()  # a plain step's draft, shared: generate() never modifies a draft
@@ -41,6 +48,7 @@ class GenParams:
     # "match": llama.cpp's rule, greedy drafts accepted when the target samples the same token.
     verify: str = "rejection"
     ignore_eos: bool = False
+    constraint: Constraint | None = None  # a grammar the output must match
 
     def __post_init__(self):
         check_max_tokens(self.max_tokens)
@@ -56,11 +64,7 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
     an event once it is yielded. `threads`: the session's thread count (engine/tuning/threads.py),
     told each step's verify time once the step's logits were read; it probes other counts
     there when the times say so."""
-    check_prompt(prompt)
-    if len(prompt) >= target.n_ctx:
-        raise ContextOverflowError(
-            f"the prompt has {len(prompt)} tokens but the context holds {target.n_ctx}",
-            "shorten the prompt or raise --ctx-size")
+    _check_fits(prompt, target)
     sp = params.sampling
     rng = np.random.default_rng(sp.seed)
     sample_drafts = not sp.greedy and params.verify == "rejection"
@@ -69,7 +73,7 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
     model = target.model
     text = TextStream(params.stop)
     tokens = list(prompt)
-    verify_room = target.verify_limit - 1
+    verify_room, grammar = target.verify_limit - 1, _grammar(params.constraint, model)
     if drafter.n_max > verify_room:
         stats.notes.append(_cap_note(target, verify_room))
     t_start = time.perf_counter()
@@ -92,24 +96,25 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
         # at n_ctx tokens, so must speculation), within max_tokens and one verify batch
         room = min(verify_room, target.n_ctx - len(tokens) - 1,
                    params.max_tokens - stats.n_generated - 1)
-        k_cap = min(drafter.n_max, room)
+        if grammar is not None and grammar.stopped:  # complete: only the end may follow
+            reason = "eos"
+            break
         t0 = time.perf_counter()
-        draft = drafter.propose(tokens, room, sp, rng, sample_drafts) if k_cap > 0 else _NO_DRAFT
-        if len(draft.tokens) > k_cap:
-            draft = Draft(draft.tokens[:k_cap], draft.dists[:k_cap] if draft.dists else None)
+        draft, k_cap, forced = _draft(drafter, grammar, tokens, room, sp, rng, sample_drafts)
         t1 = time.perf_counter()
         if len(target.tokens) != len(tokens) - 1:  # only if someone else used this context
             target.prefill(tokens[:-1])
         rows = target.decode([tokens[-1]] + draft.tokens, all_logits=True)
         t2 = time.perf_counter()
-        new, n_acc = _verify(rows, draft, tokens, sp, params.verify, rng, model.n_vocab)
+        new, n_acc = (_verify(rows, draft, tokens, sp, params.verify, rng, model.n_vocab)
+                      if grammar is None else _verify_constrained(
+                          rows, draft, tokens, sp, params.verify, rng, model.n_vocab, grammar))
         t3 = time.perf_counter()
         # keep the KV of last + accepted drafts; the new target token is evaluated next step
         target.truncate(len(tokens) + n_acc)
         threads.observe(len(draft.tokens) + 1, t2 - t1)
         step_event = StepEvent(step, len(draft.tokens), n_acc, k_cap, t1 - t0, t2 - t1, t3 - t2)
-        drafter.observe(step_event)
-        step_event.sources = drafter.step_sources  # the drafter knows them once it observed
+        _observe(drafter, step_event, forced)
         for i, tok in enumerate(new):
             if is_eog(tok) and stop_at_eog:
                 reason = "eos"
@@ -133,7 +138,56 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
         yield TokenEvent(-1, tail, False, step)
     stats.t_total = time.perf_counter() - t_start
     stats.notes += [*drafter.notes, *threads.notes]  # read last: noted as they go
-    yield DoneEvent(stats, reason, text.text, tuple(tokens[len(prompt):]))
+    yield DoneEvent(stats, reason, text.text, tuple(tokens[len(prompt):]),
+                    None if grammar is None else reason == "eos" or grammar.accepting)
+
+
+def _check_fits(prompt: Sequence[int], target: Context) -> None:
+    check_prompt(prompt)
+    if len(prompt) >= target.n_ctx:
+        raise ContextOverflowError(
+            f"the prompt has {len(prompt)} tokens but the context holds {target.n_ctx}",
+            "shorten the prompt or raise --ctx-size")
+
+
+def _grammar(constraint: Constraint | None, model) -> GrammarState | None:
+    if constraint is None:
+        return None
+    from tandem.engine.constrain.grammar import GrammarState
+
+    return GrammarState(constraint, model)
+
+
+def _draft(drafter: Drafter, grammar: GrammarState | None, tokens: list[int], room: int,
+           sp: SamplingParams, rng: np.random.Generator,
+           sample: bool) -> tuple[Draft, int, bool]:
+    """This step's draft, the length asked for, and whether it is the grammar's forced
+    tokens: free drafts wherever the drafter would speculate at all (not under `none`).
+    Otherwise the drafter's, cut at the first token the grammar refuses."""
+    k_cap = min(drafter.n_max, room)
+    if k_cap <= 0:
+        return _NO_DRAFT, k_cap, False
+    forced = grammar.forced()[:room] if grammar is not None else []
+    if forced:
+        return Draft(forced, [None] * len(forced) if sample else None,
+                     source="grammar"), len(forced), True
+    draft = drafter.propose(tokens, room, sp, rng, sample)
+    if grammar is not None and draft.tokens:
+        k_cap = min(k_cap, grammar.valid_prefix(draft.tokens[:k_cap]))
+    if len(draft.tokens) > k_cap:
+        draft = Draft(draft.tokens[:k_cap], draft.dists[:k_cap] if draft.dists else None,
+                      n_model=draft.n_model, source=draft.source)
+    return draft, k_cap, False
+
+
+def _observe(drafter: Drafter, step_event: StepEvent, forced: bool) -> None:
+    """Tell the drafter its step's verdict and fill in the step's sources. A step of forced
+    tokens was not the drafter's: it learns only from its own drafts."""
+    if forced:
+        step_event.sources = (("grammar", step_event.drafted, step_event.accepted),)
+    else:
+        drafter.observe(step_event)
+        step_event.sources = drafter.step_sources  # the drafter knows them once it observed
 
 
 def _cap_note(target: Context, n_max: int) -> str:
@@ -206,6 +260,53 @@ def _verify(rows: np.ndarray, draft: Draft, tokens: list[int], sp: SamplingParam
     hist = recent(tokens, new, sp)
     last = rows[len(draft.tokens)]
     new.append(greedy_token(last, hist, sp) if sp.greedy else distribution(last, hist, sp).sample(rng))
+    return new, len(draft.tokens)
+
+
+def _verify_constrained(rows: np.ndarray, draft: Draft, tokens: list[int], sp: SamplingParams,
+                        rule: str, rng: np.random.Generator, n_vocab: int,
+                        grammar: GrammarState) -> tuple[list[int], int]:
+    """_verify under a grammar: each row's target distribution is the masked one, a sampled
+    draft's q is conditioned on the same mask (the draft was cut where the grammar refused
+    it, so a kept token was drawn from q given "allowed": rejection sampling between the two
+    masked distributions is exact), and each decided token is committed as it is decided."""
+    new: list[int] = []
+    for i, d in enumerate(draft.tokens):
+        hist = recent(tokens, new, sp)
+        if sp.greedy:
+            tok = grammar.greedy(penalized(rows[i], hist, sp))
+        else:
+            p = distribution(grammar.masked(rows[i]), hist, sp)
+            if rule == "rejection":
+                q = draft.dists[i] if draft.dists is not None else None
+                if q is None:  # deterministic draft (forced, n-gram): a point mass on d
+                    if rng.random() < p.prob(d):
+                        grammar.commit(d)
+                        new.append(d)
+                        continue
+                    tok = residual(p, _point(d), n_vocab).sample(rng)
+                else:
+                    q = grammar.restrict(q)
+                    qd = q.prob(d)
+                    if qd > 0 and rng.random() < min(1.0, p.prob(d) / qd):
+                        grammar.commit(d)
+                        new.append(d)
+                        continue
+                    tok = residual(p, q, n_vocab).sample(rng)
+                grammar.commit(tok)
+                new.append(tok)
+                return new, i
+            tok = p.sample(rng)
+        grammar.commit(tok)
+        new.append(tok)
+        if tok != d:
+            return new, i
+    hist = recent(tokens, new, sp)
+    last = rows[len(draft.tokens)]
+    tok = (grammar.greedy(penalized(last, hist, sp)) if sp.greedy
+           else distribution(grammar.masked(last), hist, sp).sample(rng))
+    grammar.commit(tok)
+    new.append(tok)
     return new, len(draft.tokens)
 
 

@@ -1,0 +1,258 @@
+"""A grammar over the target's tokens: llguidance compiles GBNF or a JSON schema, and a
+GrammarState follows the output, giving the allowed tokens at the next position, the
+tokens the grammar forces there, and commit/rollback as tokens are decided.
+
+llguidance is imported only when a grammar is used (`tandem run --help` and plain runs never
+load it). Its tokenizer is built once per model from the bytes engine/backend/llama.py
+reads, and control tokens are marked special there, so grammar text never matches them:
+a literal "<|im_end|>" in a grammar is written as plain text tokens.
+"""
+from __future__ import annotations
+
+import json
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from tandem.errors import UsageError
+
+if TYPE_CHECKING:
+    from tandem.engine.backend.llama import Model
+    from tandem.engine.loop.sampling import Dist
+
+KINDS = ("gbnf", "json_schema")
+# Compact but natural separators with no free whitespace: the model writes json.dumps's own
+# style, and every key, quote and separator is forced (a free draft). A schema's own
+# "x-guidance" options override these.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+ANY_OBJECT = '{"type": "object"}'
+
+
+class GrammarError(UsageError):
+    """A grammar or schema that cannot be used, or an output it could not complete."""
+
+
+def _llg():
+    try:
+        import llguidance
+    except ImportError as exc:  # pragma: no cover - depends on the installation
+        raise GrammarError(f"grammars need the llguidance package ({exc})",
+                           "pip install 'llguidance>=1.9,<2' into tandem's environment") from None
+    return llguidance
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What the output must match: `kind` (KINDS), the grammar or schema `text`, and
+    `origin`, how the user gave it (a flag or a file), for messages."""
+
+    kind: str
+    text: str
+    origin: str = ""
+
+    def compiled(self) -> str:
+        """llguidance's grammar for this constraint; GrammarError naming the problem."""
+        return _compile(self.kind, self.text, self.origin)
+
+
+_COMPILED: dict[tuple[str, str], str] = {}
+
+
+def _compile(kind: str, text: str, origin: str) -> str:
+    key = (kind, text)
+    if key in _COMPILED:
+        return _COMPILED[key]
+    llg = _llg()
+    where = f" ({origin})" if origin else ""
+    if kind == "gbnf":
+        if not text.strip():
+            raise GrammarError(f"the grammar{where} is empty", "write a GBNF grammar with a "
+                               "root rule, e.g. root ::= \"yes\" | \"no\"")
+        try:
+            grammar = llg.grammar_from("gbnf", text)
+        except ValueError as exc:
+            msg = str(exc).removeprefix("Failed to convert the grammar from GBNF to Lark: ")
+            raise GrammarError(f"invalid GBNF grammar{where}: {msg}",
+                               "see llama.cpp's grammars/README.md for the syntax") from None
+        hint = "see llama.cpp's grammars/README.md for the syntax"
+    elif kind == "json_schema":
+        try:
+            schema = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise GrammarError(f"the JSON schema{where} is not valid JSON: {exc.msg} at line "
+                               f"{exc.lineno} column {exc.colno}",
+                               "check the schema's quotes, commas and braces") from None
+        if not isinstance(schema, (dict, bool)):
+            raise GrammarError(f"the JSON schema{where} must be an object, got "
+                               f"{type(schema).__name__}", "e.g. {\"type\": \"object\"}")
+        if isinstance(schema, dict) and "x-guidance" not in schema:
+            schema = {**schema, "x-guidance": JSON_OPTIONS}
+        try:
+            grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema))
+        except ValueError as exc:
+            raise GrammarError(f"the JSON schema{where} cannot be used: {exc}",
+                               "check the schema") from None
+        hint = ("tandem supports the JSON Schema subset llguidance implements "
+                "(docs/structured.md); remove or rewrite that part")
+    else:
+        raise GrammarError(f"unknown grammar kind {kind!r}", f"use one of: {', '.join(KINDS)}")
+    is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar)
+    if is_error:
+        problem = messages[0] if messages else "unknown problem"
+        what = "GBNF grammar" if kind == "gbnf" else "JSON schema"
+        if problem.startswith("Unsatisfiable"):
+            hint = "no output can match it: relax the conflicting constraints"
+        raise GrammarError(f"the {what}{where} cannot be used: {problem}", hint)
+    _COMPILED[key] = grammar
+    return grammar
+
+
+# one llguidance tokenizer per loaded model: building it reads 152k tokens (~1 s)
+_TOKENIZERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+def tokenizer_for(model: Model):
+    tok = _TOKENIZERS.get(model)
+    if tok is None:
+        llg = _llg()
+        pieces, special = model.vocab_bytes()
+        # llguidance's convention: a leading 0xff byte marks a special token, which grammar
+        # text can then never produce (user text is data, never a control token)
+        pieces = [b"\xff" + p if s else p for p, s in zip(pieces, special)]
+        eog = model.eog_tokens()
+        entry = getattr(model, "tokenizer_entry", None)
+        if entry is not None:
+            vocab, tokenize = entry()
+            tok = llg.LLTokenizer.from_llamacpp(tokens=pieces, vocab_ptr=vocab,
+                                                tokenize_fptr=tokenize, eos_token=eog,
+                                                slices=None)
+        else:  # a model without llama.cpp's tokenizer (tests' scripted models)
+            tok = llg.LLTokenizer(llg.TokenizerWrapper(_Tokenize(model, pieces, eog)),
+                                  eos_token=eog)
+        _TOKENIZERS[model] = tok
+    return tok
+
+
+class _Tokenize:
+    """What llguidance's TokenizerWrapper reads: the token bytes and a text tokenizer."""
+
+    def __init__(self, model, pieces: list[bytes], eog: list[int]):
+        self.tokens = pieces
+        self.eos_token_id = eog[0] if eog else len(pieces) - 1
+        self.bos_token_id = None
+        self.special_token_ids = list(eog)
+        self._model = model
+
+    def __call__(self, text: bytes | str) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "replace")
+        return self._model.tokenize(text, add_special=False, parse_special=False)
+
+
+class GrammarState:
+    """The grammar's state after the tokens committed so far. The mask of the next position
+    is computed once per state (at most one llguidance call per verified row), as a bit
+    array: a single token's test reads one byte, a row's mask unpacks it once."""
+
+    def __init__(self, constraint: Constraint, model: Model):
+        llg = _llg()
+        self.n_vocab = model.n_vocab
+        self.matcher = llg.LLMatcher(tokenizer_for(model), constraint.compiled(), log_level=0)
+        self._check()
+        words = (self.n_vocab + 31) // 32
+        self._bits = np.zeros(words * 4, dtype=np.uint8)
+        self._fresh = False  # _bits holds the current state's mask
+        self._bool: np.ndarray | None = None
+        self.n_committed = 0
+
+    def _check(self) -> None:
+        if self.matcher.is_error():
+            raise GrammarError(f"the grammar failed: {self.matcher.get_error()}",
+                               "check the grammar or schema")
+
+    def _mask_bits(self) -> np.ndarray:
+        if not self._fresh:
+            self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+            self._check()
+            self._fresh, self._bool = True, None
+        return self._bits
+
+    def allowed(self, token: int) -> bool:
+        """Whether `token` may come next."""
+        if not 0 <= token < self.n_vocab:
+            return False
+        return bool(self._mask_bits()[token >> 3] >> (token & 7) & 1)
+
+    def mask(self) -> np.ndarray:
+        """The allowed tokens at the next position, as booleans over the vocabulary."""
+        if self._bool is None or not self._fresh:
+            bits = self._mask_bits()
+            self._bool = np.unpackbits(bits, bitorder="little")[:self.n_vocab].view(bool)
+            if not self._bool.any():
+                raise GrammarError("the grammar allows no token at this point of the output",
+                                   "the grammar needs text this model's tokens cannot spell")
+        return self._bool
+
+    def masked(self, logits: np.ndarray) -> np.ndarray:
+        """A copy of a logits row with the disallowed tokens at -inf."""
+        return np.where(self.mask(), logits, np.float32(-np.inf))
+
+    def greedy(self, logits: np.ndarray) -> int:
+        """The masked argmax: the row's argmax when the grammar allows it (most rows), else
+        the argmax over the allowed tokens."""
+        tok = int(logits.argmax())
+        if self.allowed(tok):
+            return tok
+        return int(self.masked(logits).argmax())
+
+    def restrict(self, dist: Dist) -> Dist:
+        """`dist` conditioned on the allowed tokens (a draft's q under the grammar)."""
+        from tandem.engine.loop.sampling import Dist
+
+        mask = self.mask()
+        if dist.ids is None:
+            probs = np.where(mask[:len(dist.probs)], dist.probs.astype(np.float64), 0.0)
+            return Dist(ids=None, probs=probs / probs.sum())
+        keep = mask[dist.ids]
+        probs = dist.probs[keep]
+        return Dist(ids=dist.ids[keep], probs=probs / probs.sum())
+
+    def commit(self, token: int) -> None:
+        """Advance past `token` (one the mask allowed)."""
+        if not self.matcher.consume_token(token):
+            raise GrammarError(f"the grammar refused token {token}: "
+                               f"{self.matcher.get_error() or 'not allowed here'}",
+                               "this is a bug in tandem: please report it")
+        self.n_committed += 1
+        self._fresh = False
+
+    def rollback(self, n: int) -> None:
+        """Forget the last `n` committed tokens."""
+        if n <= 0:
+            return
+        if n > self.n_committed or not self.matcher.rollback(n):
+            raise GrammarError(f"the grammar could not roll back {n} tokens",
+                               "this is a bug in tandem: please report it")
+        self.n_committed -= n
+        self._fresh = False
+
+    def forced(self) -> list[int]:
+        """The tokens the grammar forces from here (its fast-forward tokens): the canonical
+        tokenization of the bytes every continuation starts with."""
+        return list(self.matcher.compute_ff_tokens())
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens` the grammar accepts in a row from here."""
+        return self.matcher.validate_tokens(list(tokens)) if tokens else 0
+
+    @property
+    def accepting(self) -> bool:
+        """The output so far is a complete match."""
+        return self.matcher.is_accepting()
+
+    @property
+    def stopped(self) -> bool:
+        """Complete, and nothing but the end may follow."""
+        return self.matcher.is_stopped()
