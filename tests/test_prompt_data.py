@@ -129,6 +129,9 @@ class FakePair:
     def __init__(self):
         self.target = FakeModel()
 
+    def tokenize(self, text):
+        return self.target.tokenize(text, add_special=False, parse_special=False)
+
     def prompt_tokens(self, messages, raw=False):
         return template.prompt_tokens(self.target, messages, raw)
 

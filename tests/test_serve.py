@@ -14,6 +14,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -594,7 +595,7 @@ def test_a_bug_is_a_500_json_error_and_the_app_goes_on():
 
     class Broken:
         busy, waiting, capacity, served, cancelled, last_cancel = False, 0, 1, 0, 0, None
-        pair = None  # no local pair: prompts would be tokenized in the engine thread
+        pair = SimpleNamespace(tokenizes_aside=False)  # prompts go to the engine thread
 
         def submit(self, job):
             raise RuntimeError("boom")

@@ -28,7 +28,7 @@ from tandem.bench.sweep import build_configs
 from tandem.bench.workloads import Prompt
 from tandem.engine.drafting.history import Library
 from tandem.engine.loop.sampling import SamplingParams
-from tandem.engine.pair import PairSession, SessionOptions
+from tandem.engine.pair import Pair, PairSession, SessionOptions
 from tandem.engine.loop.speculative import GenParams
 from tandem.errors import StorageError, UsageError
 from tandem.fsutil import blocking_file, storage_error
@@ -173,14 +173,13 @@ class BenchSession:
         work = Work(tuple(self.configs), tuple(self.prompts), tuple(self.conversations),
                     self.gen, self.request.reps, self.request.warmup, self.request.cost_curve,
                     self.total)
-        if opts.rpc:
+        open_pair: Callable[..., Pair] = PairSession
+        if opts.rpc:  # measured whole in the worker that holds the pair
             from tandem.engine.remote.worker import RemotePair
 
-            with RemotePair(self.target_path, self.draft_paths, opts) as pair:
-                yield from self._absorb(pair.stream(measure, work, should_stop=should_stop))
-            return
-        with PairSession(self.target_path, self.draft_paths, opts) as session:
-            yield from self._absorb(measure(session, work, should_stop))
+            open_pair = RemotePair
+        with open_pair(self.target_path, self.draft_paths, opts) as session:
+            yield from self._absorb(session.stream(measure, work, should_stop=should_stop))
 
     def _absorb(self, items) -> Iterator[str | BenchProgress]:
         """measure's items into this session's results and meta; lines and progress on."""

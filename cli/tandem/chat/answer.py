@@ -11,7 +11,7 @@ import time
 from typing import Iterator, Sequence
 
 from tandem.engine.loop.events import DoneEvent, PrefillEvent, TokenEvent
-from tandem.engine.pair import PairSession
+from tandem.engine.pair import Pair
 from tandem.engine.drafting.strategies import DraftParams
 from tandem.engine.loop.speculative import GenParams
 from tandem.engine.loop.stats import GenStats
@@ -22,7 +22,7 @@ class Answer:
     ("eos", "length", "stop", "context" or "interrupted") and `stats` hold the outcome.
     Generation only ever stops at a yield, so closing early leaves both KV caches consistent."""
 
-    def __init__(self, pair: PairSession, tokens: Sequence[int], gen: GenParams,
+    def __init__(self, pair: Pair, tokens: Sequence[int], gen: GenParams,
                  strategy: str | None = None, draft: DraftParams | None = None,
                  record: bool = True):
         self.pair = pair

@@ -20,7 +20,7 @@ from tandem.chat.transcript import Turn
 from tandem.engine.loop.events import DoneEvent
 from tandem.engine.loop.sampling import SamplingParams
 from tandem.config.schema import FIELDS_BY_KEY, STRATEGIES, check_strategy
-from tandem.engine.pair import PairSession
+from tandem.engine.pair import Pair
 from tandem.engine.drafting.strategies import DraftParams
 from tandem.engine.loop.speculative import GenParams
 from tandem.engine.loop.stats import GenStats
@@ -110,7 +110,7 @@ def _parse_int(arg: str, what: str, lo: int, hi: int) -> int:
 class ChatSession:
     """A conversation with a loaded PairSession."""
 
-    def __init__(self, pair: PairSession, *, system: str | None = None,
+    def __init__(self, pair: Pair, *, system: str | None = None,
                  gen: GenParams = GenParams(), strategy: str | None = None,
                  draft: DraftParams | None = None, raw: bool = False,
                  reserve: int | None = None):
@@ -134,7 +134,7 @@ class ChatSession:
     # ----- state -----
     @property
     def n_ctx(self) -> int:
-        return self.pair.target_ctx.n_ctx
+        return self.pair.n_ctx
 
     @property
     def latest_plain(self) -> PlainMeasure | None:
@@ -289,7 +289,7 @@ class ChatSession:
             return CommandResult("set", f"strategy is {self.strategy} "
                                         f"(choose from {', '.join(STRATEGIES)})")
         check_strategy(name)
-        self.pair.drafter(name, self.draft)  # raises UsageError if it cannot work here
+        self.pair.check_drafter(name, self.draft)  # raises UsageError if it cannot work here
         self.strategy = name
         return CommandResult("set", f"strategy: {name}", {"strategy": name})
 
@@ -374,7 +374,7 @@ class ChatSession:
             "turns": len(self.turns),
             "turns_in_context": len(self.turns) - self.context_start,
             "dropped_turns": self.dropped_turns,
-            "context_used": len(self.pair.target_ctx.tokens),
+            "context_used": len(self.pair.cached_tokens),
             "n_ctx": self.n_ctx,
             "strategy": self.strategy,
             "draft_max": self.draft.n_max,
@@ -389,7 +389,7 @@ class ChatSession:
             "accepted": total.accepted,
             "acceptance_rate": total.acceptance_rate,
             "by_source": {k: list(v) for k, v in total.by_source.items()},
-            "context_files": list(self.pair.library.file_names),
+            "context_files": list(self.pair.context_files),
             "mean_accepted_length": total.mean_accepted_length,
             "acceptance_by_position": total.acceptance_by_position,
             "plain_tokens_per_second": self.plain_rate,

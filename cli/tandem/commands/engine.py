@@ -4,10 +4,14 @@ RPC connection; engine/remote/worker.py says why). run, chat and serve all open 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tandem.engine.pair import Pair, SessionOptions
 
 
-def open_pair(target_path: Path, draft_path: Path | None, opts):
-    """A PairSession, or a RemotePair with the same interface when `opts.rpc` is set."""
+def open_pair(target_path: Path, draft_path: Path | None, opts: SessionOptions) -> Pair:
+    """A PairSession, or a RemotePair (the same Pair) when `opts.rpc` is set."""
     if opts.rpc:
         from tandem.engine.remote.worker import RemotePair
 

@@ -97,7 +97,7 @@ def serve(
                 session.add_context_file(path, text)
             worker = EngineWorker(session, strategy=opts.strategy, draft=opts.draft,
                                   queue_size=queue)
-            budget = Budget(session.target_ctx.n_ctx,
+            budget = Budget(session.n_ctx,
                             longest_token_bytes(target_path) or UNKNOWN_TOKEN_BYTES)
             config = server.ServeConfig(
                 model_id=target_path.stem, api_key=api_key, budget=budget, timeout=timeout,
@@ -105,7 +105,7 @@ def serve(
                 defaults=Defaults(max_tokens=max_tokens, sampling=sampling))
             draft = f" + {draft_path.name}" if draft_path else ""
             print(f"tandem serve: {server.listen_note(host, sock)} · {target_path.name}{draft} · "
-                  f"strategy {opts.strategy} · context {session.target_ctx.n_ctx} · "
+                  f"strategy {opts.strategy} · context {session.n_ctx} · "
                   f"queue {queue} · Ctrl-C stops", file=sys.stderr, flush=True)
             server.serve(worker, config, sock, verbose=verbose)
     finally:

@@ -6,19 +6,22 @@ own modules: loading and the contexts kept for reuse (engine/backend/loading.py)
 and the knowledge kept beside them (engine/tuning/pricing.py), the drafter for a strategy
 (engine/drafting/strategies.py), the prompt's tokens (engine/backend/template.py) and the library auto
 drafts from (engine/drafting/history.py).
+
+`Pair` is what the callers (run, chat, serve, spec-bench) use of a loaded pair: PairSession
+here, RemotePair (engine/remote/worker.py) when the target's layers are on RPC servers.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence
 
 from tandem.config.schema import check_strategy
 from tandem.engine.backend import template
 from tandem.engine.drafting.auto import BUCKETS, ORDER, AutoDrafter
 from tandem.engine.tuning.costs import CostModel
 from tandem.engine.drafting.drafters import Drafter
-from tandem.engine.loop.events import DoneEvent
+from tandem.engine.loop.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
 from tandem.engine.drafting.history import HistoryStore, Library, read_context_file
 from tandem.engine.tuning.knowledge import Knowledge
 from tandem.engine.backend.context_params import ContextParams, default_threads
@@ -66,17 +69,73 @@ class SessionOptions:
         check_strategy(self.strategy)
 
 
+Event = PrefillEvent | TokenEvent | StepEvent | DoneEvent
+
+
+class Pair(Protocol):
+    """A loaded pair as run, chat, serve and spec-bench use it, wherever it is loaded: in
+    this process (PairSession) or in a supervised worker (RemotePair). Only plain values
+    cross a worker's pipe, so what callers read of the contexts is here as values."""
+
+    options: SessionOptions
+    target_path: Path
+    # prompts may be tokenized in another thread while this pair generates (serve/prompt.py)
+    tokenizes_aside: bool
+
+    @property
+    def draft_path(self) -> Path | None: ...
+
+    @property
+    def n_ctx(self) -> int:
+        """The target context's size in tokens."""
+
+    @property
+    def cached_tokens(self) -> Sequence[int]:
+        """The tokens in the target's KV cache (what a next prompt's prefix may reuse)."""
+
+    @property
+    def context_files(self) -> tuple[str, ...]:
+        """The names of the files indexed for drafting (add_context_file)."""
+
+    def tokenize(self, text: str) -> list[int]:
+        """Plain text's tokens (no special tokens parsed, no BOS)."""
+
+    def prompt_tokens(self, messages: Sequence[dict], raw: bool = False) -> list[int]: ...
+
+    def add_context_file(self, path: str | Path, text: str | None = None) -> int: ...
+
+    def check_drafter(self, strategy: str, draft: DraftParams | None = None) -> None:
+        """Raise the UsageError of a strategy that cannot run with this pair."""
+
+    def generate(self, prompt: Sequence[int], gen: GenParams, strategy: str | None = None,
+                 draft: DraftParams | None = None, record: bool = True) -> Iterator[Event]: ...
+
+    def stream(self, func: Callable[..., Iterator[Any]], *args: Any,
+               should_stop: Callable[[], bool] | None = None) -> Iterator[Any]:
+        """`func(session, *args, should_stop=..., tick=...)` on the loaded PairSession, its
+        items as they come: work that needs the session itself (spec-bench's measurements)."""
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Pair: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
 class PairSession:
     """A target and one or more drafts, loaded once. Contexts are made per ContextParams on
     demand (spec-bench sweeps batch sizes and threads) and kept for reuse."""
 
     MAX_CONTEXTS = 4  # per model; older unused contexts are closed
+    tokenizes_aside = True  # llama_tokenize reads the vocabulary only
 
     def __init__(self, target_path: str | Path,
                  draft_path: str | Path | Sequence[str | Path] | None,
                  options: SessionOptions = SessionOptions(), progress=None):
-        """`progress(what, fraction)`: called while the models load."""
+        """`progress(what, fraction)`: called while the models load and at every event
+        generate() yields (a supervising process's sign of life)."""
         self.options = options
+        self._progress = progress
         self.target_path = Path(target_path)
         paths = draft_paths(draft_path)
         if options.strategy == "draft" and not paths:
@@ -125,13 +184,28 @@ class PairSession:
         `text`: the file's content when the caller has read (and checked) it already."""
         if text is None:
             text = read_context_file(Path(path))
-        tokens = self.target.tokenize(text, add_special=False, parse_special=False)
+        tokens = self.tokenize(text)
         self.library.add_file(Path(path).name, tokens)
         return len(tokens)
 
     @property
     def draft_path(self) -> Path | None:
         return self.draft_paths.get(self.draft_label) if self.draft_label else None
+
+    @property
+    def n_ctx(self) -> int:
+        return self.target_ctx.n_ctx
+
+    @property
+    def cached_tokens(self) -> Sequence[int]:
+        return self.target_ctx.tokens
+
+    @property
+    def context_files(self) -> tuple[str, ...]:
+        return tuple(self.library.file_names)
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.target.tokenize(text, add_special=False, parse_special=False)
 
     def configure(self, target_ctx: ContextParams | None = None,
                   draft_ctx: ContextParams | None = None, draft: str | None = None) -> None:
@@ -164,6 +238,13 @@ class PairSession:
     def __exit__(self, *exc):
         self.close()
 
+    def check_drafter(self, strategy: str, draft: DraftParams | None = None) -> None:
+        self.drafter(strategy, draft)  # built and dropped: its refusal is the check
+
+    def stream(self, func: Callable[..., Iterator[Any]], *args: Any,
+               should_stop: Callable[[], bool] | None = None) -> Iterator[Any]:
+        yield from func(self, *args, should_stop=should_stop or (lambda: False), tick=None)
+
     def drafter(self, strategy: str | None = None, draft: DraftParams | None = None) -> Drafter:
         """The drafter for `strategy` and `draft` (default: the session's options) over the
         active configuration."""
@@ -177,7 +258,7 @@ class PairSession:
         """The active configuration's cost model (engine/tuning/pricing.py: cached on disk, else
         calibrated once; `calibrated=True`: the calibration itself, unrefined)."""
         def probe() -> list[int]:
-            return self.target.tokenize(PROBE_TEXT, add_special=False, parse_special=False)
+            return self.tokenize(PROBE_TEXT)
 
         # a calibration with fewer threads than the key's default is not kept for later runs
         reduced = self.threads is not None and self.threads.tuner.current < \
@@ -200,7 +281,7 @@ class PairSession:
         return template.prompt_tokens(self.target, messages, raw)
 
     def generate(self, prompt: Sequence[int], gen: GenParams, strategy: str | None = None,
-                 draft: DraftParams | None = None, record: bool = True) -> Iterator:
+                 draft: DraftParams | None = None, record: bool = True) -> Iterator[Event]:
         """generate() with the drafter for `strategy` built from `draft` (default: the
         session's options). Each finished answer joins the library's history, and what an
         auto request learnt is kept (`record`: unless it is a measurement, not an answer)."""
@@ -210,6 +291,8 @@ class PairSession:
         inner = generate(self.target_ctx, prompt, drafter, gen, threads)
         try:
             for ev in inner:
+                if self._progress is not None:
+                    self._progress("generate", 0.0)
                 if isinstance(ev, DoneEvent) and record:
                     self.library.record(ev.tokens)
                     self._learn(drafter)

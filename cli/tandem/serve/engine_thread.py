@@ -1,4 +1,4 @@
-"""The engine thread: one PairSession, one generation at a time, fed by a bounded queue.
+"""The engine thread: one Pair, one generation at a time, fed by a bounded queue.
 
 llama.cpp contexts are not shared between generations (both models' KV caches hold one
 sequence, reused by prefix from one request to the next), so requests run strictly one after
@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 from tandem.chat.answer import Answer
 from tandem.config.schema import SERVE_MAX_TOKENS
 from tandem.engine.loop.events import PrefillEvent, TokenEvent
-from tandem.engine.pair import PairSession
+from tandem.engine.pair import Pair
 from tandem.engine.loop.sampling import SamplingParams
 from tandem.engine.loop.speculative import GenParams
 from tandem.errors import TandemError
@@ -36,13 +36,13 @@ class Job:
     the prompt is evaluated, ("text", str) per released piece of text, then exactly one of ("done", Answer), ("error", TandemError),
     ("failed", Exception) or ("cancelled", None). It is called from the engine thread."""
 
-    make: Callable[[PairSession], tuple[Sequence[int], GenParams]]  # see prepare()
+    make: Callable[[Pair], tuple[Sequence[int], GenParams]]  # see prepare()
     sink: Callable[[str, object], None]
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
 class EngineWorker:
-    def __init__(self, pair: PairSession, *, strategy: str | None = None, draft=None,
+    def __init__(self, pair: Pair, *, strategy: str | None = None, draft=None,
                  record: bool = True, queue_size: int = 8):
         self.pair = pair
         self.strategy = strategy
@@ -183,18 +183,13 @@ def gen_params(req, defaults: Defaults) -> GenParams:
                      stop=req.stop)
 
 
-def prepare(pair: PairSession, req, defaults: Defaults,
+def prepare(pair: Pair, req, defaults: Defaults,
             budget: Budget | None = None) -> tuple[list[int], GenParams]:
     """A checked request (serve.protocol.Request) -> prompt tokens and generation parameters,
     in the engine thread: for a pair whose tokenizer is elsewhere (RemotePair's worker, one
     call at a time over its pipe). A local pair's prompt is tokenized by the HTTP side
     beforehand (serve/prompt.py), so that no request's preparation delays the one being
-    generated. The prompt goes through the same PairSession.prompt_tokens as run and chat."""
-    budget = budget or Budget(pair.target_ctx.n_ctx)
-    local = tokenizes_aside(pair)  # a remote pair's worker tokenizes the prompt whole
+    generated. The prompt goes through the same Pair.prompt_tokens as run and chat."""
+    budget = budget or Budget(pair.n_ctx)
+    local = pair.tokenizes_aside  # a remote pair's worker tokenizes the prompt whole
     return prompt.prompt_tokens(pair, req, budget, local=local), gen_params(req, defaults)
-
-
-def tokenizes_aside(pair) -> bool:
-    """Whether prompts may be tokenized outside the engine thread while it generates."""
-    return isinstance(pair, PairSession)

@@ -58,7 +58,7 @@ def prompt_tokens(pair, req, budget: Budget, local: bool = True) -> list[int]:
     probe = budget.n_ctx * PROBE_BYTES_PER_TOKEN
     for text in _texts(req) if local else ():
         if len(text) > probe:  # characters: at least as many bytes
-            head = pair.target.tokenize(text[:probe], add_special=False, parse_special=False)
+            head = pair.tokenize(text[:probe])
             if len(head) > budget.n_ctx:
                 raise _overflow(f"more than {budget.n_ctx}", budget.n_ctx)
     tokens = tokens_of(pair, req)

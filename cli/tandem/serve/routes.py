@@ -38,7 +38,6 @@ from tandem.serve.engine_thread import (
     QueueFull,
     gen_params,
     prepare,
-    tokenizes_aside,
 )
 from tandem.serve.prompt import Budget, prompt_tokens
 from tandem.serve.prompt import check_size as prompt_size_check
@@ -101,10 +100,10 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
     one, is a request's whole life (queue, prompt verdict, stream or answer, cancellation),
     which reads best in one place."""
     created = int(time.time())
-    budget = config.budget or Budget(worker.pair.target_ctx.n_ctx)
+    budget = config.budget or Budget(worker.pair.n_ctx)
     # one thread tokenizes prompts while the engine thread generates (serve/prompt.py)
     tokenizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-tokenizer")
-    aside = tokenizes_aside(worker.pair)
+    aside = worker.pair.tokenizes_aside
 
     def authorize(request: Request) -> None:
         if config.api_key is None:

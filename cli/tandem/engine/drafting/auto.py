@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from tandem.engine.drafting.adaptive import AcceptanceTracker, LengthController, model_draft_gain
+from tandem.engine.drafting.adaptive import (AcceptanceTracker, FallbackGuard, LengthController,
+                                             ProbeBudget, model_draft_gain)
 from tandem.engine.tuning.costs import MAX_BATCH, CostModel
 from tandem.engine.drafting.drafters import Draft, DraftModelDrafter, HybridDrafter, StepSources
 from tandem.engine.loop.events import StepEvent
@@ -46,12 +47,18 @@ def bucket(match: int) -> int:
     return max(b for b in BUCKETS if b <= max(match, BUCKETS[0]))
 
 
-class AutoDrafter(HybridDrafter):
-    """`costs`: this machine's cost model, refined by the steps; `calibrated`: the calibration
+class AutoDrafter:
+    """A HybridDrafter configured for this machine, drafting first from suffix indexes (the
+    zero-cost sources it lends the hybrid: the prompt's own, the library's files and history,
+    with a length controller per source and match length).
+
+    `costs`: this machine's cost model, refined by the steps; `calibrated`: the calibration
     it started from, which the draft-model decision reads (its draft and verify figures share
     one context, while refinement moves only the verify costs: the draft is not run when off).
     `n_max` is the draft model's longest draft; `library` holds the session's files and
     earlier answers; `notes` are said once, after the decision."""
+
+    name = "auto"
 
     def __init__(self, model: DraftModelDrafter | None, costs: CostModel, *, n_min: int = 0,
                  n_max: int = 4, verify_limit: int = MAX_BATCH,
@@ -65,26 +72,58 @@ class AutoDrafter(HybridDrafter):
                 decided.append(f"draft model off: this machine's costs predict {gain:.2f}x at "
                                f"{AUTO_MODEL_ACCEPT:.0%} acceptance "
                                f"(needs {AUTO_MODEL_GAIN:.2f}x)")
-        self.library = library
-        super().__init__(model, ngram_match=MIN_MATCH["prompt"], costs=costs, n_min=n_min,
-                         n_max=n_max, adaptive=True, guard=True, name="auto",
-                         ngram_cap=min(AUTO_NGRAM_CAP, verify_limit - 1))
-        self.notes += decided + [costs.describe()] + list(notes)
-        if knowledge is not None:
-            self.start_from(knowledge)
-        self.step_sources: StepSources = ()  # the latest step's, by source
-
-    def _zero_cost_sources(self, ngram_n: int) -> None:
-        """Suffix indexes instead of the hybrid's n-grams: the prompt's own, the library's
-        files and history, with a length controller per source and match length."""
+        self.model, self.costs, self.library = model, costs, library
+        # what speculation cost this request against plain decoding: probes are paid from it
+        self.budget = ProbeBudget()
+        ngram_cap = min(AUTO_NGRAM_CAP, verify_limit - 1)
+        longest = max(n_max, ngram_cap or n_max)  # the hybrid's n_max: its sources' longest
         self.prompt = SuffixIndex()
         # suffix drafts cost no model time, so their probes are cheap: probe often
         self.source_len = {
-            (src, b): LengthController(self.costs, 1, self.n_max, False, probe_every=4,
+            (src, b): LengthController(costs, 1, longest, False, probe_every=4,
                                        probe_len=1, max_probe_every=32,
-                                       tracker=AcceptanceTracker(self.n_max, prior=PRIOR[src]),
+                                       tracker=AcceptanceTracker(longest, prior=PRIOR[src]),
                                        budget=self.budget)
             for src in ORDER for b in BUCKETS}
+        self.hybrid = HybridDrafter(model, ngram_match=MIN_MATCH["prompt"], costs=costs,
+                                    n_min=n_min, n_max=n_max, adaptive=True, guard=True,
+                                    name=self.name, ngram_cap=ngram_cap, sources=self,
+                                    budget=self.budget)
+        self.n_max = self.hybrid.n_max
+        self.notes.extend(decided + [costs.describe()] + list(notes))
+        if knowledge is not None:
+            self.start_from(knowledge)
+
+    # ----- the Drafter, as the hybrid drafts
+
+    @property
+    def notes(self) -> list[str]:
+        return self.hybrid.notes  # the hybrid adds its own (costs measured afresh)
+
+    @property
+    def step_sources(self) -> StepSources:
+        return self.hybrid.step_sources
+
+    @property
+    def guard(self) -> FallbackGuard | None:
+        return self.hybrid.guard
+
+    @guard.setter
+    def guard(self, guard: FallbackGuard | None) -> None:  # None: never fall back to plain
+        self.hybrid.guard = guard
+
+    @property
+    def _probe(self) -> bool:  # the latest draft was a probe (tests read it by this name)
+        return self.hybrid.probing
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        self.hybrid.prefill(prompt)
+
+    def propose(self, tokens, room, sampling, rng, sample) -> Draft:
+        return self.hybrid.propose(tokens, room, sampling, rng, sample)
+
+    def observe(self, step: StepEvent) -> None:
+        self.hybrid.observe(step)
 
     def start_from(self, knowledge: Knowledge) -> None:
         """Start from what earlier requests measured (engine/tuning/knowledge.py): the acceptance of
@@ -92,7 +131,7 @@ class AutoDrafter(HybridDrafter):
         many verdicts, and the verify timings' noise where this calibration has none."""
         kept = [(self.source_len.get(key), rec) for key, rec in knowledge.sources.items()]
         if knowledge.model is not None:
-            kept.append((self.model_len, knowledge.model))
+            kept.append((self.hybrid.model_len, knowledge.model))
         verdicts = 0
         for ctl, rec in kept:
             if ctl is not None:
@@ -109,16 +148,16 @@ class AutoDrafter(HybridDrafter):
             t = ctl.tracker
             if t.steps > t.start_steps:
                 knowledge.learn(key, t.accept, t.steps - t.start_steps)
-        t = self.model_len.tracker
+        t = self.hybrid.model_len.tracker
         if self.model is not None and t.steps > t.start_steps:
             knowledge.learn(MODEL, t.accept, t.steps - t.start_steps)
         # a spread over 100% says the machine was busy, not more: kept as 100%
         knowledge.noise.update({n: min(v, 1.0) for n, v in self.costs.spread.items()})
 
-    def prefill(self, prompt: Sequence[int]) -> None:
+    # ----- the hybrid's zero-cost sources (ZeroCostSources)
+
+    def read_prompt(self, prompt: Sequence[int]) -> None:
         self.prompt.sync(prompt)
-        if self.model is not None:
-            self.model.prefill(prompt)
 
     def candidates(self, tokens: Sequence[int], k: int) -> list[tuple[str, list[int], int]]:
         """(source, continuation, match length) of every source matching the context's end,
@@ -134,36 +173,28 @@ class AutoDrafter(HybridDrafter):
         out.sort(key=lambda c: (-c[2], ORDER.index(c[0])))
         return out
 
-    def propose(self, tokens, room, sampling, rng, sample) -> Draft:
-        self._last, self._last_ngram, self._model_ran, self._probe = Draft(), None, False, False
-        k_cap = min(room, self.n_max)
-        if k_cap <= 0 or (self.guard is not None and self.guard.want_plain()):
-            return self._last
-        for src, cont, match in self.candidates(tokens, k_cap):
+    def pick(self, tokens, k) -> tuple[list[int], str, LengthController | None]:
+        """The best matching source whose measured acceptance pays for a draft here."""
+        for src, cont, match in self.candidates(tokens, k):
             ctl = self.source_len[(src, bucket(match))]
-            k = ctl.choose(len(cont))
-            if k > 0:
-                self._last_ngram, self._probe = ctl, ctl.last_was_probe
-                self._last = Draft(cont[:k], [None] * k if sample else None, n_model=0,
-                                   source=src)
-                return self._last
-        return self.model_draft(tokens, room, sampling, rng, sample)
+            n = ctl.choose(len(cont))
+            if n > 0:
+                return cont[:n], src, ctl
+        return [], "prompt", None
 
     def continue_draft(self, tokens, drafted: list[int], k: int) -> tuple[list[int], int]:
         return self.prompt.draft(list(tokens[-MAX_MATCH:]) + drafted, k, MIN_MATCH["prompt"],
                                  latest=True)
 
-    def observe(self, step: StepEvent) -> None:
-        d = self._last
-        n_model = min(d.n_model, step.drafted)
+    def split(self, draft: Draft, step: StepEvent) -> StepSources:
+        n_model = min(draft.n_model, step.drafted)
         rest = step.drafted - n_model
         sources = []
         if n_model:
             sources.append(("model", n_model, min(step.accepted, n_model)))
         if rest:
-            sources.append((d.source, rest, max(step.accepted - n_model, 0)))
-        self.step_sources = tuple(sources)
-        super().observe(step)
+            sources.append((draft.source, rest, max(step.accepted - n_model, 0)))
+        return tuple(sources)
 
 
 def _seed(tracker: AcceptanceTracker, accept: Sequence[float], n: int) -> None:

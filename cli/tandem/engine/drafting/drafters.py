@@ -204,28 +204,82 @@ class NgramDrafter:
         pass
 
 
+class ZeroCostSources(Protocol):
+    """The drafts a HybridDrafter tries before its draft model: tokens that cost no model
+    time (the hybrid's n-grams: NgramSources; auto's suffix indexes: AutoDrafter)."""
+
+    def read_prompt(self, prompt: Sequence[int]) -> None: ...
+
+    def pick(self, tokens: Sequence[int], k: int) -> tuple[list[int], str,
+                                                          LengthController | None]:
+        """Up to k tokens to follow `tokens`, their source, and the length controller that
+        chose them (fed back after the step); no tokens: the draft model drafts."""
+
+    def continue_draft(self, tokens: Sequence[int], drafted: list[int],
+                       k: int) -> tuple[list[int], int]:
+        """Up to k tokens after a model draft that stopped early, and their match length."""
+
+    def split(self, draft: Draft, step: StepEvent) -> StepSources:
+        """The step's drafts by source; () where they are not told apart."""
+
+
+class NgramSources:
+    """Prompt lookup over n-grams of 2..ngram_n tokens; with `adaptive`, a length controller
+    per match length (a 4-token match predicts far better than a 2-token one)."""
+
+    def __init__(self, costs: CostModel, n_max: int, budget: ProbeBudget | None,
+                 min_match: int, ngram_n: int, adaptive: bool):
+        self.min_match, self.adaptive = min_match, adaptive
+        self.ngram = NgramDrafter(n_max, (min(2, ngram_n), ngram_n), min_match=1)
+        # n-gram drafts cost no model time, so their probes are cheap: probe often
+        self.lengths = {
+            n: LengthController(costs, 1, n_max, False, probe_every=4, probe_len=1,
+                                max_probe_every=32,
+                                tracker=AcceptanceTracker(n_max, prior=0.6), budget=budget)
+            for n in range(min(min_match, ngram_n), ngram_n + 1)}
+
+    def read_prompt(self, prompt: Sequence[int]) -> None:
+        self.ngram.prefill(prompt)
+
+    def pick(self, tokens, k):
+        idx = self.ngram.index
+        idx.sync(tokens)
+        cont, match = idx.lookup(k)
+        if match < self.min_match or not cont:
+            return [], "prompt", None
+        if not self.adaptive:
+            return cont, "prompt", None
+        ctl = self.lengths[min(match, idx.n_max)]
+        return cont[:ctl.choose(len(cont))], "prompt", ctl
+
+    def continue_draft(self, tokens, drafted, k):
+        # the index follows `tokens` already: pick() synced it
+        return self.ngram.index.lookup(k, extra=drafted)
+
+    def split(self, draft: Draft, step: StepEvent) -> StepSources:
+        return ()
+
+
 class HybridDrafter:
-    """n-gram tokens when a match of at least `ngram_match` tokens exists, the draft model
-    otherwise; when the model stops early (p_min), n-gram tokens continue its draft.
+    """Zero-cost tokens (`sources`; by default n-grams with a match of at least
+    `ngram_match` tokens) when they match, the draft model otherwise; when the model stops
+    early (p_min), zero-cost tokens continue its draft.
 
     `n_max` is the draft model's longest draft and `ngram_cap` the n-gram source's (at least
     n_max: n-gram drafts cost no draft time); the attribute `n_max`, the longest draft of
     either, is what generate() reads.
 
     With `adaptive`, each source's draft length is chosen per step from its measured
-    acceptance and this machine's costs (see adaptive.py); n-gram acceptance is tracked per
-    match length, since a 4-token match predicts far better than a 2-token one. With `guard`,
-    speculation that measures slower than plain decoding on this request is switched off for
-    a while.
+    acceptance and this machine's costs (see adaptive.py), paid from `budget` when it probes.
+    With `guard`, speculation that measures slower than plain decoding on this request is
+    switched off for a while.
     """
-
-    name = "hybrid"
-    step_sources: StepSources = ()  # auto tells its sources apart (AutoDrafter.observe)
 
     def __init__(self, model: DraftModelDrafter | None, ngram_match: int = 3,
                  costs: CostModel | None = None, n_min: int = 0, n_max: int = 8,
                  adaptive: bool = False, guard: bool = False, name: str = "hybrid",
-                 ngram_cap: int | None = None, ngram_n: int = 4):
+                 ngram_cap: int | None = None, ngram_n: int = 4,
+                 sources: ZeroCostSources | None = None, budget: ProbeBudget | None = None):
         self.name = name
         self.model = model
         self.model_max = n_max
@@ -234,56 +288,55 @@ class HybridDrafter:
         self.costs = costs or CostModel()
         self.adaptive = adaptive
         # what speculation cost this request against plain decoding: probes are paid from it
-        self.budget = ProbeBudget() if adaptive else None
+        self.budget = budget if budget is not None else ProbeBudget() if adaptive else None
         self.model_len = LengthController(self.costs, n_min, n_max, True,
                                           tracker=AcceptanceTracker(max(n_max, 1)),
                                           budget=self.budget)
-        self._zero_cost_sources(ngram_n)
+        self.ngram_len: dict[int, LengthController] = {}  # the default n-grams' controllers
+        if sources is None:
+            sources = NgramSources(self.costs, self.n_max, self.budget, ngram_match, ngram_n,
+                                   adaptive)
+            self.ngram_len = sources.lengths
+        self.sources = sources
+        self.step_sources: StepSources = ()  # the latest step's, as the sources tell them
         self.guard = FallbackGuard() if guard else None
         self.notes: list[str] = []  # decisions a report may show (e.g. why the model is off)
         # the request's own first verify timings (batch size, seconds) against the cost
         # model's: far apart, the verify curve is rebuilt from them (see _check_costs)
         self._check: list[tuple[int, float]] | None = [] if adaptive else None
         self._reference: CostModel | None = None
+        self._new_step()
+
+    def _new_step(self) -> None:
+        """Forget the latest draft: before each propose(), and after its step is observed
+        (generate() skips propose() when no draft fits: that step must not look like this one)."""
         self._last: Draft = Draft()
-        self._last_ngram: LengthController | None = None
+        self._last_ngram: LengthController | None = None  # chose the zero-cost tokens
         self._model_ran = False  # the draft model was run in the latest propose()
         self._probe = False  # the latest draft was a probe (chosen to measure, not to gain)
 
-    def _zero_cost_sources(self, ngram_n: int) -> None:
-        """The drafts that cost no model time: prompt lookup over n-grams of 2..ngram_n
-        tokens, with a length controller per match length (AutoDrafter has its own)."""
-        self.ngram = NgramDrafter(self.n_max, (min(2, ngram_n), ngram_n), min_match=1)
-        # n-gram drafts cost no model time, so their probes are cheap: probe often
-        self.ngram_len = {
-            n: LengthController(self.costs, 1, self.n_max, False, probe_every=4,
-                                probe_len=1, max_probe_every=32,
-                                tracker=AcceptanceTracker(self.n_max, prior=0.6),
-                                budget=self.budget)
-            for n in range(min(self.ngram_match, ngram_n), ngram_n + 1)}
+    @property
+    def probing(self) -> bool:
+        """The latest draft was a probe."""
+        return self._probe
 
     def prefill(self, prompt: Sequence[int]) -> None:
-        self.ngram.prefill(prompt)
+        self.sources.read_prompt(prompt)
         if self.model is not None:
             self.model.prefill(prompt)
 
     def propose(self, tokens, room, sampling, rng, sample) -> Draft:
-        self._last, self._last_ngram, self._model_ran, self._probe = Draft(), None, False, False
-        if min(room, self.n_max) <= 0 or (self.guard is not None and self.guard.want_plain()):
+        self._new_step()
+        k = min(room, self.n_max)
+        if k <= 0 or (self.guard is not None and self.guard.want_plain()):
             return self._last
-        idx = self.ngram.index
-        idx.sync(tokens)
-        cont, match = idx.lookup(min(room, self.n_max))
-        if match >= self.ngram_match and cont:
-            k = len(cont)
-            if self.adaptive:
-                self._last_ngram = self.ngram_len[min(match, idx.n_max)]
-                k = self._last_ngram.choose(k)
-                self._probe = self._last_ngram.last_was_probe
-            if k > 0:
-                cont = cont[:k]
-                self._last = Draft(cont, [None] * len(cont) if sample else None, n_model=0)
-                return self._last
+        cont, source, ctl = self.sources.pick(tokens, k)
+        if ctl is not None:
+            self._last_ngram, self._probe = ctl, ctl.last_was_probe
+        if cont:
+            self._last = Draft(cont, [None] * len(cont) if sample else None, n_model=0,
+                               source=source)
+            return self._last
         return self.model_draft(tokens, room, sampling, rng, sample)
 
     def model_draft(self, tokens, room, sampling, rng, sample) -> Draft:
@@ -300,7 +353,8 @@ class HybridDrafter:
         draft = self.model.draft(tokens, k, sampling, rng, sample)
         self._model_ran = True
         if draft.tokens and len(draft.tokens) < k:
-            extra, match = self.continue_draft(tokens, draft.tokens, k - len(draft.tokens))
+            extra, match = self.sources.continue_draft(tokens, draft.tokens,
+                                                        k - len(draft.tokens))
             if extra and match >= self.ngram_match:
                 draft = Draft(draft.tokens + extra,
                               (draft.dists or []) + [None] * len(extra) if sample else None,
@@ -308,13 +362,9 @@ class HybridDrafter:
         self._last = draft
         return draft
 
-    def continue_draft(self, tokens, drafted: list[int], k: int) -> tuple[list[int], int]:
-        """Up to k n-gram tokens after tokens + drafted, and the match length (the index
-        follows `tokens` already: propose() synced it)."""
-        return self.ngram.index.lookup(k, extra=drafted)
-
     def observe(self, step: StepEvent) -> None:
         d = self._last
+        self.step_sources = self.sources.split(d, step)
         self._check_costs(step.drafted + 1, step.t_verify)
         self.costs.observe_verify(step.drafted + 1, step.t_verify)
         model_ran = self._model_ran and self.model is not None
@@ -342,8 +392,7 @@ class HybridDrafter:
         # the drafts that were chosen because they were predicted to pay
         if self.guard is not None and not self._probe:
             self.guard.observe(produced, seconds, speculative=speculative)
-        # generate() skips propose() when no draft fits: that step must not look like this one
-        self._last, self._last_ngram, self._model_ran, self._probe = Draft(), None, False, False
+        self._new_step()
 
     CHECK_STEPS = 3
 

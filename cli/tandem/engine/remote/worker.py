@@ -25,9 +25,15 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from tandem.errors import RemoteError, TandemError, error_name, rebuild_error
+
+if TYPE_CHECKING:  # the worker loads the engine; the parent only names its types
+    from tandem.engine.drafting.strategies import DraftParams
+    from tandem.engine.loop.speculative import GenParams
+    from tandem.engine.pair import Event, PairSession, SessionOptions
 
 # model loading calls back once per tensor; a heartbeat at most this often
 BEAT_EVERY = 0.5
@@ -39,36 +45,26 @@ class Job:
 
     target: Path
     draft: tuple[Path, ...]  # spec-bench compares several drafts; run and chat load one
-    options: Any  # engine.session.SessionOptions (.home: where the worker's files go)
-
-
-@dataclass
-class _Ctx:
-    """What callers read of the worker's target context (PairSession.target_ctx)."""
-
-    n_ctx: int = 0
-    tokens: tuple[int, ...] = ()
-    verify_limit: int = 1
-
-
-@dataclass
-class _Library:
-    file_names: tuple[str, ...] = ()
+    options: SessionOptions  # .home: where the worker's files go
 
 
 class RemotePair:
-    """The part of PairSession that `run` and `chat` use, served by a worker process that
-    holds the pair (the target on RPC servers). Each call waits at most `stall` seconds for
-    progress; a worker that dies or stalls is killed and the call raises RemoteError naming
-    the endpoint(s). After that, every call raises it again."""
+    """The Pair (engine/pair.py) served by a worker process that holds a PairSession (the
+    target on RPC servers). Each call waits at most `stall` seconds for progress; a worker
+    that dies or stalls is killed and the call raises RemoteError naming the endpoint(s).
+    After that, every call raises it again."""
 
-    def __init__(self, target: Path, draft: Path | Sequence[Path] | None, options: Any):
+    tokenizes_aside = False  # one call at a time over the pipe: the engine thread's turn
+
+    def __init__(self, target: Path, draft: Path | Sequence[Path] | None,
+                 options: SessionOptions):
         self.options, self.target_path = options, Path(target)
         self.stall = options.rpc_timeout  # seconds without progress: a stalled server
         drafts = () if draft is None else (Path(draft),) if isinstance(draft, (str, Path)) \
             else tuple(Path(p) for p in draft)
         self.draft_path = drafts[0] if drafts else None
-        self.target_ctx, self.library = _Ctx(), _Library()
+        # what callers read of the worker's session, as its latest reply left it
+        self._n_ctx, self._cached, self._files = 0, (), ()
         self._job = Job(self.target_path, drafts, options)
         self._dead: RemoteError | None = None
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter, no inherited state
@@ -87,21 +83,34 @@ class RemotePair:
             self.close()
             raise
 
-    # ----- what PairSession offers
+    # ----- the Pair
 
-    def prompt_tokens(self, messages, raw: bool = False) -> list[int]:
+    @property
+    def n_ctx(self) -> int:
+        return self._n_ctx
+
+    @property
+    def cached_tokens(self) -> Sequence[int]:
+        return self._cached
+
+    @property
+    def context_files(self) -> tuple[str, ...]:
+        return self._files
+
+    def tokenize(self, text: str) -> list[int]:
+        return self._call("tokenize", text)
+
+    def prompt_tokens(self, messages: Sequence[dict], raw: bool = False) -> list[int]:
         return self._call("prompt_tokens", list(messages), raw)
 
-    def add_context_file(self, path, text: str | None = None) -> int:
+    def add_context_file(self, path: str | Path, text: str | None = None) -> int:
         return self._call("add_context_file", str(path), text)
 
-    def drafter(self, strategy: str | None = None, draft: Any = None) -> None:
-        """Checks that the strategy can run (raises its UsageError); the drafter itself lives
-        in the worker."""
-        self._call("drafter", strategy, draft)
+    def check_drafter(self, strategy: str, draft: DraftParams | None = None) -> None:
+        self._call("check_drafter", strategy, draft)
 
-    def generate(self, prompt, gen, strategy: str | None = None, draft: Any = None,
-                 record: bool = True) -> Iterator[Any]:
+    def generate(self, prompt: Sequence[int], gen: GenParams, strategy: str | None = None,
+                 draft: DraftParams | None = None, record: bool = True) -> Iterator[Event]:
         self._send(("generate", (list(prompt), gen, strategy, draft, record)))
         yield from self._events(abandon=self._stop_generation)
 
@@ -242,8 +251,7 @@ class RemotePair:
 
     def _state(self, state) -> None:
         if state:
-            self.target_ctx = _Ctx(**state["ctx"])
-            self.library = _Library(tuple(state["files"]))
+            self._n_ctx, self._cached, self._files = state
 
     def _fail(self, what: str, stalled: bool = False) -> RemoteError:
         self._dead = _failure(self._job, self._proc, self._log, what, stalled)
@@ -380,45 +388,41 @@ def _serve(conn, job: Job) -> None:
         conn.send(_error(exc))
         return
 
-    def state() -> dict:
-        ctx = session.target_ctx
-        return {"ctx": {"n_ctx": ctx.n_ctx, "tokens": tuple(ctx.tokens),
-                        "verify_limit": ctx.verify_limit},
-                "files": tuple(session.library.file_names)}
+    def state() -> tuple:  # what RemotePair's properties read
+        return (session.n_ctx, tuple(session.cached_tokens), session.context_files)
 
+    # the calls RemotePair makes, by name; generate and stream send their events themselves
+    calls: dict[str, Callable[..., Any]] = {
+        "generate": partial(_generate, conn, session),
+        "stream": partial(_stream, conn, session, beat),
+        "tokenize": session.tokenize,
+        "prompt_tokens": session.prompt_tokens,
+        "add_context_file": session.add_context_file,
+        "check_drafter": session.check_drafter,
+    }
     with session:
         conn.send(("reply", (None, state())))
         while True:
             name, args = conn.recv()
             if name == "quit":
                 return
+            if name == "stop":
+                continue  # it came after its generation ended: that one has its reply
             try:
-                if name == "generate":
-                    _generate(conn, session, *args)
-                    value = None
-                elif name == "stream":
-                    _stream(conn, session, beat, *args)
-                    value = None
-                elif name == "prompt_tokens":
-                    value = session.prompt_tokens(*args)
-                elif name == "add_context_file":
-                    value = session.add_context_file(*args)
-                elif name == "drafter":
-                    session.drafter(*args)
-                    value = None
-                elif name == "stop":
-                    continue  # it came after its generation ended: that one has its reply
-                else:
+                call = calls.get(name)
+                if call is None:
                     raise ValueError(f"unknown call {name!r}")
+                value = call(*args)
             except Exception as exc:  # noqa: BLE001 - reported to the parent
                 conn.send(_error(exc))
                 continue
             conn.send(("reply", (value, state())))
 
 
-def _stream(conn, session, beat, func, args) -> None:
+def _stream(conn, session: PairSession, beat, func, args) -> None:
     """RemotePair.stream in the worker: func's items go out as events; a "stop" from the
-    parent (the only message that can come meanwhile) turns should_stop() true."""
+    parent (the only message that can come meanwhile) turns should_stop() true. Every
+    generate() event is progress already (the session was made with `beat`)."""
     stopped = [False]
 
     def should_stop() -> bool:
@@ -427,28 +431,12 @@ def _stream(conn, session, beat, func, args) -> None:
             stopped[0] = True
         return stopped[0]
 
-    plain = session.generate
-
-    def generate(*a, **k):  # every token is progress: a long run is not a stall
-        inner = plain(*a, **k)
-        try:
-            for ev in inner:
-                beat("generate", 0.0)
-                yield ev
-        finally:
-            inner.close()
-
-    session.generate = generate  # this session serves only this worker's calls
-    try:
-        for item in func(session, *args, should_stop=should_stop,
-                         tick=lambda: beat("work", 0.0)):
-            conn.send(("event", item))
-            should_stop()
-    finally:
-        del session.generate
+    for item in func(session, *args, should_stop=should_stop, tick=lambda: beat("work", 0.0)):
+        conn.send(("event", item))
+        should_stop()
 
 
-def _generate(conn, session, prompt, gen, strategy, draft, record) -> None:
+def _generate(conn, session: PairSession, prompt, gen, strategy, draft, record) -> None:
     inner = session.generate(prompt, gen, strategy, draft, record=record)
     try:
         for ev in inner:
