@@ -322,20 +322,34 @@ def test_each_request_gets_a_log_line(server):
         return [ln for ln in server.log if ln.startswith("tandem serve: POST")]
 
     before = len(lines())
-    _chat(server.client(), "hello there", max_tokens=5)
+    resp = _chat(server.client(), "hello there", max_tokens=5)
     _stream_text(server.client(), "hello there", max_tokens=5)
     server.raw("POST", "/v1/chat/completions", "{}")
     deadline = time.monotonic() + 30
     while len(lines()) < before + 3 and time.monotonic() < deadline:
         time.sleep(0.05)
     plain, streamed, refused = lines()[before:before + 3]
+    # the count is the answer's own (an answer may end before max_tokens)
+    n = resp.usage.completion_tokens
     for line in (plain, streamed):
         assert re.match(r"tandem serve: POST /v1/chat/completions 200 · prompt \d+ "
-                        r"\(\d+ cached\) · 5 tokens · \d+\.\d\d s · [\d.]+ tok/s", line), line
+                        rf"\(\d+ cached\) · {n} tokens · \d+\.\d\d s · [\d.]+ tok/s", line), line
     assert refused.startswith("tandem serve: POST /v1/chat/completions 400 · ")
-    # answers are kept for drafting by default: said once, as run and chat say it
-    notes = [ln for ln in server.log if ln.startswith("Note: tandem keeps its answers")]
+
+
+def test_the_history_note_is_said_once(tiny_models, tmp_path):
+    """Answers are kept for drafting by default: said once, after the first kept answer (8
+    tokens or more), as run and chat say it; not again on the next answers."""
+    srv = Server([*_models(tiny_models), "--exact", "--strategy", "none"], tmp_path / "home")
+    try:
+        for _ in range(3):
+            resp = _chat(srv.client(), "Count from one to twenty.", max_tokens=16)
+            assert resp.usage.completion_tokens >= 8
+    finally:
+        srv.stop()
+    notes = [ln for ln in srv.log if ln.startswith("Note: tandem keeps its answers")]
     assert len(notes) == 1, notes
+    assert (tmp_path / "home" / "history" / ".noted").exists()
 
 
 def test_quiet_server_logs_no_requests(tiny_models, tmp_path):
