@@ -1,4 +1,6 @@
-"""Bad inputs through the real CLI (a subprocess per case, tiny models): each gives exactly one
+"""Bad inputs through the real CLI (tiny models; the app's main() in this process for refusals
+that come before any model loads, a subprocess for the rest and a few smoke tests of the real
+entry point): each gives exactly one
 `Error:` line followed by a `Hint:`, the documented exit code, no traceback, nothing on stdout,
 and leaves the store (TANDEM_HOME) and the working directory as they were, without `*.tmp` or
 `*.partial` files. Faults a test machine cannot produce by itself (a read-only or full disk,
@@ -6,6 +8,7 @@ an unreadable file as root) are injected by tests/cli_faults.py."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -102,10 +105,68 @@ def run_cli(args, *, home: Path, work: Path, models: dict, stdin: bytes = b"",
                           timeout=timeout, cwd=work, **popen)
 
 
+class _Kept(io.BytesIO):
+    """What a stream wrote, kept after the wrapper main() put around it is gone."""
+
+    def close(self) -> None:
+        pass
+
+
+def run_in_process(args, *, home: Path, work: Path, models: dict, stdin: bytes = b"",
+                   env: dict | None = None, monkeypatch) -> subprocess.CompletedProcess:
+    """`tandem ARGS` through the app's main() in this process, with its own argv, stdin,
+    stdout, stderr, environment (TANDEM_HOME=home, NO_COLOR) and working directory: what
+    run_cli returns, without starting an interpreter. For refusals that come before any
+    model loads: a model load here fails the test (run such a case as a subprocess)."""
+    import warnings
+
+    from tandem.commands.app import main
+    from tandem.engine.backend import llama
+
+    ctx = {"T": models["target"], "D": models["draft"], "M": models["mismatch"], "W": work,
+           "H": home}
+    loaded: list = []
+
+    def no_load(self, path, *a, **k):
+        loaded.append(path)
+        raise AssertionError(f"a model loaded in process: {path}")
+
+    monkeypatch.setattr(llama.Model, "__init__", no_load)
+    monkeypatch.setenv("TANDEM_HOME", str(home))
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "120")
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    for key, value in (env or {}).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(work)
+    argv = [os.fsdecode(a) if isinstance(a, bytes) else a.format(**ctx) for a in args]
+    out, err = _Kept(), _Kept()
+    saved = (sys.argv, sys.stdin, sys.stdout, sys.stderr, warnings.showwarning,
+             signal.getsignal(signal.SIGTERM))
+    sys.argv = ["tandem", *argv]
+    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8")
+    sys.stdout = io.TextIOWrapper(out, encoding="utf-8", write_through=True)
+    sys.stderr = io.TextIOWrapper(err, encoding="utf-8", errors="backslashreplace",
+                                  write_through=True)
+    try:
+        main()
+        code = EXIT_OK
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else EXIT_OK if exc.code is None else 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        (sys.argv, sys.stdin, sys.stdout, sys.stderr, warnings.showwarning, term) = saved
+        signal.signal(signal.SIGTERM, term)
+    assert loaded == [], f"{argv} loaded a model: run it as a subprocess"
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
 def check_error(res, code: int, message: str) -> None:
     err = res.stderr.decode(errors="replace")
     assert res.returncode == code, err
     assert "Traceback" not in err and "Usage:" not in err, err
+    assert "\x1b[" not in err, err  # NO_COLOR (and no terminal): plain text
     lines = err.splitlines()
     errs = [i for i, line in enumerate(lines) if line.startswith("Error: ")]
     assert len(errs) == 1, err
@@ -437,8 +498,27 @@ def test_the_matrix_is_large_enough():
     assert len({c.id for c in CASES}) == len(CASES)
 
 
+# Cases that run as a subprocess: the faults cli_faults.py injects into an interpreter of
+# their own; those that load the models before they fail; and a few of each kind as smoke
+# tests of the real entry point (argv as bytes, stdin, a FIFO, typer's own refusal, the
+# store). Every other refusal comes before any model loads, and runs in this process.
+SMOKE = {"seed-negative", "prompt-surrogates", "stdin-binary", "target-fifo", "no-such-flag",
+         "config-unknown-key", "registry-is-a-dir", "pull-target-alone"}
+LOADS_MODELS = {"chat-stdin-endless-line"}  # a chat reads stdin once its models are up
+
+
+def _in_a_subprocess(case: Case) -> bool:
+    return bool(case.faults) or case.id in SMOKE | LOADS_MODELS
+
+
+def test_most_cases_run_in_process_and_a_few_as_subprocesses():
+    separate = [c.id for c in CASES if _in_a_subprocess(c)]
+    assert SMOKE | LOADS_MODELS <= {c.id for c in CASES}
+    assert len(SMOKE) <= len(separate) <= len(CASES) // 4, separate
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input(case, sandbox, tiny_models, fake_hub, tmp_path):
+def test_bad_input(case, sandbox, tiny_models, fake_hub, tmp_path, monkeypatch):
     home, work = sandbox
     env = {}
     if case.args[:1] == ["pull"]:
@@ -446,8 +526,12 @@ def test_bad_input(case, sandbox, tiny_models, fake_hub, tmp_path):
     if case.setup is not None:
         env.update(case.setup(home, work, tiny_models) or {})
     before_home, before_work = snapshot(home), snapshot(work)
-    res = run_cli(case.args, home=home, work=work, models=tiny_models, stdin=case.stdin,
-                  env=env, faults=case.faults)
+    if _in_a_subprocess(case):
+        res = run_cli(case.args, home=home, work=work, models=tiny_models, stdin=case.stdin,
+                      env=env, faults=case.faults)
+    else:
+        res = run_in_process(case.args, home=home, work=work, models=tiny_models,
+                             stdin=case.stdin, env=env, monkeypatch=monkeypatch)
     check_error(res, case.code, case.message)
     assert case.stdout or res.stdout == b""
     assert snapshot(home) == before_home
@@ -456,11 +540,12 @@ def test_bad_input(case, sandbox, tiny_models, fake_hub, tmp_path):
     assert leftovers(tmp_path) == []
 
 
-def test_no_download_for_an_unknown_pair_in_an_empty_store(tmp_path, tiny_models):
+def test_no_download_for_an_unknown_pair_in_an_empty_store(tmp_path, tiny_models, monkeypatch):
     """The typo is refused before the default pair (gigabytes) could be fetched."""
     home, work = tmp_path / "home", tmp_path / "work"
     work.mkdir()
-    res = run_cli(["run", "no-such-pair-xyz", "hi"], home=home, work=work, models=tiny_models)
+    res = run_in_process(["run", "no-such-pair-xyz", "hi"], home=home, work=work,
+                         models=tiny_models, monkeypatch=monkeypatch)
     check_error(res, EXIT_USAGE, "unknown pair")
     assert not home.exists()
 
