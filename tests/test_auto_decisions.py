@@ -92,7 +92,7 @@ def script(category: str, n: int, seed: int) -> list[Match | None]:
     return out[:n]
 
 
-ANSWER, WRONG = 1, 2  # every answer token is ANSWER; a scripted draft goes WRONG where it stops agreeing
+ANSWER, WRONG = 1, 2  # every answer token is ANSWER; a scripted draft is WRONG past agree
 
 
 def _offer(match: Match | None, k: int) -> list[tuple[str, list[int], int]]:

@@ -8,7 +8,6 @@ an unreadable file as root) are injected by tests/cli_faults.py."""
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import re
@@ -105,61 +104,15 @@ def run_cli(args, *, home: Path, work: Path, models: dict, stdin: bytes = b"",
                           timeout=timeout, cwd=work, **popen)
 
 
-class _Kept(io.BytesIO):
-    """What a stream wrote, kept after the wrapper main() put around it is gone."""
-
-    def close(self) -> None:
-        pass
-
-
 def run_in_process(args, *, home: Path, work: Path, models: dict, stdin: bytes = b"",
-                   env: dict | None = None, monkeypatch) -> subprocess.CompletedProcess:
-    """`tandem ARGS` through the app's main() in this process, with its own argv, stdin,
-    stdout, stderr, environment (TANDEM_HOME=home, NO_COLOR) and working directory: what
-    run_cli returns, without starting an interpreter. For refusals that come before any
-    model loads: a model load here fails the test (run such a case as a subprocess)."""
-    import warnings
-
-    from tandem.commands.app import main
-    from tandem.engine.backend import llama
+                   env: dict | None = None) -> subprocess.CompletedProcess:
+    """What run_cli returns, through main() in this process (tests/inprocess.py): for
+    refusals that come before any model loads."""
+    from inprocess import run_main
 
     ctx = {"T": models["target"], "D": models["draft"], "M": models["mismatch"], "W": work,
            "H": home}
-    loaded: list = []
-
-    def no_load(self, path, *a, **k):
-        loaded.append(path)
-        raise AssertionError(f"a model loaded in process: {path}")
-
-    monkeypatch.setattr(llama.Model, "__init__", no_load)
-    monkeypatch.setenv("TANDEM_HOME", str(home))
-    monkeypatch.setenv("NO_COLOR", "1")
-    monkeypatch.setenv("COLUMNS", "120")
-    monkeypatch.delenv("FORCE_COLOR", raising=False)
-    for key, value in (env or {}).items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.chdir(work)
-    argv = [os.fsdecode(a) if isinstance(a, bytes) else a.format(**ctx) for a in args]
-    out, err = _Kept(), _Kept()
-    saved = (sys.argv, sys.stdin, sys.stdout, sys.stderr, warnings.showwarning,
-             signal.getsignal(signal.SIGTERM))
-    sys.argv = ["tandem", *argv]
-    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8")
-    sys.stdout = io.TextIOWrapper(out, encoding="utf-8", write_through=True)
-    sys.stderr = io.TextIOWrapper(err, encoding="utf-8", errors="backslashreplace",
-                                  write_through=True)
-    try:
-        main()
-        code = EXIT_OK
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else EXIT_OK if exc.code is None else 1
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        (sys.argv, sys.stdin, sys.stdout, sys.stderr, warnings.showwarning, term) = saved
-        signal.signal(signal.SIGTERM, term)
-    assert loaded == [], f"{argv} loaded a model: run it as a subprocess"
-    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+    return run_main([_fill(a, ctx) for a in args], home=home, cwd=work, stdin=stdin, env=env)
 
 
 def check_error(res, code: int, message: str) -> None:
@@ -518,7 +471,7 @@ def test_most_cases_run_in_process_and_a_few_as_subprocesses():
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input(case, sandbox, tiny_models, fake_hub, tmp_path, monkeypatch):
+def test_bad_input(case, sandbox, tiny_models, fake_hub, tmp_path):
     home, work = sandbox
     env = {}
     if case.args[:1] == ["pull"]:
@@ -531,7 +484,7 @@ def test_bad_input(case, sandbox, tiny_models, fake_hub, tmp_path, monkeypatch):
                       env=env, faults=case.faults)
     else:
         res = run_in_process(case.args, home=home, work=work, models=tiny_models,
-                             stdin=case.stdin, env=env, monkeypatch=monkeypatch)
+                             stdin=case.stdin, env=env)
     check_error(res, case.code, case.message)
     assert case.stdout or res.stdout == b""
     assert snapshot(home) == before_home
@@ -540,12 +493,12 @@ def test_bad_input(case, sandbox, tiny_models, fake_hub, tmp_path, monkeypatch):
     assert leftovers(tmp_path) == []
 
 
-def test_no_download_for_an_unknown_pair_in_an_empty_store(tmp_path, tiny_models, monkeypatch):
+def test_no_download_for_an_unknown_pair_in_an_empty_store(tmp_path, tiny_models):
     """The typo is refused before the default pair (gigabytes) could be fetched."""
     home, work = tmp_path / "home", tmp_path / "work"
     work.mkdir()
     res = run_in_process(["run", "no-such-pair-xyz", "hi"], home=home, work=work,
-                         models=tiny_models, monkeypatch=monkeypatch)
+                         models=tiny_models)
     check_error(res, EXIT_USAGE, "unknown pair")
     assert not home.exists()
 
