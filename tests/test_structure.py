@@ -633,13 +633,18 @@ def _wall_clock_asserts(tree) -> list[int]:
     return found
 
 
+def _in_the_tests(lines_of) -> list[tuple[str, int]]:
+    """(file, line) of what `lines_of(tree)` finds in each module under tests/."""
+    tests = PKG.parents[1] / "tests"
+    return [(p.name, line) for p in sorted(tests.glob("*.py"))
+            for line in lines_of(ast.parse(p.read_text(encoding="utf-8")))]
+
+
 def test_no_wall_clock_asserts_in_the_tests():
     """Tests assert behaviour (bytes read, calls made, what was refused), never how long
     something took: on a loaded machine a wall-clock bound fails a correct program (issue 29).
     Timing belongs to the benchmarks."""
-    tests = PKG.parents[1] / "tests"
-    found = [(p.name, line) for p in sorted(tests.glob("*.py"))
-             for line in _wall_clock_asserts(ast.parse(p.read_text(encoding="utf-8")))]
+    found = _in_the_tests(_wall_clock_asserts)
     assert found == [], found
 
 
@@ -668,9 +673,7 @@ def _or_over_and(tree) -> list[int]:
 def test_no_assert_passes_on_its_last_operand():
     """One in test_rpc.py did, checking nothing of A and B (issue 29): an assert has no `or`
     over an `and`; each case says the one thing it expects."""
-    tests = PKG.parents[1] / "tests"
-    found = [(p.name, line) for p in sorted(tests.glob("*.py"))
-             for line in _or_over_and(ast.parse(p.read_text(encoding="utf-8")))]
+    found = _in_the_tests(_or_over_and)
     assert found == [], found
 
 
