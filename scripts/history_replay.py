@@ -66,28 +66,11 @@ def simulate(drafter, prompt: list[int], output: list[int], costs, cap: int = 16
     """(steps, drafted, accepted, predicted seconds) of greedy decoding with `drafter`."""
     import numpy as np
 
-    from tandem.engine.loop.events import StepEvent
-    from tandem.engine.loop.sampling import SamplingParams
+    from tandem.bench.replay import replay as replay_greedy
 
-    tokens, pos = list(prompt), 0
-    steps = drafted = accepted = 0
-    seconds = 0.0
-    sp, rng = SamplingParams(), np.random.default_rng(0)
-    drafter.prefill(tokens)
-    while pos < len(output):
-        room = min(cap, len(output) - pos - 1)
-        draft = drafter.propose(tokens, room, sp, rng, False).tokens[:room] if room > 0 else []
-        n = 0
-        while n < len(draft) and draft[n] == output[pos + n]:
-            n += 1
-        t = costs.verify_cost(len(draft) + 1)
-        if room > 0:
-            drafter.observe(StepEvent(steps, len(draft), n, room, 0.0, t, 0.0))
-        new = output[pos:pos + n + 1]
-        tokens += new
-        pos += len(new)
-        steps, drafted, accepted, seconds = steps + 1, drafted + len(draft), accepted + n, seconds + t
-    return steps, drafted, accepted, seconds
+    r = replay_greedy(drafter, output, costs.verify_cost, prompt=prompt, limit=cap,
+                      rng=np.random.default_rng(0))
+    return len(r.steps), r.drafted, r.accepted, r.seconds
 
 
 class Oracle:

@@ -46,32 +46,15 @@ def record(prompts_file: Path, out: Path, per_category: int, n: int, threads: in
 
 
 def replay(items: list[dict], make, verify_limit: int, costs, overhead: float,
-           oracle: bool) -> float:
+           oracle: bool) -> list[float]:
     """Predicted speedup over plain decoding for each item."""
-    from tandem.engine.loop.events import StepEvent
-    from tandem.engine.loop.sampling import SamplingParams
+    from tandem.bench.replay import replay as replay_greedy
 
-    sp = SamplingParams(temperature=0.0)
     out = []
     for item in items:
-        seq = item["prompt"] + item["out"]
-        pos, end = len(item["prompt"]), len(seq)
-        drafter, t, step = make(), 0.0, 0
-        drafter.prefill(seq[:pos])
-        while pos < end:
-            room = min(verify_limit - 1, end - pos - 1)  # as generate() bounds a step
-            cap = min(drafter.n_max, room)
-            toks = drafter.propose(seq[:pos], room, sp, None, False).tokens[:cap] if cap > 0 else []
-            acc = 0
-            while acc < len(toks) and toks[acc] == seq[pos + acc]:
-                acc += 1
-            if oracle:
-                toks = toks[:acc]
-            cost = costs.verify_cost(len(toks) + 1)
-            t += cost + overhead
-            drafter.observe(StepEvent(step, len(toks), acc, cap, 0.0, cost, overhead))
-            pos, step = pos + acc + 1, step + 1
-        out.append((len(item["out"]) / t) * (costs.plain + overhead))
+        r = replay_greedy(make(), item["out"], costs.verify_cost, prompt=item["prompt"],
+                          limit=verify_limit - 1, overhead=overhead, oracle=oracle)
+        out.append((len(item["out"]) / r.seconds) * (costs.plain + overhead))
     return out
 
 

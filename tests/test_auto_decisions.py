@@ -2,8 +2,9 @@
 patterns of the Spec-Bench categories: never more than 2% slower than plain decoding where
 nothing pays, faster where copies pay. Arithmetic on simulated time, not wall-clock.
 
-The simulation drives the real AutoDrafter (propose / observe: its length controllers, probe
-budget, fallback guard and online cost refinement); only what the context offers is scripted:
+The simulation is bench/replay.py's greedy replay driving the real AutoDrafter (propose /
+observe: its length controllers, probe budget, fallback guard and online cost refinement) over
+an answer of known tokens; only what the context offers is scripted:
 at each position, whether a source matches the context's end, how long the match is and how
 many of the drafted tokens the target would accept. Each step's timing, as the drafter
 observes it, moves through the measured range of its batch size (noise); the time charged is
@@ -18,12 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from tandem.bench.replay import replay
 from tandem.engine.drafting.adaptive import PROBE_ACCEPT, LengthController
 from tandem.engine.drafting.auto import AutoDrafter
 from tandem.engine.tuning.costs import CostModel
-from tandem.engine.loop.events import StepEvent
 from tandem.engine.tuning.knowledge import Knowledge
-from tandem.engine.loop.sampling import SamplingParams
 
 # verify batch of n tokens, in plain steps: (fastest, slowest) seen. STEEP: issue 25's host
 # (plain 33 ms; 2 rows 1.75-2.07, 3 rows 2.4-2.6, 4 rows 2.8-3.1, 8 rows 6.8-8.1). FLAT: the
@@ -92,35 +92,39 @@ def script(category: str, n: int, seed: int) -> list[Match | None]:
     return out[:n]
 
 
-SP = SamplingParams(temperature=0.0)
+ANSWER, WRONG = 1, 2  # every answer token is ANSWER; a scripted draft is WRONG past agree
+
+
+def _offer(match: Match | None, k: int) -> list[tuple[str, list[int], int]]:
+    """What auto's sources offer for a draft of up to k tokens: the scripted match, its
+    continuation right for `agree` tokens of the answer and wrong after."""
+    if match is None or k <= 0:
+        return []
+    right = min(match.agree, k)
+    return [(match.source, [ANSWER] * right + [WRONG] * (k - right), match.length)]
 
 
 def simulate(shape, pattern: list[Match | None], knowledge: Knowledge | None = None,
              n: int = N_TOKENS) -> tuple[float, Counter, AutoDrafter]:
-    """(auto's expected time / plain decoding's, drafts by length, the drafter)."""
-    c1, curve = shape
+    """(auto's expected time / plain decoding's, drafts by length, the drafter): the greedy
+    replay (bench/replay.py) of an n-token answer, each step charged its batch's expected cost
+    and observed at a point of the batch's measured range."""
     calib = calibrated(shape)
     auto = AutoDrafter(None, calib.copy(), n_max=4, calibrated=calib, knowledge=knowledge)
     lo, hi = _curve(shape, 0), _curve(shape, 1)
     noise = itertools.cycle((0.0, 1.0, 0.5, 0.25, 0.75))
-    rng = np.random.default_rng(0)
-    pos, step, t_auto, lengths = 0, 0, 0.0, Counter()
-    while pos < n:
-        here = pattern[pos]
-        room = min(16, n - pos - 1)
-        auto.candidates = (lambda tokens, k, m=here:
-                           [] if m is None or k <= 0 else [(m.source, [7] * k, m.length)])
-        drafted = len(auto.propose([0] * (pos + 1), room, SP, rng, False).tokens) if room else 0
-        accepted = min(drafted, here.agree) if here is not None else 0
+    prompt = [0]
+    auto.candidates = lambda tokens, k: _offer(pattern[len(tokens) - len(prompt)], k)
+
+    def seen(batch: int, step: int) -> float:
         f = next(noise)
-        seen = lo.verify_cost(drafted + 1) * (1 - f) + hi.verify_cost(drafted + 1) * f
-        t_auto += (lo.verify_cost(drafted + 1) + hi.verify_cost(drafted + 1)) / 2
-        auto.observe(StepEvent(step, drafted, accepted, room, 0.0, seen, 0.0))
-        lengths[drafted] += 1
-        pos += accepted + 1
-        step += 1
+        return lo.verify_cost(batch) * (1 - f) + hi.verify_cost(batch) * f
+
+    run = replay(auto, [ANSWER] * n, lambda b: (lo.verify_cost(b) + hi.verify_cost(b)) / 2,
+                 prompt=prompt, limit=16, seen=seen, rng=np.random.default_rng(0))
+    assert run.tokens == n
     plain = n * (lo.plain + hi.plain) / 2
-    return t_auto / plain, lengths, auto
+    return run.seconds / plain, Counter(run.lengths()), auto
 
 
 def _learnt(shape, category: str, requests: int = 8) -> Knowledge:

@@ -1,4 +1,6 @@
-"""Bad inputs through the real CLI (a subprocess per case, tiny models): each gives exactly one
+"""Bad inputs through the real CLI (tiny models; the app's main() in this process for refusals
+that come before any model loads, a subprocess for the rest and a few smoke tests of the real
+entry point): each gives exactly one
 `Error:` line followed by a `Hint:`, the documented exit code, no traceback, nothing on stdout,
 and leaves the store (TANDEM_HOME) and the working directory as they were, without `*.tmp` or
 `*.partial` files. Faults a test machine cannot produce by itself (a read-only or full disk,
@@ -102,10 +104,22 @@ def run_cli(args, *, home: Path, work: Path, models: dict, stdin: bytes = b"",
                           timeout=timeout, cwd=work, **popen)
 
 
+def run_in_process(args, *, home: Path, work: Path, models: dict, stdin: bytes = b"",
+                   env: dict | None = None) -> subprocess.CompletedProcess:
+    """What run_cli returns, through main() in this process (tests/inprocess.py): for
+    refusals that come before any model loads."""
+    from inprocess import run_main
+
+    ctx = {"T": models["target"], "D": models["draft"], "M": models["mismatch"], "W": work,
+           "H": home}
+    return run_main([_fill(a, ctx) for a in args], home=home, cwd=work, stdin=stdin, env=env)
+
+
 def check_error(res, code: int, message: str) -> None:
     err = res.stderr.decode(errors="replace")
     assert res.returncode == code, err
     assert "Traceback" not in err and "Usage:" not in err, err
+    assert "\x1b[" not in err, err  # NO_COLOR (and no terminal): plain text
     lines = err.splitlines()
     errs = [i for i, line in enumerate(lines) if line.startswith("Error: ")]
     assert len(errs) == 1, err
@@ -437,6 +451,25 @@ def test_the_matrix_is_large_enough():
     assert len({c.id for c in CASES}) == len(CASES)
 
 
+# Cases that run as a subprocess: the faults cli_faults.py injects into an interpreter of
+# their own; those that load the models before they fail; and a few of each kind as smoke
+# tests of the real entry point (argv as bytes, stdin, a FIFO, typer's own refusal, the
+# store). Every other refusal comes before any model loads, and runs in this process.
+SMOKE = {"seed-negative", "prompt-surrogates", "stdin-binary", "target-fifo", "no-such-flag",
+         "config-unknown-key", "registry-is-a-dir", "pull-target-alone"}
+LOADS_MODELS = {"chat-stdin-endless-line"}  # a chat reads stdin once its models are up
+
+
+def _in_a_subprocess(case: Case) -> bool:
+    return bool(case.faults) or case.id in SMOKE | LOADS_MODELS
+
+
+def test_most_cases_run_in_process_and_a_few_as_subprocesses():
+    separate = [c.id for c in CASES if _in_a_subprocess(c)]
+    assert SMOKE | LOADS_MODELS <= {c.id for c in CASES}
+    assert len(SMOKE) <= len(separate) <= len(CASES) // 4, separate
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input(case, sandbox, tiny_models, fake_hub, tmp_path):
     home, work = sandbox
@@ -446,8 +479,12 @@ def test_bad_input(case, sandbox, tiny_models, fake_hub, tmp_path):
     if case.setup is not None:
         env.update(case.setup(home, work, tiny_models) or {})
     before_home, before_work = snapshot(home), snapshot(work)
-    res = run_cli(case.args, home=home, work=work, models=tiny_models, stdin=case.stdin,
-                  env=env, faults=case.faults)
+    if _in_a_subprocess(case):
+        res = run_cli(case.args, home=home, work=work, models=tiny_models, stdin=case.stdin,
+                      env=env, faults=case.faults)
+    else:
+        res = run_in_process(case.args, home=home, work=work, models=tiny_models,
+                             stdin=case.stdin, env=env)
     check_error(res, case.code, case.message)
     assert case.stdout or res.stdout == b""
     assert snapshot(home) == before_home
@@ -460,7 +497,8 @@ def test_no_download_for_an_unknown_pair_in_an_empty_store(tmp_path, tiny_models
     """The typo is refused before the default pair (gigabytes) could be fetched."""
     home, work = tmp_path / "home", tmp_path / "work"
     work.mkdir()
-    res = run_cli(["run", "no-such-pair-xyz", "hi"], home=home, work=work, models=tiny_models)
+    res = run_in_process(["run", "no-such-pair-xyz", "hi"], home=home, work=work,
+                         models=tiny_models)
     check_error(res, EXIT_USAGE, "unknown pair")
     assert not home.exists()
 

@@ -262,16 +262,22 @@ def test_server_stalled_mid_generation(tiny_models, home, tmp_path, server):
     _no_debris(home, tmp_path)
 
 
-@pytest.mark.parametrize("how, words", [
-    (("--rpc", "localhost"), ("RPC servers", "HOST:PORT")),
-    (("--rpc", "127.0.0.1:0"), ("RPC servers", "HOST:PORT")),
-    (("--rpc", "127.0.0.1:70000"), ("RPC servers", "HOST:PORT")),
-    (("--rpc", "a:1,a:1"), ("twice",)),
+HOST_PORT = "RPC servers must be HOST:PORT[,HOST:PORT...]: "
+
+
+@pytest.mark.parametrize("value, error", [
+    ("localhost", HOST_PORT + "'localhost' is not HOST:PORT"),
+    ("127.0.0.1:0", HOST_PORT + "the port of '127.0.0.1:0' must be a number in 1..65535"),
+    ("127.0.0.1:70000", HOST_PORT + "the port of '127.0.0.1:70000' must be a number in 1..65535"),
+    ("a:1,a:1", "RPC servers names a server twice"),
 ])
-def test_bad_endpoints_are_usage_errors(tandem, how, words):
-    res = tandem("--raw", "-n", "4", *how, "hi", timeout=60)
+def test_bad_endpoints_are_usage_errors(tandem, value, error):
+    """Each refusal says what is wrong with that value: one expected message per case (an
+    `A and B or C` assert once passed on C alone)."""
+    res = tandem("--raw", "-n", "4", "--rpc", value, "hi", timeout=60)
     assert res.returncode == EXIT_USAGE, err(res)
-    assert all(w in err(res) for w in words), err(res)
+    assert err(res).splitlines() == [f"Error: {error}", "Hint: check --rpc"], err(res)
+    assert out(res) == ""
 
 
 def test_rpc_from_env_and_config(tandem, home, server, tiny_models):

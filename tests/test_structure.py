@@ -601,6 +601,27 @@ def _wall_clock_asserts(tree) -> list[int]:
                          for v in [n.value])
                  for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
                  if isinstance(t, ast.Name)}
+    # a local function that returns one (`return text, time.monotonic() - t0`): the names its
+    # callers bind to that place (`text, took = finish()`, or `took = elapsed()`)
+    returned: dict[str, set[int]] = {}  # function -> places of a duration (-1: the value)
+    for f in ast.walk(tree):
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for r in ast.walk(f):
+                if isinstance(r, ast.Return) and r.value is not None:
+                    elts = r.value.elts if isinstance(r.value, ast.Tuple) else [r.value]
+                    places = {i for i, e in enumerate(elts) if duration(e)}
+                    if places and not isinstance(r.value, ast.Tuple):
+                        places = {-1}
+                    returned.setdefault(f.name, set()).update(places)
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call):
+            places = returned.get(getattr(n.value.func, "id", ""), set())
+            for t in n.targets:
+                if isinstance(t, ast.Name) and -1 in places:
+                    durations.add(t.id)
+                elif isinstance(t, ast.Tuple):
+                    durations |= {e.id for k, e in enumerate(t.elts)
+                                  if k in places and isinstance(e, ast.Name)}
     found = []
     for a in ast.walk(tree):
         if isinstance(a, ast.Assert):
@@ -612,13 +633,18 @@ def _wall_clock_asserts(tree) -> list[int]:
     return found
 
 
+def _in_the_tests(lines_of) -> list[tuple[str, int]]:
+    """(file, line) of what `lines_of(tree)` finds in each module under tests/."""
+    tests = PKG.parents[1] / "tests"
+    return [(p.name, line) for p in sorted(tests.glob("*.py"))
+            for line in lines_of(ast.parse(p.read_text(encoding="utf-8")))]
+
+
 def test_no_wall_clock_asserts_in_the_tests():
     """Tests assert behaviour (bytes read, calls made, what was refused), never how long
     something took: on a loaded machine a wall-clock bound fails a correct program (issue 29).
     Timing belongs to the benchmarks."""
-    tests = PKG.parents[1] / "tests"
-    found = [(p.name, line) for p in sorted(tests.glob("*.py"))
-             for line in _wall_clock_asserts(ast.parse(p.read_text(encoding="utf-8")))]
+    found = _in_the_tests(_wall_clock_asserts)
     assert found == [], found
 
 
@@ -627,5 +653,31 @@ def test_the_wall_clock_check_sees_one():
                      "assert time.perf_counter() - t0 < 0.5\n"
                      "took = time.monotonic() - t0\nassert took < 3\n"
                      "deadline = time.monotonic() + 9\nassert time.monotonic() < deadline\n"
-                     "left = deadline - time.monotonic()\nassert left > 0\n")
-    assert _wall_clock_asserts(tree) == [4, 6]
+                     "left = deadline - time.monotonic()\nassert left > 0\n"
+                     "def finish():\n    t = time.monotonic()\n    return 1, time.monotonic() - t\n"
+                     "out, took = finish()\nassert took < 5\nassert out == 1\n"
+                     "def elapsed():\n    return time.perf_counter() - t0\n"
+                     "spent = elapsed()\nassert spent <= 2\n")
+    assert _wall_clock_asserts(tree) == [4, 6, 15, 20]
+
+
+def _or_over_and(tree) -> list[int]:
+    """Lines of asserts with an `or` over an `and` (`assert A and B or C`): it reads as
+    "A, B, or else C" and passes on C alone."""
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Assert) and any(
+        isinstance(b, ast.BoolOp) and isinstance(b.op, ast.Or)
+        and any(isinstance(v, ast.BoolOp) and isinstance(v.op, ast.And) for v in b.values)
+        for b in ast.walk(n.test))]
+
+
+def test_no_assert_passes_on_its_last_operand():
+    """One in test_rpc.py did, checking nothing of A and B (issue 29): an assert has no `or`
+    over an `and`; each case says the one thing it expects."""
+    found = _in_the_tests(_or_over_and)
+    assert found == [], found
+
+
+def test_the_or_over_and_check_sees_one():
+    tree = ast.parse("assert a and b or c\nassert (a or b) and c\nassert a or b\n"
+                     "assert x == 1 and (y or (z and w))\nassert a and b\n")
+    assert _or_over_and(tree) == [1, 4]

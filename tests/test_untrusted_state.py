@@ -1,7 +1,8 @@
 """Files tandem reads back are untrusted input: a history or cost file damaged by hand, by
 another version or by a disk gives one warning and a working run, is rewritten clean (never
 carried forward), and stray temporary files of killed processes are swept. The CLI cases run
-the real entry point on the tiny models (a subprocess each)."""
+the real entry point on the tiny models (a subprocess each; `tandem history`, which loads
+no model, through main() in this process)."""
 from __future__ import annotations
 
 import datetime
@@ -33,6 +34,16 @@ def _cli(args, home: Path, **kw) -> subprocess.CompletedProcess:
     env.pop("TANDEM_HISTORY", None)
     return subprocess.run([sys.executable, "-m", "tandem", *args], env=env, capture_output=True,
                           text=True, timeout=120, **kw)
+
+
+def _in_process(args, home: Path) -> subprocess.CompletedProcess:
+    """_cli through main() in this process (tests/inprocess.py): for commands that load no
+    model."""
+    from inprocess import run_main
+
+    res = run_main(args, home=home, env={"TANDEM_HISTORY": None})
+    return subprocess.CompletedProcess(res.args, res.returncode, res.stdout.decode(),
+                                       res.stderr.decode())
 
 
 def _warnings(err: str, about: str) -> list[str]:
@@ -73,8 +84,8 @@ def test_a_damaged_history_is_dropped_with_one_warning_and_rewritten(case, tiny_
                                                                      tmp_path):
     home, target = tmp_path / "home", tiny_models["target"]
     path = _write_history(home, target, BAD_HISTORIES[case])
-    # `tandem history` works on the damaged file and never prints NaN
-    shown = _cli(["history", "show", "--json"], home)
+    # `tandem history` works on the damaged file and never prints NaN (it loads no model)
+    shown = _in_process(["history", "show", "--json"], home)
     assert shown.returncode == 0, shown.stderr
     _clean(shown.stderr)
     assert "NaN" not in shown.stdout and "Infinity" not in shown.stdout
@@ -85,7 +96,7 @@ def test_a_damaged_history_is_dropped_with_one_warning_and_rewritten(case, tiny_
         case, 2 if in_vocab_only else 1)
     assert len(_warnings(shown.stderr, "answer history")) == (0 if in_vocab_only else 1), \
         shown.stderr
-    assert _cli(["history"], home).returncode == 0
+    assert _in_process(["history"], home).returncode == 0
     # a run drafts from what is valid, says so once and rewrites the file clean
     res = _cli(["run", "-m", str(target), "--strategy", "auto", "-n", "12", "-t", "1", "--raw",
                 "--no-stats", "hello there"], home)
