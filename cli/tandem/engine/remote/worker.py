@@ -89,8 +89,8 @@ class RemotePair:
 
     # ----- what PairSession offers
 
-    def prompt_tokens(self, messages, raw: bool = False) -> list[int]:
-        return self._call("prompt_tokens", list(messages), raw)
+    def prompt_tokens(self, messages, raw: bool = False, tools=None) -> list[int]:
+        return self._call("prompt_tokens", list(messages), raw, tools)
 
     def add_context_file(self, path, text: str | None = None) -> int:
         return self._call("add_context_file", str(path), text)
