@@ -452,3 +452,13 @@ def test_real_pair_json_schema_and_tool_round_trip(real_pair, tmp_path):
     finally:
         srv.stop()
     assert "Traceback" not in "".join(srv.log), "".join(srv.log)
+
+
+def test_compiled_grammars_are_cached_by_text_and_bounded():
+    from tandem.engine.constrain import grammar
+
+    first = grammar.Constraint("gbnf", 'root ::= "n0"').compiled()
+    assert grammar.Constraint("gbnf", 'root ::= "n0"', "elsewhere").compiled() is first
+    for i in range(grammar.COMPILED_CACHE + 10):  # a server sees any text: the cache is bounded
+        grammar.Constraint("gbnf", f'root ::= "n{i}"').compiled()
+    assert len(grammar._COMPILED) == grammar.COMPILED_CACHE
