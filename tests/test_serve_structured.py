@@ -434,7 +434,9 @@ def test_real_pair_json_schema_and_tool_round_trip(real_pair, tmp_path):
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                            "required": ["city"]}}}
         question = {"role": "user", "content": "What's the weather like in Paris right now?"}
-        resp = _chat(client, messages=[question], tools=[weather])  # auto
+        # required: the 1.5B coder model, left to `auto`, often writes the call as a JSON code
+        # block rather than its <tool_call> format; the grammar makes it a call
+        resp = _chat(client, messages=[question], tools=[weather], tool_choice="required")
         choice = resp.choices[0]
         assert choice.finish_reason == "tool_calls", choice
         call = choice.message.tool_calls[0]
@@ -443,10 +445,11 @@ def test_real_pair_json_schema_and_tool_round_trip(real_pair, tmp_path):
         follow = [question, choice.message.model_dump(exclude_none=True),
                   {"role": "tool", "tool_call_id": call.id,
                    "content": '{"temperature_c": 21, "sky": "sunny"}'}]
-        final = _chat(client, messages=follow, tools=[weather], max_tokens=60)
+        final = _chat(client, messages=follow, tools=[weather], max_tokens=60)  # auto
         assert final.choices[0].finish_reason == "stop" and not final.choices[0].message.tool_calls
         assert "21" in final.choices[0].message.content
-        text, calls, finish = _streamed(client, messages=[question], tools=[weather])
+        text, calls, finish = _streamed(client, messages=[question], tools=[weather],
+                                        tool_choice="required")
         assert finish == "tool_calls" and calls[0]["name"] == "get_weather"
         assert json.loads(calls[0]["arguments"]) == json.loads(call.function.arguments)
     finally:
