@@ -56,12 +56,14 @@ def render(model: TemplateModel, messages: Sequence[dict], add_generation_prompt
                                and not m.get("tool_calls") for m in messages)
     if template:
         try:
+            # `tools` only when there are some: templates test `tools is defined`
+            extra = {"tools": list(tools)} if tools else {}
             return _env().from_string(template).render(
                 messages=list(messages),
-                tools=list(tools) if tools else None,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=_text(model, model.bos),
                 eos_token=_text(model, model.eos),
+                **extra,
             )
         except (jinja2.TemplateError, TypeError, ValueError) as exc:
             if not simple:  # llama.cpp's renderer knows no tools: say why it failed
