@@ -100,7 +100,8 @@ class Pair(Protocol):
     def tokenize(self, text: str) -> list[int]:
         """Plain text's tokens (no special tokens parsed, no BOS)."""
 
-    def prompt_tokens(self, messages: Sequence[dict], raw: bool = False) -> list[int]: ...
+    def prompt_tokens(self, messages: Sequence[dict], raw: bool = False,
+                      tools: Sequence[dict] | None = None) -> list[int]: ...
 
     def add_context_file(self, path: str | Path, text: str | None = None) -> int: ...
 
@@ -277,8 +278,9 @@ class PairSession:
     def knowledge_path(self) -> Path | None:
         return self.pricing.knowledge_path(self._cost_key)
 
-    def prompt_tokens(self, messages: Sequence[dict], raw: bool = False) -> list[int]:
-        return template.prompt_tokens(self.target, messages, raw)
+    def prompt_tokens(self, messages: Sequence[dict], raw: bool = False,
+                      tools: Sequence[dict] | None = None) -> list[int]:
+        return template.prompt_tokens(self.target, messages, raw, tools)
 
     def generate(self, prompt: Sequence[int], gen: GenParams, strategy: str | None = None,
                  draft: DraftParams | None = None, record: bool = True) -> Iterator[Event]:

@@ -180,7 +180,7 @@ def gen_params(req, defaults: Defaults) -> GenParams:
         top_p=pick(req.top_p, d.top_p), min_p=pick(req.min_p, d.min_p),
         repeat_penalty=pick(req.repeat_penalty, d.repeat_penalty), seed=req.seed)
     return GenParams(max_tokens=req.max_tokens or defaults.max_tokens, sampling=sampling,
-                     stop=req.stop)
+                     stop=req.stop, constraint=req.constraint)
 
 
 def prepare(pair: Pair, req, defaults: Defaults,

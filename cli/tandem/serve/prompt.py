@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from tandem.engine.backend.template import user_strings
 from tandem.errors import ContextOverflowError
 
 # below this many bytes a token, on average, text is unusual (long runs of one character):
@@ -31,7 +32,9 @@ class Budget:
 
 
 def _texts(req) -> list[str]:
-    return [m["content"] for m in req.messages] if req.kind == "chat" else [req.prompt]
+    if req.kind != "chat":
+        return [req.prompt]
+    return user_strings(req.messages, req.template_tools())
 
 
 def _overflow(n_tokens: int | str, n_ctx: int) -> ContextOverflowError:
@@ -69,5 +72,8 @@ def prompt_tokens(pair, req, budget: Budget, local: bool = True) -> list[int]:
 
 def tokens_of(pair, req) -> Sequence[int]:
     if req.kind == "chat":
+        tools = req.template_tools()
+        if tools:
+            return pair.prompt_tokens(list(req.messages), tools=tools)
         return pair.prompt_tokens(list(req.messages))
     return pair.prompt_tokens([{"role": "user", "content": req.prompt}], raw=True)

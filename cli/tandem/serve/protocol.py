@@ -3,8 +3,8 @@ response and stream-chunk shapes, with usage and llama-server's `timings` object
 
 Everything a client can get wrong raises ApiError (an HTTP status and OpenAI's error object),
 so the routes in serve/routes.py never see a malformed value. What tandem does not implement
-(n > 1, tools, JSON modes, logprobs, penalties other than llama.cpp's repeat penalty) is
-refused by name rather than silently ignored.
+(n > 1, logprobs, penalties other than llama.cpp's repeat penalty) is refused by name rather
+than silently ignored. Structured outputs and tools are checked in serve/structured.py.
 """
 from __future__ import annotations
 
@@ -12,33 +12,14 @@ import json
 from dataclasses import dataclass
 
 from tandem.engine.loop.sampling import LIMITS, SEED, seed_value
+from tandem.serve import structured
+# the API's errors, used here and by the routes through this module
+from tandem.serve.api_errors import ApiError, bad, clip, kind_of  # noqa: F401
 
 MAX_STOPS = 16  # OpenAI allows 4; llama-server any number: a bound keeps stop matching cheap
 MAX_STOP_CHARS = 1000
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-
-
-class ApiError(Exception):
-    """An OpenAI-style error: {"error": {"message", "type", "param", "code"}} with a status."""
-
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None,
-                 headers: dict | None = None):
-        super().__init__(message)
-        self.headers = headers or {}
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
-
-
-def bad(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
-    return ApiError(400, message, param=param, code=code)
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+         "tool": "tool"}
 
 
 @dataclass(frozen=True)
@@ -60,6 +41,16 @@ class Request:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
+    constraint: object = None  # engine.constrain.grammar.Constraint: what the output matches
+    constraint_param: str | None = None  # the field it came from (for a compile error)
+    tools: tuple = ()  # engine.constrain.tools.Tool
+    tool_choice: str = "none"  # "none" | "auto" | "required" | a tool's name
+
+    def template_tools(self) -> list[dict] | None:
+        """The tools for the chat template (none when tool_choice is "none")."""
+        if self.tool_choice == "none" or not self.tools:
+            return None
+        return [t.as_openai() for t in self.tools]
 
 
 def parse_json(raw: bytes) -> dict:
@@ -79,7 +70,7 @@ def parse_json(raw: bytes) -> dict:
         raise bad(f"the request body is not valid JSON: {clip(str(exc))}",
                   code="invalid_json") from None
     if not isinstance(body, dict):
-        raise bad(f"the request body must be a JSON object, got {_kind(body)}",
+        raise bad(f"the request body must be a JSON object, got {kind_of(body)}",
                   code="invalid_json")
     where = _unencodable(body, "")
     if where is not None:
@@ -115,27 +106,53 @@ def parse_chat(body: dict) -> Request:
     if messages is None:
         raise bad("'messages' is required", "messages", "missing_required_parameter")
     if not isinstance(messages, list):
-        raise bad(f"'messages' must be an array, got {_kind(messages)}", "messages",
+        raise bad(f"'messages' must be an array, got {kind_of(messages)}", "messages",
                   "invalid_type")
     if not messages:
         raise bad("'messages' must hold at least one message", "messages", "empty_array")
-    out = []
+    out: list[dict] = []
+    open_ids: set[str] = set()  # the calls of the last assistant message, for tool results
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
-            raise bad(f"{where} must be an object, got {_kind(m)}", where, "invalid_type")
+            raise bad(f"{where} must be an object, got {kind_of(m)}", where, "invalid_type")
         role = m.get("role")
         if not isinstance(role, str):
             raise bad(f"{where}.role must be a string (one of {', '.join(ROLES)}), got "
-                      f"{_kind(role)}", f"{where}.role", "invalid_type")
-        if role in ("tool", "function") or m.get("tool_calls") or m.get("function_call"):
-            raise bad(f"{where}: tool and function calls are not supported by tandem serve",
-                      f"{where}.role", "unsupported_value")
+                      f"{kind_of(role)}", f"{where}.role", "invalid_type")
+        if role == "function" or m.get("function_call"):
+            raise bad(f"{where}: 'function' messages and function_call are the API's older "
+                      "spelling, not supported by tandem serve: use tool_calls and 'tool' "
+                      "messages", f"{where}.role", "unsupported_value")
         if role not in ROLES:
             raise bad(f"{where}.role must be one of {', '.join(ROLES)}, got {clip(repr(role))}",
                       f"{where}.role")
-        out.append({"role": ROLES[role], "content": _content(m.get("content"), where)})
-    return Request(kind="chat", messages=tuple(out), **_common(body))
+        msg: dict = {"role": ROLES[role]}
+        if m.get("tool_calls") and role != "assistant":
+            raise bad(f"{where}: only assistant messages carry tool_calls",
+                      f"{where}.tool_calls")
+        if role == "assistant" and m.get("tool_calls"):
+            msg["tool_calls"] = structured.tool_calls_of(m["tool_calls"], where)
+            content = m.get("content")
+            msg["content"] = _content(content, where) or None if content is not None else None
+            open_ids = {c["id"] for c in msg["tool_calls"]}
+        else:
+            if role == "tool":
+                msg["tool_call_id"] = structured.check_tool_message(m, where, open_ids)
+            else:
+                open_ids = set()
+            msg["content"] = _content(m.get("content"), where)
+        out.append(msg)
+    tools, choice, parallel = structured.tools_of(body)
+    common = _common(body)
+    if choice != "none" and common["constraint"] is not None:
+        raise bad(f"'{common['constraint_param']}' and tools cannot be used together: the "
+                  "output follows one grammar (or set tool_choice to \"none\")",
+                  "tool_choice", "conflicting_parameters")
+    if choice != "none":
+        common["constraint"] = structured.tool_constraint(tools, choice, parallel)
+        common["constraint_param"] = "tools"
+    return Request(kind="chat", messages=tuple(out), tools=tools, tool_choice=choice, **common)
 
 
 def parse_text(body: dict) -> Request:
@@ -148,6 +165,9 @@ def parse_text(body: dict) -> Request:
         raise bad("'prompt' must be a string (one prompt per request)", "prompt", "invalid_type")
     if not prompt:
         raise bad("'prompt' is empty", "prompt")
+    if body.get("tools") or body.get("tool_choice") not in (None, "none"):
+        raise bad("tools need the chat template: use /v1/chat/completions", "tools",
+                  "unsupported_parameter")
     for key in ("echo",):
         if body.get(key):
             raise bad(f"'{key}' is not supported by tandem serve", key, "unsupported_parameter")
@@ -179,7 +199,7 @@ def _content(content, where: str) -> str:
             texts.append(part["text"])
         return "\n".join(texts)
     raise bad(f"{where}.content must be a string or an array of text parts, got "
-              f"{_kind(content)}", f"{where}.content", "invalid_type")
+              f"{kind_of(content)}", f"{where}.content", "invalid_type")
 
 
 def _common(body: dict) -> dict:
@@ -188,18 +208,7 @@ def _common(body: dict) -> dict:
     if n is not None and (not _is_int(n) or n != 1):
         raise bad(f"'n' must be 1: tandem serve answers one choice per request (got {clip(repr(n))})",
                   "n", "unsupported_value")
-    for key in ("tools", "functions"):
-        if body.get(key):
-            raise bad(f"'{key}' are not supported by tandem serve", key, "unsupported_parameter")
-    for key in ("tool_choice", "function_call"):
-        if body.get(key) not in (None, "none"):
-            raise bad(f"'{key}' is not supported by tandem serve", key, "unsupported_parameter")
-    fmt = body.get("response_format")
-    if fmt is not None:
-        if not isinstance(fmt, dict) or fmt.get("type") != "text":
-            kind = fmt.get("type") if isinstance(fmt, dict) else fmt
-            raise bad(f"response_format {clip(repr(kind))} is not supported by tandem serve (only "
-                      "'text')", "response_format", "unsupported_value")
+    constraint, constraint_param = structured.constraint_of(body)
     if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
         raise bad("logprobs are not supported by tandem serve", "logprobs",
                   "unsupported_parameter")
@@ -213,7 +222,7 @@ def _common(body: dict) -> dict:
                   "unsupported_parameter")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise bad(f"'model' must be a string, got {_kind(model)}", "model", "invalid_type")
+        raise bad(f"'model' must be a string, got {kind_of(model)}", "model", "invalid_type")
     max_tokens = _int(body, "max_completion_tokens", 1, 1 << 31)
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", 1, 1 << 31)
@@ -221,7 +230,7 @@ def _common(body: dict) -> dict:
     if stream is None:
         stream = False
     if not isinstance(stream, bool):
-        raise bad(f"'stream' must be a boolean, got {_kind(stream)}", "stream", "invalid_type")
+        raise bad(f"'stream' must be a boolean, got {kind_of(stream)}", "stream", "invalid_type")
     options = body.get("stream_options")
     include_usage = False
     if options is not None:
@@ -239,7 +248,7 @@ def _common(body: dict) -> dict:
         raise bad(f"'seed' {SEED.problem(seed)} (-1: a random seed), got {seed}", "seed")
     return dict(model=model, max_tokens=max_tokens, seed=seed_value(seed),
                 stop=_stops(body.get("stop")), stream=stream, include_usage=include_usage,
-                **sampling)
+                constraint=constraint, constraint_param=constraint_param, **sampling)
 
 
 def _stops(stop) -> tuple[str, ...]:
@@ -268,7 +277,7 @@ def _int(body: dict, key: str, lo: int, hi: int) -> int | None:
     if isinstance(value, float) and value.is_integer():
         value = int(value)  # 256.0 is an integer in JSON's eyes
     if not _is_int(value):
-        raise bad(f"'{key}' must be an integer, got {_kind(value)}", key, "invalid_type")
+        raise bad(f"'{key}' must be an integer, got {kind_of(value)}", key, "invalid_type")
     if not lo <= value <= hi:
         raise bad(f"'{key}' must be in {lo}..{hi}, got {value}", key)
     return value
@@ -279,7 +288,7 @@ def _number(body: dict, key: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise bad(f"'{key}' must be a number, got {_kind(value)}", key, "invalid_type")
+        raise bad(f"'{key}' must be a number, got {kind_of(value)}", key, "invalid_type")
     return float(value)
 
 
@@ -289,16 +298,6 @@ def _sampling(body: dict, key: str, limit) -> float | None:
     if value is not None and limit.problem(value):
         raise bad(f"'{key}' {limit.problem(value)}, got {value}", key)
     return value
-
-
-def clip(text: str, limit: int = 60) -> str:
-    """A value shown in an error message: never the whole of a huge one."""
-    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
-
-
-def _kind(value) -> str:
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
-            type(None): "null"}.get(type(value), "a number")
 
 
 # ----- responses -----
@@ -352,8 +351,8 @@ def completion(req: Request, rid: str, created: int, model: str, text: str, reas
     """The non-streamed response of either route."""
     finish = FINISH.get(reason, "stop")
     if req.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "logprobs": None, "finish_reason": finish}
+        message, finish = structured.message(req, text, finish)
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         obj = "chat.completion"
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
@@ -364,7 +363,7 @@ def completion(req: Request, rid: str, created: int, model: str, text: str, reas
 
 def chunk(req: Request, rid: str, created: int, model: str, *, text: str | None = None,
           role: bool = False, reason: str | None = None, stats=None,
-          usage_only: bool = False) -> dict:
+          usage_only: bool = False, calls: list[dict] | None = None) -> dict:
     """One server-sent event's object. The chat's first chunk carries the role; the last one
     the finish reason and timings; with include_usage a final chunk has no choices and the
     usage, as OpenAI sends it."""
@@ -374,13 +373,16 @@ def chunk(req: Request, rid: str, created: int, model: str, *, text: str | None 
         out["choices"] = []
         out["usage"] = usage(stats)
         return out
-    finish = FINISH.get(reason, "stop") if reason is not None else None
+    finish = (reason if reason in ("tool_calls",) else FINISH.get(reason, "stop")) \
+        if reason is not None else None
     if req.kind == "chat":
         delta = {}
         if role:
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
+        if calls:  # each call whole in one chunk, with its index among the answer's calls
+            delta["tool_calls"] = calls
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
     else:
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}

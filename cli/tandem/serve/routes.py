@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from tandem.errors import ContextOverflowError, RemoteError, TandemError, UsageError
-from tandem.serve import protocol
+from tandem.serve import protocol, structured
 from tandem.serve.connection import IDLE_TIMEOUT, REQUEST_TIMEOUT, guarded
 from tandem.serve.protocol import ApiError
 from tandem.serve.engine_thread import (
@@ -170,6 +170,9 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
             prompt_size_check(req, budget)
             if worker.waiting >= worker.capacity:
                 raise QueueFull(f"{worker.capacity} requests are already waiting")
+            if req.constraint is not None:  # compiled here, so the engine thread only looks up
+                await loop.run_in_executor(tokenizer, structured.prepare_grammar, req,
+                                           worker.pair.target if aside else None)
             if aside:
                 tokens = await loop.run_in_executor(
                     tokenizer, prompt_tokens, worker.pair, req, budget)
@@ -320,14 +323,19 @@ async def _stream(req, rid: str, created: int, model: str, events: asyncio.Queue
     chunk = partial(protocol.chunk, req, rid, created, model)
     if req.kind == "chat":
         yield protocol.sse(chunk(role=True, text=""))
+    calls = structured.reader(req)  # tool calls are read out of the text as it comes
     item = first
     while True:
         what, value = item
         if what == "text":
-            yield protocol.sse(chunk(text=value))
+            for delta in structured.deltas(calls, value):
+                yield protocol.sse(chunk(**delta))
         elif what in ("done", "cancelled"):
             log(200 if what == "done" else 499, value.stats)
-            yield protocol.sse(chunk(reason=value.reason, stats=value.stats))
+            for delta in structured.deltas(calls, None):
+                yield protocol.sse(chunk(**delta))
+            reason = structured.stream_finish(calls, value.reason, protocol.FINISH)
+            yield protocol.sse(chunk(reason=reason, stats=value.stats))
             if req.include_usage:
                 yield protocol.sse(chunk(stats=value.stats, usage_only=True))
             break

@@ -34,6 +34,9 @@ LLAMA_CPP_VERSION = getattr(_lc, "__version__", "unknown")
 # the attributes of the tokens llama_tokenize parses from text (llama-vocab.cpp's special cache)
 _SPECIAL_ATTRS = (_lc.LLAMA_TOKEN_ATTR_CONTROL | _lc.LLAMA_TOKEN_ATTR_USER_DEFINED
                   | _lc.LLAMA_TOKEN_ATTR_UNKNOWN)
+# the ones it parses only with parse_special: user-defined tokens ("<tool_call>") it makes
+# from plain text too, so a grammar must be able to write them as text
+_CONTROL_ATTRS = _lc.LLAMA_TOKEN_ATTR_CONTROL | _lc.LLAMA_TOKEN_ATTR_UNKNOWN
 
 _backend_ready = False
 _verbose = False
@@ -198,8 +201,10 @@ class Model:
         return bool(_lc.llama_vocab_get_attr(self.vocab, token) & _SPECIAL_ATTRS)
 
     def vocab_bytes(self) -> tuple[list[bytes], list[bool]]:
-        """Every token's bytes with control tokens rendered as their text, and which tokens
-        llama.cpp treats as special: what a grammar library builds its token trie from."""
+        """Every token's bytes with control tokens rendered as their text, and which are
+        control tokens (never made from text without parse_special): what a grammar library
+        builds its token trie from. User-defined tokens such as Qwen's "<tool_call>" are not:
+        llama_tokenize makes them from plain text, so a grammar's forced text may hold them."""
         buf = ctypes.create_string_buffer(256)
         out, special = [], []
         for token in range(self.n_vocab):
@@ -210,7 +215,7 @@ class Model:
                 out.append(big.raw[:n])
             else:
                 out.append(buf.raw[:n])
-            special.append(self.is_special(token))
+            special.append(bool(_lc.llama_vocab_get_attr(self.vocab, token) & _CONTROL_ATTRS))
         return out, special
 
     def eog_tokens(self) -> list[int]:

@@ -10,7 +10,9 @@ a literal "<|im_end|>" in a grammar is written as plain text tokens.
 from __future__ import annotations
 
 import json
+import threading
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
     from tandem.engine.backend.llama import Model
     from tandem.engine.loop.sampling import Dist
 
-KINDS = ("gbnf", "json_schema")
+KINDS = ("gbnf", "json_schema", "lark")  # lark: llguidance's own syntax (tool-call grammars)
 # Compact but natural separators with no free whitespace: the model writes json.dumps's own
 # style, and every key, quote and separator is forced (a free draft). A schema's own
 # "x-guidance" options override these.
@@ -57,13 +59,28 @@ class Constraint:
         return _compile(self.kind, self.text, self.origin)
 
 
-_COMPILED: dict[tuple[str, str], str] = {}
+# compiled grammars by their text: a server sees the same schema request after request, and
+# any text at all, so the cache is bounded (least recently used out) and shared by threads
+COMPILED_CACHE = 64
+_COMPILED: OrderedDict[tuple[str, str], str] = OrderedDict()
+_COMPILED_LOCK = threading.Lock()
 
 
 def _compile(kind: str, text: str, origin: str) -> str:
     key = (kind, text)
-    if key in _COMPILED:
-        return _COMPILED[key]
+    with _COMPILED_LOCK:
+        if key in _COMPILED:
+            _COMPILED.move_to_end(key)
+            return _COMPILED[key]
+    grammar = _compile_new(kind, text, origin)
+    with _COMPILED_LOCK:
+        _COMPILED[key] = grammar
+        while len(_COMPILED) > COMPILED_CACHE:
+            _COMPILED.popitem(last=False)
+    return grammar
+
+
+def _compile_new(kind: str, text: str, origin: str) -> str:
     llg = _llg()
     where = f" ({origin})" if origin else ""
     if kind == "gbnf":
@@ -96,16 +113,21 @@ def _compile(kind: str, text: str, origin: str) -> str:
                                "check the schema") from None
         hint = ("tandem supports the JSON Schema subset llguidance implements "
                 "(docs/structured.md); remove or rewrite that part")
+    elif kind == "lark":
+        try:
+            grammar = llg.LLMatcher.grammar_from_lark(text)
+        except ValueError as exc:
+            raise GrammarError(f"invalid grammar{where}: {exc}", "check the grammar") from None
+        hint = "check the grammar"
     else:
         raise GrammarError(f"unknown grammar kind {kind!r}", f"use one of: {', '.join(KINDS)}")
     is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
         problem = messages[0] if messages else "unknown problem"
-        what = "GBNF grammar" if kind == "gbnf" else "JSON schema"
+        what = {"gbnf": "GBNF grammar", "json_schema": "JSON schema"}.get(kind, "grammar")
         if problem.startswith("Unsatisfiable"):
             hint = "no output can match it: relax the conflicting constraints"
         raise GrammarError(f"the {what}{where} cannot be used: {problem}", hint)
-    _COMPILED[key] = grammar
     return grammar
 
 

@@ -100,8 +100,9 @@ class RemotePair:
     def tokenize(self, text: str) -> list[int]:
         return self._call("tokenize", text)
 
-    def prompt_tokens(self, messages: Sequence[dict], raw: bool = False) -> list[int]:
-        return self._call("prompt_tokens", list(messages), raw)
+    def prompt_tokens(self, messages: Sequence[dict], raw: bool = False,
+                      tools: Sequence[dict] | None = None) -> list[int]:
+        return self._call("prompt_tokens", list(messages), raw, tools)
 
     def add_context_file(self, path: str | Path, text: str | None = None) -> int:
         return self._call("add_context_file", str(path), text)

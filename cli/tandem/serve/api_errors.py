@@ -1,0 +1,37 @@
+"""The API's errors: OpenAI's error object with an HTTP status, and how a value is shown in a
+message (never more than 60 characters of it). One module below protocol.py and
+structured.py, which both refuse requests."""
+from __future__ import annotations
+
+
+class ApiError(Exception):
+    """An OpenAI-style error: {"error": {"message", "type", "param", "code"}} with a status."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 headers: dict | None = None):
+        super().__init__(message)
+        self.headers = headers or {}
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+def bad(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def clip(text: str, limit: int = 60) -> str:
+    """A value shown in an error message: never the whole of a huge one."""
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
+def kind_of(value) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+            type(None): "null"}.get(type(value), "a number")
