@@ -161,6 +161,34 @@ def _check_calls(structure: Structure, text: str) -> tuple[bool, str]:
     return True, ""
 
 
+def check_message(structure: Structure, message: dict,
+                  finish_reason: str | None) -> tuple[bool, str]:
+    """(valid, why not) for an OpenAI chat answer (`choices[0].message`), as llama-server
+    and `tandem serve` return it: a schema task's `content` against the schema, a tool
+    task's `tool_calls` (one or more; the arguments a JSON string) against their tools."""
+    if finish_reason == "length":
+        return False, "cut by max_tokens"
+    if not structure.tools:
+        return check(structure, None, message.get("content") or "", True)
+    calls = message.get("tool_calls") or []
+    if not calls:
+        return False, "no tool call"
+    by_name = {t.name: t for t in structure.tools}
+    for call in calls:
+        fn = call.get("function") or {}
+        name = fn.get("name")
+        if name not in by_name or structure.tool_choice not in ("required", name):
+            return False, f"called {name!r}"
+        try:
+            args = json.loads(fn.get("arguments") or "{}")
+        except ValueError as exc:
+            return False, f"{name}: arguments not JSON: {exc}"[:200]
+        problem = _schema_problem(args, by_name[name].parameters)
+        if problem:
+            return False, f"{name}: {problem}"
+    return True, ""
+
+
 def compile_all(prompts: Sequence[Prompt]) -> None:
     """Every task's grammar compiled before any model loads (GrammarError names the task)."""
     from tandem.engine.constrain.grammar import GrammarError
