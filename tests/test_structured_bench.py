@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,7 @@ from inprocess import run_main
 from tandem.errors import EXIT_OK, EXIT_USAGE
 
 jsonschema = pytest.importorskip("jsonschema")
+ROOT = Path(__file__).resolve().parents[1]
 
 # bounded, so that the tiny models' random text completes it within a few tokens
 SMALL = {"type": "object", "properties": {
@@ -201,3 +203,53 @@ def test_chat_bad_structured_input_is_a_clean_usage_error(flags, message, tmp_pa
     assert res.returncode == EXIT_USAGE, err
     assert "Traceback" not in err and message in err
     assert "Error: " in err and "Hint: " in err
+
+
+# ----------------------------------------------------------------------- bench_structured.py
+
+
+def test_api_answers_are_checked_as_both_servers_return_them():
+    from tandem.bench.structured import Structure, check_message
+    from tandem.engine.constrain.tools import Tool
+
+    s = Structure(schema=SMALL)
+    assert check_message(s, {"content": '{"ok": true, "size": "s", "n": 1}'}, "stop") == (True, "")
+    assert check_message(s, {"content": '{"ok": true'}, "length") == (False, "cut by max_tokens")
+    tool = Tool("f", None, {"type": "object", "properties": {"x": {"type": "integer"}},
+                            "required": ["x"]})
+    t = Structure(tools=(tool,), tool_choice="f")
+    call = {"function": {"name": "f", "arguments": '{"x": 3}'}}
+    assert check_message(t, {"content": None, "tool_calls": [call]}, "tool_calls") == (True, "")
+    bad = {"function": {"name": "f", "arguments": '{"x": "3"}'}}
+    assert check_message(t, {"tool_calls": [bad]}, "tool_calls")[0] is False
+    assert check_message(t, {"content": "{}"}, "stop") == (False, "no tool call")
+
+
+def test_bench_structured_sends_one_body_to_both_sides_and_reports_validity():
+    import bench_structured as bs
+
+    tasks = bs.pick_tasks(None, 6)
+    assert [t.category for t in tasks[:3]] == ["extraction", "generation", "tools"]
+    schema_body = bs.request_body(tasks[0], 64, 1)
+    assert schema_body["response_format"]["json_schema"]["schema"] == tasks[0].structure.schema
+    named = next(t for t in bs.pick_tasks(["tools"], None) if t.structure.tool_choice != "required")
+    body = bs.request_body(named, 64, 1)
+    # llama-server takes only auto/none/required: a named tool is the only tool, required
+    assert body["tool_choice"] == "required" and body["parallel_tool_calls"] is False
+    assert [t["function"]["name"] for t in body["tools"]] == [named.structure.tool_choice]
+    rows = [bs.Row("a", "extraction", "llama plain", True, e2e_s=2.0, tok_s=10, prompt_n=50),
+            bs.Row("a", "extraction", "tandem default", True, e2e_s=1.0, tok_s=20, prompt_n=50),
+            bs.Row("b", "tools", "llama plain", True, e2e_s=2.0, tok_s=10, prompt_n=40),
+            bs.Row("b", "tools", "tandem default", False, "no tool call", e2e_s=1.0, tok_s=20,
+                   prompt_n=41)]
+    text = bs.report(rows, ["llama plain", "tandem default"])
+    line = next(ln for ln in text.splitlines() if ln.startswith("| tandem default"))
+    # e2e only where both evaluated as many prompt tokens (1 of 2 tasks); tok/s over both
+    assert "| 1/2 |" in line and "2.00x | 2.00x | 1/2 |" in line
+    assert "tandem default b: no tool call" in text
+
+
+def test_bench_structured_help():
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_structured.py"), "--help"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "--prompts N" in res.stdout and "--out" in res.stdout
