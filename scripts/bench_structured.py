@@ -31,8 +31,8 @@ end), which is why end to end is the figure to compare.
 
 Tasks go one at a time, interleaved: each task goes to every configuration before the next
 task, the order reversed every other task, so drift on the machine favours none of them.
-Every answer is checked with jsonschema (tandem.bench.structured.check_message): the
-content against the task's schema, a tool call's arguments against its tool's parameters.
+Every answer is checked with jsonschema (tandem.bench.structured_workload.check_message):
+the content against the task's schema, a tool call's arguments against its tool's parameters.
 
 Per configuration: valid/total, median end to end (prompt + decode, server timings), median
 ms per decode step, median decode tok/s, median client latency, acceptance, and the median
@@ -68,7 +68,7 @@ from bench_peer import (  # noqa: E402 - llama-server's helpers live there
 from bench_serve import TandemServer, find_server_bin  # noqa: E402
 
 from tandem.bench.accounting import server_counts, tandem_counts  # noqa: E402
-from tandem.bench.structured import check_message, load  # noqa: E402
+from tandem.bench.structured_workload import check_message, load  # noqa: E402
 
 BASELINE = "llama plain"
 LLAMA = {"llama plain": SERVER_CONFIGS["plain"], "llama draft": SERVER_CONFIGS["draft"],

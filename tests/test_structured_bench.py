@@ -28,7 +28,7 @@ SMALL = {"type": "object", "properties": {
 # ----------------------------------------------------------------------- the workload
 
 def test_the_structured_workload_is_well_formed():
-    from tandem.bench import structured
+    from tandem.bench import structured_workload as structured
     from tandem.engine.constrain.grammar import Constraint
 
     tasks = structured.load()
@@ -58,7 +58,7 @@ def test_the_structured_workload_is_well_formed():
 
 
 def test_outputs_are_checked_against_the_schema_and_the_tools():
-    from tandem.bench.structured import Structure, check
+    from tandem.bench.structured_workload import Structure, check
     from tandem.engine.constrain.grammar import Constraint
     from tandem.engine.constrain.tools import Tool
 
@@ -209,7 +209,7 @@ def test_chat_bad_structured_input_is_a_clean_usage_error(flags, message, tmp_pa
 
 
 def test_api_answers_are_checked_as_both_servers_return_them():
-    from tandem.bench.structured import Structure, check_message
+    from tandem.bench.structured_workload import Structure, check_message
     from tandem.engine.constrain.tools import Tool
 
     s = Structure(schema=SMALL)

@@ -1,5 +1,8 @@
 """Aggregate bench runs: per category and overall, speedups against plain decoding measured
-in the same run (prompt by prompt), spread, acceptance, time split, output equality."""
+in the same run (prompt by prompt), spread, acceptance, time split, output equality, validity.
+
+Over 400 lines because the aggregation and its renderings (Markdown, CSV, SVG) read the same
+cells: a column added to one is added to the others here."""
 from __future__ import annotations
 
 import csv
@@ -57,8 +60,8 @@ class Cell:
     e2e_speedup: float | None = None
     step_ms: float = 0.0
     busy_runs: int = 0  # runs measured on a busy machine (or their plain run): marked busy
-    # under a constraint: outputs that validate, of those checked (bench/structured.py), and
-    # the first few that did not ("prompt: why")
+    # under a constraint: outputs that validate, of those checked (bench/structured_workload.py),
+    # and the first few that did not ("prompt: why")
     valid: int = 0
     checked: int = 0
     invalid: list[str] = field(default_factory=list)

@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterator, Sequence
 
 from tandem.bench.accounting import tandem_counts
-from tandem.bench.structured import check
+from tandem.bench.structured_workload import check
 from tandem.bench.workloads import Prompt
 from tandem.engine.loop.events import DoneEvent
 from tandem.engine.backend.context_params import ContextParams
@@ -69,7 +69,7 @@ class RunResult:
     step_s: float = 0.0  # decode time per decode step
     n_prompt_eval: int = 0  # prompt tokens evaluated (the rest came from the KV cache)
     busy: float | None = None  # share of the CPU other processes took during it (None: unknown)
-    # under a constraint: whether the output validates (bench/structured.py check), and why not
+    # under a constraint: whether the output validates (bench/structured_workload.py), why not
     valid: bool | None = None
     invalid: str = ""
 

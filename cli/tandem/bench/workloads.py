@@ -21,7 +21,7 @@ class Prompt:
     system: str | None = None
     # every turn of a multi-turn row (text is the first; --multi-turn measures the others)
     turns: tuple[str, ...] = field(default=(), compare=False)
-    # the structured workload's constraint for this prompt (bench/structured.py Structure)
+    # a structured task's constraint (bench/structured_workload.py Structure)
     structure: object | None = field(default=None, compare=False)
 
 

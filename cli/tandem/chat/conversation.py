@@ -207,12 +207,9 @@ class ChatSession:
             yield Notice("context-full",
                          f"the context ({self.n_ctx} tokens) is full: the answer was cut; "
                          "the oldest turns will be dropped on the next message")
-        if done is not None and done.complete is False and done.reason in ("length", "stop"):
-            # the text is shown as written; say it is not the grammar's (a cut JSON object)
-            cause = ("at the token limit: raise /max-tokens" if done.reason == "length"
-                     else "at a stop string")
-            yield Notice("incomplete", f"the answer stopped {cause} before the grammar was "
-                         "complete: it does not match the grammar or schema")
+        if done is not None and done.complete is False and done.reason == "length":  # a cut JSON
+            yield Notice("incomplete", "the answer stopped at the token limit before the grammar "
+                         "was complete: it does not match the grammar (raise /max-tokens)")
 
     def _fit(self, text: str) -> tuple[list[int], int]:
         """Tokens of the next prompt, dropping the oldest turns until it fits with room."""

@@ -154,7 +154,7 @@ def spec_bench(
 def _structured_tasks(workload, prompts, multi_turn: bool, structured: dict):
     """--workload structured's tasks (each with its own constraint, compiled now), None for
     the other workloads; the combinations that cannot mean anything are refused."""
-    from tandem.bench import structured as st
+    from tandem.bench import structured_workload as st
 
     if workload is not None and workload not in st.WORKLOADS:
         raise UsageError(f"unknown workload {workload!r}",
@@ -186,7 +186,7 @@ def _bench_constraint(settings, own_tasks: bool):
 
     constraint = settings_constraint(settings)
     if constraint is not None and not own_tasks:
-        from tandem.bench.structured import need_checker
+        from tandem.bench.structured_workload import need_checker
 
         need_checker()
     if constraint is not None and own_tasks:
