@@ -69,7 +69,7 @@ def spec_bench(
     model, model_draft,
     drafts: Annotated[Optional[list[str]], typer.Option("--draft", help="A draft to compare (repeatable): catalog name, user/repo:QUANT, user/repo/file.gguf or a path.")] = None,
     calibrate_costs: Annotated[bool, typer.Option("--cost-curve/--no-cost-curve", help="Measure the verify-batch cost curve (k = 1..16) and each draft's token cost.")] = True,
-    workload: Annotated[Optional[str], typer.Option("--workload", help="A built-in workload: spec-bench (the default: code, editing, summaries, json, ...) or structured (extraction, generation and tool calls, each task under its own JSON schema or tools; outputs checked with jsonschema).", show_default=False)] = None,
+    workload: Annotated[Optional[str], typer.Option("--workload", help="A built-in workload: spec-bench (the default: code, code-edit, json, summarization, qa, writing) or structured (extraction, generation and tool calls, each task under its own JSON schema or tools; outputs checked with jsonschema).", show_default=False)] = None,
     prompts: Annotated[Optional[Path], typer.Option("--prompts", readable=False, help="Spec-Bench JSONL, JSONL with prompt/category, a text file (prompts separated by blank lines), or - for stdin.")] = None,
     per_category: Annotated[Optional[int], typer.Option("--per-category", help="At most this many prompts per category.")] = None,
     category: Annotated[Optional[list[str]], typer.Option("--category", help="Only this category (repeatable).")] = None,
