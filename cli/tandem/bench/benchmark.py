@@ -47,6 +47,9 @@ class BenchRequest:
     predict_costs: Path | None = None  # scripts/gpu_check.sh's JSON: costs measured elsewhere
     tune: bool = False
     out: Path | None = None
+    # every configuration runs under it (engine.constrain.grammar.Constraint; None: free text,
+    # or the structured workload's tasks, which carry their own)
+    constraint: object | None = None
 
     def check(self, home: Path) -> None:
         """Everything that can be refused is refused before the benchmark, not after an hour
@@ -143,13 +146,18 @@ class BenchSession:
         self.configs = build_configs(request.strategies, planned.draft, grid,
                                      drafts=self.labels if len(self.labels) > 1 else (),
                                      ctx=planned.target_ctx)
-        self.gen = GenParams(max_tokens=request.max_tokens, sampling=SamplingParams())
+        self.gen = GenParams(max_tokens=request.max_tokens, sampling=SamplingParams(),
+                             constraint=request.constraint)
         self.results: list[RunResult] = []
         self.tuned: dict | None = None
         self.meta = {"target": target_path.name, "drafts": self.labels,
                      "max_tokens": request.max_tokens, "reps": request.reps,
                      "prompts": len(self.prompts), "greedy": True,
                      "threads": self.threads or os.cpu_count()}
+        if request.constraint is not None:
+            self.meta["constraint"] = request.constraint.origin or request.constraint.kind
+        elif any(p.structure is not None for p in self.prompts):
+            self.meta["constraint"] = "each task's own schema or tools (structured workload)"
 
     @property
     def names(self) -> list[str]:

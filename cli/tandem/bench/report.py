@@ -1,5 +1,8 @@
 """Aggregate bench runs: per category and overall, speedups against plain decoding measured
-in the same run (prompt by prompt), spread, acceptance, time split, output equality."""
+in the same run (prompt by prompt), spread, acceptance, time split, output equality, validity.
+
+Over 400 lines because the aggregation and its renderings (Markdown, CSV, SVG) read the same
+cells: a column added to one is added to the others here."""
 from __future__ import annotations
 
 import csv
@@ -22,6 +25,7 @@ from tandem.machine.load import busy
 # (scripts/batch_invariance.py, docs/benchmarks.md), so gaps under their sum can flip. Wider
 # gaps are bugs.
 NEAR_TIE_GAP = 1.0
+INVALID_LISTED = 20  # invalid outputs named per cell (the count covers them all)
 
 
 @dataclass
@@ -56,6 +60,11 @@ class Cell:
     e2e_speedup: float | None = None
     step_ms: float = 0.0
     busy_runs: int = 0  # runs measured on a busy machine (or their plain run): marked busy
+    # under a constraint: outputs that validate, of those checked (bench/structured_workload.py),
+    # and the first few that did not ("prompt: why")
+    valid: int = 0
+    checked: int = 0
+    invalid: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -164,7 +173,10 @@ def _cell(config: BenchConfig, category: str, runs: list[RunResult], plain: dict
         prompts=len({r.prompt_id for r in runs}),
         steps_by_drafted=_steps_by_drafted(sum(r.n_steps for r in runs), d_at),
         e2e_speedup=statistics.median(e2e) if e2e else None,
-        step_ms=1000 * statistics.median(r.step_s for r in runs), busy_runs=busy_runs)
+        step_ms=1000 * statistics.median(r.step_s for r in runs), busy_runs=busy_runs,
+        valid=sum(1 for r in runs if r.valid), checked=sum(1 for r in runs if r.valid is not None),
+        invalid=[f"{r.prompt_id} (rep {r.rep}): {r.invalid}" for r in runs
+                 if r.valid is False][:INVALID_LISTED])
 
 
 def _steps_by_drafted(n_steps: int, drafted_at: Sequence[int]) -> list[int]:
@@ -196,7 +208,7 @@ def to_csv(results: Sequence[RunResult]) -> str:
     buf = io.StringIO()
     cols = ["config", "prompt_id", "category", "rep", "n_generated", "tokens_per_second",
             "t_decode", "drafted", "accepted", "n_steps", "t_draft", "t_verify", "t_sample",
-            "reason", "tokens_per_second_own", "t_prefill", "t_e2e", "step_s", "busy"]
+            "reason", "tokens_per_second_own", "t_prefill", "t_e2e", "step_s", "busy", "valid"]
     w = csv.writer(buf)
     w.writerow(cols)
     for r in results:
@@ -248,7 +260,8 @@ def to_markdown(report: Report) -> str:
               "decoding's on the same prompt in the same run; the bracket is its 25th-75th percentile. "
               "Tokens/s count end-of-text as llama-server does (a predicted token). \"busy\": "
               "some of the cell's runs (or plain decoding's on the same prompts) were measured "
-              "while other processes took the CPU.", ""]
+              "while other processes took the CPU. \"valid N/M\": under a grammar or schema, the "
+              "outputs that validate against it (checked with jsonschema).", ""]
     names = [c["name"] for c in report.configs]
     lines.append("| category | " + " | ".join(names) + " |")
     lines.append("|---" * (len(names) + 1) + "|")
@@ -258,7 +271,7 @@ def to_markdown(report: Report) -> str:
             c = report.cell(name, category)
             row.append("-" if c is None else
                        f"{ratio_text(c)} [{_fmt(c.speedup_lo)}-{_fmt(c.speedup_hi)}] "
-                       f"{c.tokens_per_second:.1f} tok/s")
+                       f"{c.tokens_per_second:.1f} tok/s{valid_text(c)}")
         label = f"**{category}**" if category == OVERALL else category
         lines.append(f"| {label} | " + " | ".join(row) + " |")
     lines += ["", "## End to end (prompt + decode) and per decode step", "",
@@ -316,6 +329,13 @@ def to_markdown(report: Report) -> str:
              if c.category == OVERALL for note, count in c.notes.items()]
     if notes:
         lines += ["", "## What the drafters decided", ""] + notes
+    bad = [f"- {c.config}: {x}" for c in report.cells if c.category == OVERALL
+           for x in c.invalid]
+    if bad:
+        lines += ["", "## Outputs that do not validate", "",
+                  "Checked with jsonschema against the task's schema (tool calls: against "
+                  "the tool's parameters), apart from the grammar that produced them.", ""]
+        lines += bad
     mism = [m for c in report.cells if c.category == OVERALL for m in
             (f"{c.config}: {x}" for x in c.mismatches)]
     if mism:
@@ -324,6 +344,11 @@ def to_markdown(report: Report) -> str:
                   f"{NEAR_TIE_GAP} or more, which rounding does not explain.", ""]
         lines += [f"- {m}" for m in mism]
     return "\n".join(lines) + "\n"
+
+
+def valid_text(c: Cell) -> str:
+    """", valid 23/24" where the outputs were checked against a schema, else nothing."""
+    return f", valid {c.valid}/{c.checked}" if c.checked else ""
 
 
 def explain_drafts(report: Report) -> str:

@@ -1,10 +1,11 @@
 """Run configurations over prompts, interleaved, through the same generate() users run."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterator, Sequence
 
 from tandem.bench.accounting import tandem_counts
+from tandem.bench.structured_workload import check
 from tandem.bench.workloads import Prompt
 from tandem.engine.loop.events import DoneEvent
 from tandem.engine.backend.context_params import ContextParams
@@ -68,6 +69,9 @@ class RunResult:
     step_s: float = 0.0  # decode time per decode step
     n_prompt_eval: int = 0  # prompt tokens evaluated (the rest came from the KV cache)
     busy: float | None = None  # share of the CPU other processes took during it (None: unknown)
+    # under a constraint: whether the output validates (bench/structured_workload.py), why not
+    valid: bool | None = None
+    invalid: str = ""
 
     @classmethod
     def from_done(cls, config: str, prompt: Prompt, rep: int, done: DoneEvent,
@@ -112,34 +116,51 @@ def run_bench(session, prompts: Sequence[Prompt], configs: Sequence[BenchConfig]
 
     def prompt_tokens(p: Prompt) -> list[int]:
         if p.id not in tokens_cache:
-            msgs = ([{"role": "system", "content": p.system}] if p.system else []) + [
-                {"role": "user", "content": p.text}]
-            tokens_cache[p.id] = session.prompt_tokens(msgs)
+            tokens_cache[p.id] = tokens_of(session, p)
         return tokens_cache[p.id]
 
     if warmup and prompts:
         # pages the weights in and settles caches; not recorded
         _run_one(session, prompt_tokens(prompts[0]), configs[0],
-                 GenParams(**{**asdict_gen(gen), "max_tokens": min(gen.max_tokens, 16)}))
+                 GenParams(**{**asdict_gen(gen_for(gen, prompts[0])),
+                              "max_tokens": min(gen.max_tokens, 16)}))
         yield BenchProgress(0, total, None)
     for n, (rep, prompt, config) in enumerate(order, 1):
         if should_stop is not None and should_stop():
             return
         # cold: every run evaluates its whole prompt, as `tandem run` does, so that end-to-end
         # times compare the same work (the previous configuration left this prompt cached)
-        done, busy = measured_run(session, prompt_tokens(prompt), config, gen, cold=True)
-        yield BenchProgress(n, total, RunResult.from_done(config.name, prompt, rep, done, busy))
+        mine = gen_for(gen, prompt)
+        done, busy = measured_run(session, prompt_tokens(prompt), config, mine, cold=True)
+        result = RunResult.from_done(config.name, prompt, rep, done, busy)
+        result.valid, result.invalid = check(prompt.structure, mine.constraint, done.text,
+                                             done.complete, done.reason)
+        yield BenchProgress(n, total, result)
+
+
+def tokens_of(session, p: Prompt) -> list[int]:
+    """A prompt's tokens as a single user message (with its system prompt, and a structured
+    task's tools rendered by the chat template)."""
+    msgs = ([{"role": "system", "content": p.system}] if p.system else []) + [
+        {"role": "user", "content": p.text}]
+    tools = p.structure.template_tools() if p.structure is not None else None
+    return session.prompt_tokens(msgs, tools=tools) if tools else session.prompt_tokens(msgs)
+
+
+def gen_for(gen: GenParams, p: Prompt) -> GenParams:
+    """The generation parameters of one prompt: a structured task's own constraint."""
+    return gen if p.structure is None else replace(gen, constraint=p.structure.constraint())
 
 
 def classify_divergences(session, prompts: Sequence[Prompt], configs: Sequence[BenchConfig],
                          results: Sequence[RunResult],
-                         tokens_of: Callable[[str], list[int]] | None = None) -> int:
+                         turn_tokens: Callable[[str], list[int]] | None = None) -> int:
     """For each greedy run whose tokens differ from plain decoding's on the same prompt and
     rep: the target's logits at the first differing position, computed as plain decoding
     computes them (one token at a time, in that run's context configuration), and the gap
     between plain's token and the other. A small gap is a near tie that batched kernels may
     round the other way (fast mode); a large one is a bug. Returns how many were measured.
-    `tokens_of(prompt_id)`: the prompt's tokens where they are not a single user message (a
+    `turn_tokens(prompt_id)`: the prompt's tokens where they are not a single user message (a
     conversation's turn)."""
     import numpy as np
 
@@ -151,18 +172,15 @@ def classify_divergences(session, prompts: Sequence[Prompt], configs: Sequence[B
     for r in results:
         base = plain.get((r.prompt_id, r.rep))
         if r.config == plain_name or base is None or (
-                tokens_of is None and r.prompt_id not in texts):
+                turn_tokens is None and r.prompt_id not in texts):
             continue
         at = first_difference(base.tokens, r.tokens)
         if at is None or at >= min(len(base.tokens), len(r.tokens)):
             continue  # identical, or one is a prefix of the other (an EOS decision)
-        if tokens_of is not None:
-            prompt = tokens_of(r.prompt_id)
+        if turn_tokens is not None:
+            prompt = turn_tokens(r.prompt_id)
         else:
-            p = texts[r.prompt_id]
-            prompt = session.prompt_tokens(
-                ([{"role": "system", "content": p.system}] if p.system else [])
-                + [{"role": "user", "content": p.text}])
+            prompt = tokens_of(session, texts[r.prompt_id])
         config = by_config[r.config]
         session.configure(config.target_ctx or session.options.target_ctx)
         logits = np.array(session.target_ctx.sync(prompt + base.tokens[:at]))

@@ -21,6 +21,8 @@ class Prompt:
     system: str | None = None
     # every turn of a multi-turn row (text is the first; --multi-turn measures the others)
     turns: tuple[str, ...] = field(default=(), compare=False)
+    # a structured task's constraint (bench/structured_workload.py Structure)
+    structure: object | None = field(default=None, compare=False)
 
 
 def builtin() -> list[Prompt]:

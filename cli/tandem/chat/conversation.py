@@ -54,7 +54,7 @@ ALIASES = {"quit": "exit", "q": "exit", "?": "help", "h": "help"}
 class Notice:
     """Something the user should know that is not an error (e.g. turns dropped to fit)."""
 
-    kind: str  # "dropped" | "context-full"
+    kind: str  # "dropped" | "context-full" | "incomplete"
     message: str
     dropped_turns: int = 0
 
@@ -207,6 +207,9 @@ class ChatSession:
             yield Notice("context-full",
                          f"the context ({self.n_ctx} tokens) is full: the answer was cut; "
                          "the oldest turns will be dropped on the next message")
+        if done is not None and done.complete is False and done.reason == "length":  # a cut JSON
+            yield Notice("incomplete", "the answer stopped at the token limit before the grammar "
+                         "was complete: it does not match the grammar (raise /max-tokens)")
 
     def _fit(self, text: str) -> tuple[list[int], int]:
         """Tokens of the next prompt, dropping the oldest turns until it fits with room."""

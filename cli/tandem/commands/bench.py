@@ -42,6 +42,10 @@ def _live_table(report, names) -> Table:
 
     for cat in report.categories + [OVERALL]:
         table.add_row(cat, *(ratio_text(report.cell(n, cat)) for n in names))
+    cells = [report.cell(n, OVERALL) for n in names]
+    if any(c is not None and c.checked for c in cells):
+        table.add_row("valid outputs", *(f"{c.valid}/{c.checked}" if c is not None and c.checked
+                                         else "-" for c in cells))
     return table
 
 
@@ -65,6 +69,7 @@ def spec_bench(
     model, model_draft,
     drafts: Annotated[Optional[list[str]], typer.Option("--draft", help="A draft to compare (repeatable): catalog name, user/repo:QUANT, user/repo/file.gguf or a path.")] = None,
     calibrate_costs: Annotated[bool, typer.Option("--cost-curve/--no-cost-curve", help="Measure the verify-batch cost curve (k = 1..16) and each draft's token cost.")] = True,
+    workload: Annotated[Optional[str], typer.Option("--workload", help="A built-in workload: spec-bench (the default: code, code-edit, json, summarization, qa, writing) or structured (extraction, generation and tool calls, each task under its own JSON schema or tools; outputs checked with jsonschema).", show_default=False)] = None,
     prompts: Annotated[Optional[Path], typer.Option("--prompts", readable=False, help="Spec-Bench JSONL, JSONL with prompt/category, a text file (prompts separated by blank lines), or - for stdin.")] = None,
     per_category: Annotated[Optional[int], typer.Option("--per-category", help="At most this many prompts per category.")] = None,
     category: Annotated[Optional[list[str]], typer.Option("--category", help="Only this category (repeatable).")] = None,
@@ -82,7 +87,8 @@ def spec_bench(
     predict: Annotated[Optional[list[str]], typer.Option("--predict", help="Also predict the speedup on this hardware profile from the measured acceptance (repeatable; labelled as a prediction).")] = None,
     predict_costs: Annotated[Optional[Path], typer.Option("--predict-costs", exists=True, dir_okay=False, help="Also predict the speedup with the costs scripts/gpu_check.sh measured on a machine (its JSON; shapes matched to this pair by model size).")] = None,
     tune: Annotated[bool, typer.Option("--tune", help="Save the fastest configuration for run, chat and --strategy auto.")] = False,
-    n_ctx, n_threads, exact, rpc, rpc_timeout, verbose, yes,
+    n_ctx, n_threads, exact, rpc, rpc_timeout,
+    grammar, grammar_file, json_schema, json_schema_file, json_object, verbose, yes,
 ):
     """Measure plain decoding against speculative strategies on a workload, side by side.
 
@@ -95,11 +101,18 @@ def spec_bench(
       tandem spec-bench --multi-turn --prompts question.dev.jsonl --strategies auto
 
       tandem spec-bench --strategies draft --sweep draft-max=2,4,8 --sweep p-min=0,0.5 --tune
+
+      tandem spec-bench --workload structured -n 256 --out bench-structured
+
+      tandem spec-bench -jf person.schema.json --prompts extraction.jsonl
     """
     from tandem.bench.benchmark import BenchRequest, BenchSession
     from tandem.bench.sweep import parse_sweep
+    from tandem.commands.constraint import constraint_flags
     from tandem.models.store import tandem_home
 
+    structured = constraint_flags(grammar, grammar_file, json_schema, json_schema_file,
+                                  json_object)
     request = BenchRequest(
         strategies=tuple(s.strip() for s in strategies.split(",") if s.strip()),
         max_tokens=max_tokens, reps=reps, warmup=warmup, cost_curve=calibrate_costs,
@@ -111,14 +124,22 @@ def spec_bench(
     pair, rest = options.split_pair_and_prompt(args or [])
     if rest:
         raise UsageError(f"unexpected argument {rest!r}", "spec-bench takes an optional pair name")
-    items, conversations = _workload(prompts, multi_turn, per_category, category, group_mt_bench)
+    tasks = _structured_tasks(workload, prompts, multi_turn, structured)
+    if tasks is not None:
+        from tandem.bench import workloads
+
+        items, conversations = workloads.select(tasks, per_category, category), []
+    else:
+        items, conversations = _workload(prompts, multi_turn, per_category, category,
+                                         group_mt_bench)
     grid = parse_sweep(sweep or [])
     # the same settings chain as run and chat (flags > env > config > tuned > profile)
     prepared = options.prepare_pair(
         pair, model, model_draft, options.setting_flags(
             exact, strategy="none", n_max=n_max, n_min=n_min, p_min=p_min, n_ctx=n_ctx,
-            n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout), verbose, yes)
+            n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout, **structured), verbose, yes)
     target_path, draft_path, planned = prepared.target, prepared.draft, prepared.options
+    request = replace(request, constraint=_bench_constraint(prepared.settings, tasks is not None))
     draft_paths = ([_fetch(ref, yes) for ref in drafts] if drafts
                    else ([draft_path] if draft_path else []))
     bench = BenchSession(request, target_path, draft_paths, planned, items, grid, conversations)
@@ -128,6 +149,51 @@ def spec_bench(
     if partial:
         err.print("Interrupted: partial results above (marked partial in the files).")
         raise typer.Exit(130)
+
+
+def _structured_tasks(workload, prompts, multi_turn: bool, structured: dict):
+    """--workload structured's tasks (each with its own constraint, compiled now), None for
+    the other workloads; the combinations that cannot mean anything are refused."""
+    from tandem.bench import structured_workload as st
+
+    if workload is not None and workload not in st.WORKLOADS:
+        raise UsageError(f"unknown workload {workload!r}",
+                         f"workloads: {', '.join(st.WORKLOADS)}; or --prompts FILE")
+    if workload is not None and prompts is not None:
+        raise UsageError("--workload and --prompts cannot be used together",
+                         "give a built-in workload or a prompts file")
+    if workload != "structured":
+        if any(v is not None for v in structured.values()):
+            st.need_checker()  # the outputs are checked after the runs: refused now
+        return None
+    if multi_turn:
+        raise UsageError("--workload structured has single prompts, not conversations",
+                         "drop --multi-turn")
+    if any(v is not None for v in structured.values()):
+        raise UsageError("--workload structured runs each task under its own schema or tools; "
+                         "a --grammar or --json-schema flag would replace them",
+                         "drop the flag, or give it with --prompts FILE or the default workload")
+    st.need_checker()
+    tasks = st.load()
+    st.compile_all(tasks)
+    return tasks
+
+
+def _bench_constraint(settings, own_tasks: bool):
+    """The constraint every configuration runs under: the flags' or config.yaml's; none for
+    the structured workload, whose tasks bring their own (a configured one is said and left)."""
+    from tandem.commands.constraint import settings_constraint
+
+    constraint = settings_constraint(settings)
+    if constraint is not None and not own_tasks:
+        from tandem.bench.structured_workload import need_checker
+
+        need_checker()
+    if constraint is not None and own_tasks:
+        print(f"Note: {constraint.origin} is not used: the structured workload's tasks each "
+              "bring their own schema or tools", file=sys.stderr)
+        return None
+    return constraint
 
 
 def _workload(prompts, multi_turn: bool, per_category, category, group_mt_bench: bool):

@@ -26,7 +26,8 @@ def chat(
     temp, top_k, top_p, min_p, repeat_penalty, seed, n_ctx, n_threads,
     show_draft: Annotated[bool, typer.Option("--show-draft", help="Colour the tokens the target accepted from the draft.")] = False,
     plain_probe: Annotated[int, typer.Option("--plain-probe", help="Tokens of plain decoding measured at start for the speedup figure (0: off; plain turns also count).")] = 16,
-    exact, context_file, no_history, rpc, rpc_timeout, verbose, yes,
+    exact, context_file, no_history, rpc, rpc_timeout,
+    grammar, grammar_file, json_schema, json_schema_file, json_object, verbose, yes,
 ):
     """Chat in the terminal, with live tokens/s, draft acceptance and speedup.
 
@@ -40,8 +41,11 @@ def chat(
       tandem chat -m target.gguf -md draft.gguf --draft-max 6 --show-draft
 
       tandem chat --rpc 192.168.1.20:50052     # the target's layers on that rpc-server
+
+      tandem chat --json-object                # every answer is one JSON object
     """
     from tandem.chat.conversation import ChatSession
+    from tandem.commands.constraint import constraint_flags, settings_constraint
     from tandem.chat.tui import ChatView, make_console, plain_banner
     from tandem.config.schema import check_max_tokens
     from tandem.commands.engine import open_pair
@@ -55,15 +59,20 @@ def chat(
     options.check_text(system, "the system prompt (-s)")
     sampling = options.sampling_params(temp, top_k, top_p, min_p, repeat_penalty, seed)
     contexts = options.read_context_files(context_file)
+    # checked and compiled now: a bad schema ends the chat before any model loads
+    structured = constraint_flags(grammar, grammar_file, json_schema, json_schema_file,
+                                  json_object)
     _read_lines_leniently()
     view = ChatView(make_console(), show_draft=show_draft)
     # no spinner here: a download on the way draws its own progress on stderr
     prepared = options.prepare_pair(
         pair, model, model_draft, options.setting_flags(
             exact, no_history, strategy=strategy, n_max=n_max, n_min=n_min, p_min=p_min, n_ctx=n_ctx,
-            n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout), verbose, yes)
+            n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout, **structured), verbose, yes)
     target_path, draft_path, opts = prepared.target, prepared.draft, prepared.options
-    gen = GenParams(max_tokens=max_tokens, sampling=sampling)
+    # every answer follows the constraint (the flags' or config.yaml's)
+    gen = GenParams(max_tokens=max_tokens, sampling=sampling,
+                    constraint=settings_constraint(prepared.settings))
     names = target_path.name + (f" + {Path(draft_path).name}" if draft_path else "")
     with view.loading(f"Loading {names}…"):
         # with --rpc a worker holds the pair: a broken link must not abort the chat
@@ -78,6 +87,8 @@ def chat(
                 chat.measure_plain(plain_probe)
         _show_plain(view, chat)
         lines = [f"strategy {chat.strategy} · draft ≤ {chat.draft.n_max} · context {chat.n_ctx} tokens"]
+        if gen.constraint is not None:
+            lines.append(f"every answer follows {gen.constraint.origin or 'the grammar'}")
         if chat.latest_plain is not None:
             lines.append(plain_banner(chat.latest_plain))
         lines.append("/help for commands · Ctrl-C stops an answer · Ctrl-D exits")
@@ -193,10 +204,13 @@ def _answer(chat, view, text: str) -> bool:
     stream = chat.send(text)
     view.start_answer(chat.strategy, chat.draft.n_max)
     stopped = False
+    after = []  # said under the finished answer, not inside its streamed text
     try:
         with _CtrlC() as ctrl_c:
             for ev in stream:
-                if isinstance(ev, Notice):
+                if isinstance(ev, Notice) and ev.kind == "incomplete":
+                    after.append(ev.message)
+                elif isinstance(ev, Notice):
                     view.notice(ev.message)
                 else:
                     view.event(ev)
@@ -208,4 +222,6 @@ def _answer(chat, view, text: str) -> bool:
         view.abort()
         raise
     view.finish(interrupted=stopped)
+    for message in after:
+        view.notice(message)
     return stopped
