@@ -41,9 +41,8 @@ import time
 from pathlib import Path
 
 from bench_peer import (CODING_PROMPTS, DEFAULT_PROMPTS, BenchPrompt, Row, Server, ServerError,
-                        exit_status,
-                        default_tandem, load_prompts, native_bin, resolve_models, save_rows,
-                        server_row, tandem_command, tandem_row)
+                        default_tandem, exit_status, load_prompts, native_bin, resolve_models,
+                        run_rows, server_row, tandem_command, tandem_row)
 
 CONDITIONS = ("quiet", "loops", "llama")
 DEFAULTS, FIXED, SERVER = "tandem defaults", "tandem -t {n}", "llama-server"
@@ -259,10 +258,8 @@ def main(argv: list[str] | None = None) -> int:
           f"- `{SERVER}`: llama-server {shlex.join(server.args)} (its default threads)\n"
           f"- conditions: {', '.join(conditions)}; server log: {log_dir}\n", flush=True)
     rows: list[Row] = []
-    rivals: list[subprocess.Popen] = []
-    interrupted = False
-    try:
-        server.start()
+
+    def body() -> None:
         if not ns.no_warmup:  # page the weights in, let tandem calibrate once, untimed
             warm = BenchPrompt("warmup", "warmup", "Say hello.")
             for name in names:
@@ -281,24 +278,16 @@ def main(argv: list[str] | None = None) -> int:
                         r.extra.update(condition=cond, loadavg=load)
                         if r.error:
                             print(f"  {r.config} on {p.id}: {r.error}", file=sys.stderr)
-                    rows += done
+                    rows.extend(done)
                     print(f"[{cond} {i}/{len(prompts)}] {p.id}: " + ", ".join(
                         f"{r.config} {'ERROR' if r.error else f'{r.tok_s:.1f}'}" for r in done)
                         + f" (load {load:.2f})", file=sys.stderr, flush=True)
             finally:
                 stop_rivals(rivals)
-                rivals = []
-    except KeyboardInterrupt:
-        interrupted = True
-        print("\ninterrupted: results so far follow", file=sys.stderr)
-    except ServerError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
+
+    interrupted = run_rows([server], body, rows, ns.out, meta)
+    if interrupted is None:
         return 1
-    finally:
-        stop_rivals(rivals)
-        server.stop()
-        if ns.out is not None:
-            save_rows(ns.out, meta, rows)
     if rows:
         print(render(rows, conditions, fixed))
         print(f"\ntok/s: median decode tok/s (end-of-text counted as llama-server counts it); "

@@ -53,6 +53,7 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from tandem.bench.accounting import server_counts, tandem_counts
 from tandem.bench.native import native_bin  # noqa: F401 - bench_serve takes it from here
@@ -504,6 +505,33 @@ def save_rows(out: Path, meta: dict, rows: list) -> None:
 
 
 
+def run_rows(servers, body: Callable[[], None], rows: list, out: Path | None,
+             meta: dict) -> bool | None:
+    """A bench run's frame: start `servers` one after another (only one thing computes at a
+    time), run `body` (it appends to `rows`), then stop them and keep the rows (--out) whatever
+    happened. False: it ran through; True: Ctrl-C (the rows so far are still reported); None:
+    a server failed (said on stderr)."""
+    try:
+        for s in servers:
+            t0 = time.monotonic()
+            s.start()
+            print(f"{s.name} ready on 127.0.0.1:{s.port} ({time.monotonic() - t0:.1f}s)",
+                  file=sys.stderr, flush=True)
+        body()
+        return False
+    except KeyboardInterrupt:
+        print("\ninterrupted: stopping the servers; results so far follow", file=sys.stderr)
+        return True
+    except ServerError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return None
+    finally:
+        for s in servers:
+            s.stop()
+        if out is not None:
+            save_rows(out, meta, rows)
+
+
 def exit_status(rows, interrupted: bool) -> int:
     """A bench script's exit code: 130 when interrupted, 1 when a run failed (said on stderr)."""
     errors = [r for r in rows if r.error]
@@ -667,13 +695,8 @@ def main(argv: list[str] | None = None) -> int:
                                                model_args, tandem_cmds[name], pair_name), p, env)
 
     rows: list[Row] = []
-    interrupted = False
-    try:
-        for s in servers:  # one after another: only one thing computes at a time
-            t0 = time.monotonic()
-            s.start()
-            print(f"llama-server '{s.name}' ready on 127.0.0.1:{s.port} "
-                  f"({time.monotonic() - t0:.1f}s)", file=sys.stderr, flush=True)
+
+    def body() -> None:
         if not ns.no_warmup:  # page the weights in, let tandem calibrate once, untimed
             warm = BenchPrompt("warmup", "warmup", "Say hello.")
             for name in names:
@@ -690,7 +713,7 @@ def main(argv: list[str] | None = None) -> int:
             # within a prompt then favours no configuration
             done = [run_config(name, p, ns.n_predict) for name in (names if i % 2 else names[::-1])]
             done.sort(key=lambda r: names.index(r.config))  # a prompt counts once all have run it
-            rows += done
+            rows.extend(done)
             for r in done:
                 r.extra["loadavg"] = load
                 line.append(f"{r.config} {'ERROR' if r.error else f'{r.tok_s:.1f}'}")
@@ -698,17 +721,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {r.config} on {p.id}: {r.error}", file=sys.stderr)
             print(f"[{i}/{len(prompts)}] {p.category} {p.id}: {', '.join(line)} "
                   f"(load {load:.2f})", file=sys.stderr, flush=True)
-    except KeyboardInterrupt:
-        interrupted = True
-        print("\ninterrupted: stopping the servers; results so far follow", file=sys.stderr)
-    except ServerError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
+
+    interrupted = run_rows(servers, body, rows, ns.out, meta)
+    if interrupted is None:
         return 1
-    finally:
-        for s in servers:
-            s.stop()
-        if ns.out is not None:
-            save_rows(ns.out, meta, rows)
     if rows:
         print(report(rows, names, categories))
         loads = [r.extra["loadavg"] for r in rows if "loadavg" in r.extra]

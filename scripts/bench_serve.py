@@ -51,10 +51,11 @@ from bench_peer import (  # noqa: E402 - the helpers for llama-server live there
     SERVER_CONFIGS,
     Server,
     ServerError,
+    exit_status,
+    run_rows,
     default_tandem,
     native_bin,
     resolve_models,
-    save_rows,
 )
 
 from tandem.bench.multiturn import (  # noqa: E402
@@ -337,11 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"- logs: {log_dir}\n", flush=True)
 
     rows: list[Row] = []
-    interrupted = False
-    try:
-        for s in servers:  # loaded one after another, then kept: one request at a time
-            s.start()
-            print(f"{s.name} ready on 127.0.0.1:{s.port}", file=sys.stderr, flush=True)
+
+    def body() -> None:  # the servers are loaded one after another, then kept
         for s in servers:  # untimed: pages the weights in, tandem calibrates its costs
             chat(s.port, [{"role": "user", "content": "Say hello."}], 8, ns.seed, False)
         for i, conv in enumerate(convs):
@@ -360,24 +358,16 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"[{i + 1}/{len(convs)}] {conv.group} {conv.id} t{turn} {s.name}: "
                           f"{row.latency_s:.2f}s, {row.tok_s:.1f} tok/s, prompt_n "
                           f"{row.prompt_n}", file=sys.stderr, flush=True)
-    except KeyboardInterrupt:
-        interrupted = True
-        print("\ninterrupted: results so far follow", file=sys.stderr)
-    except ServerError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
+
+    interrupted = run_rows(servers, body, rows, ns.out, meta)
+    if interrupted is None:
         return 1
-    finally:
-        for s in servers:
-            s.stop()
-        if ns.out is not None:
-            save_rows(ns.out, meta, rows)
     if rows:
         print(report(rows, names))
         print("\nlatency: request sent -> answer complete, on the client; decode tok/s: the "
               "server's timings.predicted_per_second; ratios: per conversation and turn over "
               f"`{BASELINE}`, then the median.")
-    errors = [r for r in rows if r.error]
-    return 130 if interrupted else (1 if errors else 0)
+    return exit_status(rows, interrupted)
 
 
 if __name__ == "__main__":

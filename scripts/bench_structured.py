@@ -61,9 +61,10 @@ from bench_peer import (  # noqa: E402 - llama-server's helpers live there
     SERVER_CONFIGS,
     Server,
     ServerError,
+    exit_status,
+    run_rows,
     default_tandem,
     resolve_models,
-    save_rows,
 )
 from bench_serve import TandemServer, find_server_bin  # noqa: E402
 
@@ -272,11 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"- logs: {log_dir}\n", flush=True)
 
     rows: list[Row] = []
-    interrupted = False
-    try:
-        for s in servers:  # loaded one after another, then kept: one request at a time
-            s.start()
-            print(f"{s.name} ready on 127.0.0.1:{s.port}", file=sys.stderr, flush=True)
+
+    def body() -> None:  # the servers are loaded one after another, then kept
         # untimed: pages the weights in, tandem calibrates its costs; another text than the
         # tasks', so that no task finds its own prompt in a cache
         warm = replace(tasks[0], text="Say hello.")
@@ -286,28 +284,20 @@ def main(argv: list[str] | None = None) -> int:
             order = servers if i % 2 else servers[::-1]
             done = [run_task(s, task, ns) for s in order]
             done.sort(key=lambda r: wanted.index(r.config))
-            rows += done
+            rows.extend(done)
             print(f"[{i}/{len(tasks)}] {task.category} {task.id}: " + ", ".join(
                 f"{r.config} {'ERROR' if r.error else ('ok' if r.valid else 'INVALID')} "
                 f"{r.e2e_s:.2f}s" for r in done), file=sys.stderr, flush=True)
-    except KeyboardInterrupt:
-        interrupted = True
-        print("\ninterrupted: results so far follow", file=sys.stderr)
-    except ServerError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
+
+    interrupted = run_rows(servers, body, rows, ns.out, meta)
+    if interrupted is None:
         return 1
-    finally:
-        for s in servers:
-            s.stop()
-        if ns.out is not None:
-            save_rows(ns.out, meta, rows)
     if rows:
         print(report(rows, wanted))
         print(f"\nvalid: answers that validate with jsonschema; e2e: prompt + decode from the "
               f"server's timings; ratios: per task over `{BASELINE}`, then the median (e2e only "
               "over tasks where both evaluated as many prompt tokens: same prompt work).")
-    errors = [r for r in rows if r.error]
-    return 130 if interrupted else (1 if errors else 0)
+    return exit_status(rows, interrupted)
 
 
 if __name__ == "__main__":
