@@ -36,12 +36,11 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from bench_peer import (CODING_PROMPTS, DEFAULT_PROMPTS, BenchPrompt, Row, Server, ServerError,
-                        default_tandem, exit_status, load_prompts, native_bin, resolve_models,
+                        default_tandem, exit_status, load_prompts, log_folder, native_bin, resolve_models,
                         run_rows, server_row, tandem_command, tandem_row)
 
 CONDITIONS = ("quiet", "loops", "llama")
@@ -230,8 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     if not server_bin.exists():
         raise SystemExit(f"Error: {server_bin} not found (build it with scripts/build_native.sh)")
     tandem = shlex.split(ns.tandem_bin) if ns.tandem_bin else default_tandem()
-    log_dir = ns.log_dir or Path(tempfile.mkdtemp(prefix="bench-contention-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = log_folder(ns.log_dir, "bench-contention-")
     fixed = FIXED.format(n=ns.fixed_threads)
     # llama-server's own defaults: no -t (its default thread count), the bench_peer base rest
     server = Server(SERVER, server_bin, target,

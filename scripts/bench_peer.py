@@ -505,6 +505,16 @@ def save_rows(out: Path, meta: dict, rows: list) -> None:
 
 
 
+def log_folder(path: Path | None, prefix: str) -> Path:
+    """--log-dir, made if missing, else a new temporary folder named by the script."""
+    if path is None:
+        import tempfile
+
+        path = Path(tempfile.mkdtemp(prefix=prefix))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def run_rows(servers, body: Callable[[], None], rows: list, out: Path | None,
              meta: dict) -> bool | None:
     """A bench run's frame: start `servers` one after another (only one thing computes at a
@@ -643,12 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     if not server_bin.exists():
         raise SystemExit(f"Error: {server_bin} not found (build it with scripts/build_native.sh)")
     tandem = shlex.split(ns.tandem_bin) if ns.tandem_bin else default_tandem()
-    log_dir = ns.log_dir
-    if log_dir is None:
-        import tempfile
-
-        log_dir = Path(tempfile.mkdtemp(prefix="bench-peer-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = log_folder(ns.log_dir, "bench-peer-")
 
     fmt = {"threads": ns.threads, "ctx": ns.ctx, "draft": shlex.quote(str(draft))}
     base = BASE_SERVER_ARGS.format(**fmt)

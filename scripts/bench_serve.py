@@ -52,6 +52,7 @@ from bench_peer import (  # noqa: E402 - the helpers for llama-server live there
     Server,
     ServerError,
     exit_status,
+    log_folder,
     run_rows,
     default_tandem,
     native_bin,
@@ -299,12 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warning: {ns.prompts} not found: MT-bench rows skipped", file=sys.stderr)
     convs = select(convs, ns.per_group)
     target, draft, model_args, pair_name = resolve_models(ns)
-    log_dir = ns.log_dir
-    if log_dir is None:
-        import tempfile
-
-        log_dir = Path(tempfile.mkdtemp(prefix="bench-serve-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = log_folder(ns.log_dir, "bench-serve-")
 
     tandem = shlex.split(ns.tandem_bin) if ns.tandem_bin else default_tandem()
     cmd = [*tandem, "serve", *([pair_name] if pair_name else model_args), "--port", "0",

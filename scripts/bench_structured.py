@@ -62,6 +62,7 @@ from bench_peer import (  # noqa: E402 - llama-server's helpers live there
     Server,
     ServerError,
     exit_status,
+    log_folder,
     run_rows,
     default_tandem,
     resolve_models,
@@ -240,12 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("Error: no llama-server binary (scripts/build_native.sh; "
                          "--server-bin or --build-native)")
     target, draft, model_args, pair_name = resolve_models(ns)
-    log_dir = ns.log_dir
-    if log_dir is None:
-        import tempfile
-
-        log_dir = Path(tempfile.mkdtemp(prefix="bench-structured-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = log_folder(ns.log_dir, "bench-structured-")
     fmt = {"threads": ns.threads, "ctx": ns.ctx, "draft": shlex.quote(str(draft))}
     base = BASE_SERVER_ARGS.format(**fmt)
     tandem = shlex.split(ns.tandem_bin) if ns.tandem_bin else default_tandem()

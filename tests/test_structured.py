@@ -266,7 +266,7 @@ def test_bad_structured_inputs_end_in_error_and_hint(flags, message, monkeypatch
     code, out, err = _main(monkeypatch, capsys, tmp_path, "run", *tiny_args, *flags, "hi")
     assert code == EXIT_USAGE, err
     assert "Traceback" not in err and out == ""
-    assert f"Error: " in err and message in err and "Hint: " in err, err
+    assert "Error: " in err and message in err and "Hint: " in err, err
 
 
 def test_a_binary_schema_file_and_a_schema_in_config(monkeypatch, capsys, tmp_path, tiny_args):

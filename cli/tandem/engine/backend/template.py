@@ -68,7 +68,7 @@ def render(model: TemplateModel, messages: Sequence[dict], add_generation_prompt
         except (jinja2.TemplateError, TypeError, ValueError) as exc:
             if not simple:  # llama.cpp's renderer knows no tools: say why it failed
                 raise UsageError(f"the model's chat template failed on this conversation: "
-                                 f"{str(exc)[:200]}", "check the messages' roles and order")
+                                 f"{str(exc)[:200]}", "check the messages' roles and order") from None
             builtin = model.apply_builtin_template(template, messages)
             if builtin is not None:
                 return builtin
