@@ -4,8 +4,8 @@
     python scripts/make_tiny_models.py OUTDIR
 
 Writes target.gguf, draft.gguf (agrees with the target's greedy choice most of the time),
-draft_weak.gguf (agrees less often) and mismatch.gguf (a vocabulary llama.cpp refuses to
-pair with the target). All files are deterministic: fixed seeds, fixed metadata order.
+draft_weak.gguf (agrees less often), mismatch.gguf (a vocabulary llama.cpp refuses to
+pair with the target) and fim.gguf + fim_draft.gguf (a pair with fill-in-the-middle tokens). All files are deterministic: fixed seeds, fixed metadata order.
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ TARGET_SEED = 1234
 DRAFT_SEED = 5678
 DRAFT_WEAK_SEED = 9012
 MISMATCH_SEED = 3456
+FIM_SEED = 7890
 # Relative noise added to every weight matrix of the target, tuned so that greedy next-token
 # agreement with the target is ~70% (draft) and ~35% (draft_weak); see tests/test_tiny_models.py.
 DRAFT_NOISE = 0.04
@@ -52,6 +53,18 @@ def spm_vocab() -> tuple[list[str], list[float], list[int]]:
     types = [TOKEN_CONTROL] * 3 + [TOKEN_BYTE] * 256 + [TOKEN_NORMAL]
     scores = [0.0] * len(tokens)
     return tokens, scores, types
+
+
+# Qwen2.5-Coder's fill-in-the-middle tokens, by name and GGUF key, for the FIM pair
+FIM_TOKENS = (("<|fim_prefix|>", "pre"), ("<|fim_suffix|>", "suf"), ("<|fim_middle|>", "mid"),
+              ("<|fim_pad|>", "pad"), ("<|repo_name|>", "rep"), ("<|file_sep|>", "sep"))
+
+
+def fim_vocab() -> tuple[list[str], list[float], list[int]]:
+    """spm_vocab() and then the six FIM control tokens (ids 260..265)."""
+    tokens, scores, types = spm_vocab()
+    return (tokens + [t for t, _ in FIM_TOKENS], scores + [0.0] * len(FIM_TOKENS),
+            types + [TOKEN_CONTROL] * len(FIM_TOKENS))
 
 
 def mismatch_vocab() -> tuple[list[str], list[float], list[int]]:
@@ -151,6 +164,9 @@ def write_model(
     # Without this SPM would prepend "▁" to every prompt, so text would not round-trip.
     writer.add_add_space_prefix(False)
     writer.add_chat_template(CHAT_TEMPLATE)
+    for token, key in FIM_TOKENS:
+        if token in tokens:
+            writer.add_uint32(f"tokenizer.ggml.fim_{key}_token_id", tokens.index(token))
     for tensor_name, array in weights.items():
         writer.add_tensor(tensor_name, array)
     writer.write_header_to_file()
@@ -168,7 +184,13 @@ def make_tiny_models(outdir: Path) -> dict[str, Path]:
     target = random_weights(len(vocab[0]), _printable_mask(vocab[0]), TARGET_SEED)
     other_vocab = mismatch_vocab()
     other = random_weights(len(other_vocab[0]), _printable_mask(other_vocab[0]), MISMATCH_SEED)
+    fim = fim_vocab()
+    fim_target = random_weights(len(fim[0]), _printable_mask(fim[0]), FIM_SEED)
     return {
+        # a pair whose vocabulary has fill-in-the-middle tokens (the others have none)
+        "fim": write_model(outdir / "fim.gguf", "tiny-fim", fim_target, fim),
+        "fim_draft": write_model(outdir / "fim_draft.gguf", "tiny-fim-draft",
+                                 add_noise(fim_target, DRAFT_NOISE, DRAFT_SEED), fim),
         "target": write_model(outdir / "target.gguf", "tiny-target", target, vocab),
         "draft": write_model(
             outdir / "draft.gguf", "tiny-draft", add_noise(target, DRAFT_NOISE, DRAFT_SEED), vocab

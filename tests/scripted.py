@@ -107,6 +107,9 @@ class ScriptedContext:
     def truncate(self, n: int) -> None:
         del self.tokens[n:]
 
+    def reuse(self, tokens: Sequence[int]) -> int:
+        return 0  # a scripted context never moves cached runs (Context.reuse)
+
     def prefill(self, tokens: Sequence[int], progress=None) -> int:
         keep = common_prefix(self.tokens, tokens)
         self.truncate(keep)

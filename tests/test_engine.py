@@ -216,11 +216,25 @@ def test_max_tokens_is_exact(models, ctxs):
 
 
 @pytest.mark.parametrize("kw,msg", [
-    ({"max_tokens": 0}, "max tokens"), ({"verify": "x"}, "verify"),
+    ({"max_tokens": -1}, "max tokens"), ({"verify": "x"}, "verify"),
 ])
 def test_invalid_parameters(models, ctxs, kw, msg):
     with pytest.raises(UsageError, match=msg):
         run(ctxs["target"], toks(models["target"], "a"), NoDrafter(), **kw)
+
+
+def test_max_tokens_zero_evaluates_the_prompt_only(models, ctxs):
+    """An editor's warm-up (n_predict 0): the prompt is in both caches, nothing generated,
+    and the next request with that prefix evaluates only what follows it."""
+    prompt = toks(models["target"], "def f(x):\n    return x")
+    target = ctxs["target"]
+    drafter = drafter_for(ctxs["draft"], n_max=3)
+    done, steps = run(target, prompt, drafter, max_tokens=0)
+    assert done.tokens == () and steps == [] and done.stats.n_generated == 0
+    assert target.tokens == prompt[:-1] and ctxs["draft"].tokens[:len(prompt) - 1] == prompt[:-1]
+    more = toks(models["target"], "\n")
+    done, _ = run(target, prompt + more, NoDrafter(), max_tokens=2)
+    assert done.stats.n_prompt_eval == len(more) + 1  # the new tokens and the warm-up's last
 
 
 def test_invalid_draft_max():
@@ -368,3 +382,31 @@ def test_partial_gpu_offload_keeps_the_cpu_verify_cap(tiny_models, monkeypatch):
     assert ctx.verify_limit == 32
     ctx.close()
     m.close()
+
+
+def test_cache_reuse_moves_runs_a_new_prompt_holds_elsewhere(tiny_models):
+    """llama-server's --cache-reuse: a run of the cached prompt that the new prompt holds at
+    another position is moved there (positions shifted), not evaluated again, and the
+    context then decodes on from it; off (0), everything after the common prefix is
+    evaluated. Exact mode never moves runs (their keys would not be bit-identical)."""
+    from tandem.engine.pair import PairSession, SessionOptions
+
+    model = Model(tiny_models["target"])
+    # an editor's ring of chunks: the oldest dropped, one added (llama.vim's input_extra)
+    a, b, c, d = (list(range(k, k + 40)) for k in (30, 100, 150, 200))
+    # nothing in common but the BOS; with reuse b + c move and only d is evaluated
+    for reuse, evaluated, moved in ((16, 40, 80), (0, 120, 0)):
+        ctx = Context(model, ContextParams(n_ctx=512, n_threads=1))
+        ctx.reuse_min = reuse
+        ctx.prefill([1] + a + b + c)
+        assert ctx.prefill([1] + b + c + d) == evaluated
+        assert ctx.tokens == [1] + b + c + d and ctx.n_reused == moved
+        row = ctx.decode([5])[0]  # decoding goes on after the moved run
+        assert row.shape == (model.n_vocab,) and np.isfinite(row).all()
+        ctx.close()
+    model.close()
+    for exact, want in ((False, 256), (True, 0)):
+        opts = SessionOptions(strategy="none", cache_reuse=256, repack=not exact,
+                              target_ctx=ContextParams(n_ctx=256, n_threads=1, exact=exact))
+        with PairSession(tiny_models["target"], None, opts) as s:
+            assert s.target_ctx.reuse_min == want

@@ -267,3 +267,24 @@ def test_cli_run_no_history_and_history_commands(tiny_models, tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0
     assert "Error: context file not found" in bad.stderr and "Hint:" in bad.stderr
+
+
+def test_auto_drafts_a_prediction_from_the_answers_first_step():
+    """Predicted Outputs: the expected answer is drafted from the very first step (it is
+    indexed behind the prompt's last tokens), and wins a tie in match length."""
+    auto = AutoDrafter(None, _flat_costs(), n_max=4)
+    sp, rng = SamplingParams(), np.random.default_rng(0)
+    prompt, prediction = [1, 30, 31, 32], [40, 41, 42, 43, 44, 45, 46, 47, 48]
+    auto.expect(prediction)
+    auto.prefill(prompt)
+    d = auto.propose(prompt, 8, sp, rng, False)
+    assert d.source == "prediction" and d.tokens == prediction[:len(d.tokens)] and d.tokens
+    auto.observe(StepEvent(0, len(d.tokens), len(d.tokens), 8, 0.0, 0.1, 0.0))
+    assert auto.step_sources == (("prediction", len(d.tokens), len(d.tokens)),)
+    # further on, where the answer departed from it and came back, the match finds its place
+    d = auto.propose(prompt + [40, 41, 99, 43, 44, 45], 8, sp, rng, False)
+    assert d.source == "prediction" and d.tokens[:2] == [46, 47]
+    # without one, nothing of it remains (a drafter is per request)
+    fresh = AutoDrafter(None, _flat_costs(), n_max=4)
+    fresh.prefill(prompt)
+    assert fresh.propose(prompt, 8, sp, rng, False).source != "prediction"

@@ -72,7 +72,8 @@ def test_the_protocol_names_what_callers_use():
     assert {"options", "target_path", "draft_path", "n_ctx", "cached_tokens", "context_files",
             "tokenizes_aside", "tokenize", "prompt_tokens", "add_context_file",
             "check_drafter", "generate", "stream", "close", "__enter__",
-            "__exit__"} == _members(Pair)
+            "__exit__", "fim_tokens", "pieces", "props", "template_text",
+            "infill_tokens"} == _members(Pair)
 
 
 def test_the_check_sees_a_missing_member_and_a_changed_signature():

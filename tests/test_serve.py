@@ -492,7 +492,7 @@ def test_queue_is_bounded(pair):
 
 def test_protocol_checks():
     from tandem.serve import protocol
-    from tandem.serve.routes import is_loopback
+    from tandem.serve.listening import is_loopback
 
     req = protocol.parse_chat({"messages": [
         {"role": "developer", "content": [{"type": "text", "text": "a"},
@@ -608,10 +608,13 @@ def test_a_bug_is_a_500_json_error_and_the_app_goes_on():
     from tandem.serve.engine_thread import Defaults
 
     from tandem.serve.prompt import Budget
+    from tandem.engine.backend.fim import FimTokens
 
     class Broken:
         busy, waiting, capacity, served, cancelled, last_cancel = False, 0, 1, 0, 0, None
-        pair = SimpleNamespace(tokenizes_aside=False)  # prompts go to the engine thread
+        # prompts go to the engine thread; the vocabulary's facts are read at the start
+        pair = SimpleNamespace(tokenizes_aside=False, fim_tokens=FimTokens(),
+                               props=lambda: {"n_vocab": 10})
 
         def submit(self, job):
             raise RuntimeError("boom")

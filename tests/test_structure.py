@@ -95,8 +95,8 @@ def test_dependency_rules():
     ui = _importers("typer") | _importers("rich")
     assert all(m.startswith("tandem.commands.") or m == "tandem.chat.tui" for m in ui), ui
     # the HTTP stack only where `tandem serve` runs it (tandem run never loads it)
-    assert _importers("starlette") | _importers("uvicorn") == {"tandem.serve.routes",
-                                                              "tandem.serve.connection"}
+    assert _importers("starlette") | _importers("uvicorn") == {
+        "tandem.serve.routes", "tandem.serve.request_flow", "tandem.serve.connection"}
 
 
 # The one module that needs the compiled binding: every other module only names its types

@@ -21,7 +21,7 @@ def test_deterministic(tiny_models, tmp_path):
         assert again[name].read_bytes() == path.read_bytes(), name
 
 
-@pytest.mark.parametrize("name", ["target", "draft", "draft_weak", "mismatch"])
+@pytest.mark.parametrize("name", ["target", "draft", "draft_weak", "mismatch", "fim"])
 def test_loads_and_generates(tiny_models, name):
     llm = load(tiny_models[name])
     assert llm.n_ctx() == 512

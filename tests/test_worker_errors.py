@@ -58,10 +58,10 @@ def crossed():
 
 def _status(exc: errors.TandemError) -> tuple:
     from tandem.serve.protocol import ApiError
-    from tandem.serve.routes import _raise_failure
+    from tandem.serve.request_flow import raise_failure
 
     with pytest.raises(ApiError) as api:
-        _raise_failure(("error", exc))
+        raise_failure(("error", exc))
     return api.value.status, api.value.code, api.value.type
 
 

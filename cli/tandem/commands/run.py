@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -42,6 +44,7 @@ def run(
     stats: Annotated[Optional[bool], typer.Option("--stats/--no-stats", help="Statistics on stderr (default: when stderr is a terminal).")] = None,
     exact, context_file, no_history, rpc, rpc_timeout,
     grammar, grammar_file, json_schema, json_schema_file, json_object, verbose, yes,
+    prediction: Annotated[Optional[Path], typer.Option("--prediction", readable=False, help="A file holding the answer you expect (an edit's current code): auto drafts from it; the output is the model's own either way.", show_default=False)] = None,
 ):
     """Generate a completion; text on stdout, statistics on stderr.
 
@@ -58,6 +61,8 @@ def run(
       tandem run --rpc 192.168.1.20:50052 "hello"     # the target's layers on that server
 
       tandem run -j '{"type":"object","properties":{"name":{"type":"string"}},"required":["name"]}' "Who wrote Hamlet?"
+
+      tandem run --prediction app.py "Rename load() to read_config() in:" < app.py
     """
     from tandem.engine.loop.events import DoneEvent, TokenEvent
     from tandem.engine.loop.speculative import GenParams
@@ -73,6 +78,7 @@ def run(
     check_max_tokens(max_tokens)
     sampling = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, seed)
     contexts = read_context_files(context_file)
+    expected = read_context_files([prediction] if prediction else [])
     structured = constraint_flags(grammar, grammar_file, json_schema, json_schema_file,
                                   json_object)
     flags = setting_flags(exact, no_history, strategy=strategy, n_max=n_max, n_min=n_min, p_min=p_min,
@@ -89,7 +95,8 @@ def run(
     out = sys.stdout
     wrote = ""  # the last text streamed: a failure mid-answer still ends its line
     try:
-        for ev in _events(target_path, draft_path, opts, contexts, messages, gen, raw):
+        for ev in _events(target_path, draft_path, opts, contexts, messages, gen, raw,
+                          expected[0][1] if expected else None):
             if isinstance(ev, TokenEvent) and not as_json and not no_stream and ev.text:
                 out.write(ev.text)
                 out.flush()
@@ -134,10 +141,10 @@ def _finish(done, out, *, as_json: bool, no_stream: bool, show_stats: bool, n_ct
         print(done.stats.summary(), file=sys.stderr)
 
 
-def _events(target_path, draft_path, opts, contexts, messages, gen, raw):
+def _events(target_path, draft_path, opts, contexts, messages, gen, raw, prediction=None):
     """generate()'s events: in this process, or, with --rpc, from a supervised worker
     process (llama.cpp aborts the process that holds a broken RPC connection; see
-    engine/remote/worker.py)."""
+    engine/remote/worker.py). `prediction`: the expected answer's text."""
     from tandem.commands.engine import open_pair
 
     session = open_pair(target_path, draft_path, opts)
@@ -145,4 +152,6 @@ def _events(target_path, draft_path, opts, contexts, messages, gen, raw):
         for path, text in contexts:
             session.add_context_file(path, text)
         tokens = session.prompt_tokens(messages, raw=raw)
+        if prediction:
+            gen = replace(gen, prediction=tuple(session.tokenize(prediction)))
         yield from session.generate(tokens, gen)

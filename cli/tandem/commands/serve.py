@@ -7,6 +7,7 @@ command runs (`tandem run` does not pay for them).
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from functools import partial
 from typing import Annotated, Optional
 
@@ -38,6 +39,8 @@ def serve(
     queue: Annotated[int, typer.Option("--queue", help="Requests that may wait while one is generated; beyond, 429 with Retry-After.")] = 8,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No line per request on stderr (route, tokens, time, tok/s, acceptance, status).")] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds a client has to send a request's headers, and again its body; beyond, 408 and the connection closed.")] = 30.0,
+    cache_reuse: Annotated[int, typer.Option("--cache-reuse", help="Move cached runs of at least N tokens that a new prompt holds at another position, instead of evaluating them again (llama-server's --cache-reuse; an editor's keystrokes); 0: off. Never in --exact mode.")] = 256,
+    cors: Annotated[Optional[str], typer.Option("--cors", help="Origins whose web pages may call the API from a browser, comma-separated (e.g. http://localhost:3000); off by default.", show_default=False)] = None,
     model, model_draft, strategy, n_max, n_min, p_min,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens per answer when a request does not say (max_tokens).")] = SERVE_MAX_TOKENS,
     temp, top_k, top_p, min_p, repeat_penalty, n_ctx, n_threads,
@@ -74,6 +77,10 @@ def serve(
         raise UsageError("--api-key starts or ends with whitespace, which no client can send "
                          "(HTTP drops it from the header)", "pass the key without it")
     check_max_tokens(max_tokens)
+    if not 0 <= cache_reuse <= 1 << 20:
+        raise UsageError(f"--cache-reuse must be in 0..{1 << 20} tokens, got {cache_reuse}",
+                         "256 is the default (llama.vscode's advice to llama-server); 0: off")
+    origins = cors_origins(cors, api_key)
     sampling = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, None)
     contexts = read_context_files(context_file)
     flags = setting_flags(exact, no_history, strategy=strategy, n_max=n_max, n_min=n_min,
@@ -81,15 +88,17 @@ def serve(
                           rpc_timeout=rpc_timeout)
     prepared = prepare_pair(pair, model, model_draft, flags, verbose)
     target_path, draft_path, opts = prepared.target, prepared.draft, prepared.options
+    opts = replace(opts, cache_reuse=cache_reuse)
 
+    from tandem.serve import listening
     from tandem.serve import routes as server  # Starlette and uvicorn: only now
     from tandem.models.vocab import longest_token_bytes
     from tandem.serve.engine_thread import Defaults, EngineWorker
     from tandem.serve.prompt import UNKNOWN_TOKEN_BYTES, Budget
 
-    sock = server.bind(host, port)  # before the models load: a busy port fails fast
-    if not server.is_loopback(host) and api_key is None:
-        server.warn(f"listening on {host} without --api-key: anyone who can reach this "
+    sock = listening.bind(host, port)  # before the models load: a busy port fails fast
+    if not listening.is_loopback(host) and api_key is None:
+        listening.warn(f"listening on {host} without --api-key: anyone who can reach this "
                     "machine can use it")
     try:
         with open_pair(target_path, draft_path, opts) as session:
@@ -101,12 +110,34 @@ def serve(
                             longest_token_bytes(target_path) or UNKNOWN_TOKEN_BYTES)
             config = server.ServeConfig(
                 model_id=target_path.stem, api_key=api_key, budget=budget, timeout=timeout,
-                quiet=quiet, notice=partial(history_note, opts),
+                quiet=quiet, notice=partial(history_note, opts), cors=origins,
                 defaults=Defaults(max_tokens=max_tokens, sampling=sampling))
             draft = f" + {draft_path.name}" if draft_path else ""
-            print(f"tandem serve: {server.listen_note(host, sock)} · {target_path.name}{draft} · "
+            print(f"tandem serve: {listening.listen_note(host, sock)} · {target_path.name}{draft} · "
                   f"strategy {opts.strategy} · context {session.n_ctx} · "
                   f"queue {queue} · Ctrl-C stops", file=sys.stderr, flush=True)
             server.serve(worker, config, sock, verbose=verbose)
     finally:
         sock.close()
+
+
+def cors_origins(value: str | None, api_key: str | None) -> tuple[str, ...]:
+    """--cors: explicit origins (scheme://host[:port]), "*" only without a key: a page on
+    any site must not be able to use a key the browser holds for this server."""
+    if value is None:
+        return ()
+    origins = tuple(o.strip().rstrip("/") for o in value.split(",") if o.strip())
+    if not origins:
+        raise UsageError("--cors is empty", "pass origins such as http://localhost:3000")
+    for origin in origins:
+        if origin == "*":
+            if api_key is not None:
+                raise UsageError("--cors '*' with --api-key would let any web page use the key",
+                                 "name the origins that may call, e.g. --cors "
+                                 "http://localhost:3000")
+            continue
+        scheme, sep, rest = origin.partition("://")
+        if scheme not in ("http", "https") or not sep or not rest or "/" in rest:
+            raise UsageError(f"--cors origin {origin!r} is not scheme://host[:port]",
+                             "e.g. --cors http://localhost:3000,https://chat.example.org")
+    return origins

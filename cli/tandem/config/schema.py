@@ -26,7 +26,7 @@ ON_OFF = ("on", "off")
 # where a drafted token came from: the draft model, the current prompt and output (prompt
 # lookup), a file the user named, earlier answers (engine/drafting/history.py), or the tokens
 # a grammar forces (engine/constrain/grammar.py)
-DRAFT_SOURCES = ("model", "prompt", "file", "history", "grammar")
+DRAFT_SOURCES = ("model", "prediction", "prompt", "file", "history", "grammar")
 MAX_CONTEXT = 1 << 20
 # the longest draft: verify batches carry at most MAX_DRAFT drafts and the last token
 # (engine/backend/llama.py MAX_OUTPUTS rows of logits); the flags, files, chat's /draft and the engine

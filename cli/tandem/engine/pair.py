@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence
 
 from tandem.config.schema import check_strategy
 from tandem.engine.backend import template
+from tandem.engine.backend.fim import Chunk, FimTokens, infill_prompt
 from tandem.engine.drafting.auto import BUCKETS, ORDER, AutoDrafter
 from tandem.engine.tuning.costs import CostModel
 from tandem.engine.drafting.drafters import Drafter
@@ -64,6 +65,10 @@ class SessionOptions:
     # count of their own (ContextParams.n_threads 0); off: llama.cpp's count, as given.
     # commands/plan.py turns it off when the user set -t / threads
     adapt_threads: bool = False
+    # move cached runs of at least this many tokens that a new prompt holds elsewhere
+    # (llama-server's --cache-reuse; Context.reuse): a server's editors; 0 off, and exact
+    # mode never (a moved run's keys are not bit-identical to evaluating them)
+    cache_reuse: int = 0
 
     def __post_init__(self):
         check_strategy(self.strategy)
@@ -97,11 +102,32 @@ class Pair(Protocol):
     def context_files(self) -> tuple[str, ...]:
         """The names of the files indexed for drafting (add_context_file)."""
 
-    def tokenize(self, text: str) -> list[int]:
-        """Plain text's tokens (no special tokens parsed, no BOS)."""
+    @property
+    def fim_tokens(self) -> FimTokens:
+        """The target vocabulary's fill-in-the-middle tokens."""
+
+    def tokenize(self, text: str, add_special: bool = False,
+                 parse_special: bool = False) -> list[int]:
+        """Text's tokens: plain text by default (no special tokens parsed, no BOS)."""
+
+    def pieces(self, tokens: Sequence[int]) -> list[bytes]:
+        """Each token's bytes, control tokens as their text (llama-server's /detokenize);
+        every id must be below props()["n_vocab"]."""
+
+    def props(self) -> dict:
+        """Plain facts of the target's vocabulary: n_vocab, bos_token, eos_token (texts) and
+        chat_template (None: the GGUF has none)."""
 
     def prompt_tokens(self, messages: Sequence[dict], raw: bool = False,
                       tools: Sequence[dict] | None = None) -> list[int]: ...
+
+    def template_text(self, messages: Sequence[dict],
+                      tools: Sequence[dict] | None = None) -> str:
+        """The messages rendered with the chat template, as prompt text."""
+
+    def infill_tokens(self, prefix: str, suffix: str, extra: Sequence[Chunk] = (),
+                      prompt: str = "", n_predict: int = 0) -> list[int]:
+        """A fill-in-the-middle prompt (engine/backend/fim.py), every text as data."""
 
     def add_context_file(self, path: str | Path, text: str | None = None) -> int: ...
 
@@ -205,8 +231,34 @@ class PairSession:
     def context_files(self) -> tuple[str, ...]:
         return tuple(self.library.file_names)
 
-    def tokenize(self, text: str) -> list[int]:
-        return self.target.tokenize(text, add_special=False, parse_special=False)
+    @property
+    def fim_tokens(self) -> FimTokens:
+        return self.target.fim_tokens()
+
+    def tokenize(self, text: str, add_special: bool = False,
+                 parse_special: bool = False) -> list[int]:
+        return self.target.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def pieces(self, tokens: Sequence[int]) -> list[bytes]:
+        return self.target.rendered_pieces(tokens)
+
+    def props(self) -> dict:
+        model = self.target
+        return {"n_vocab": model.n_vocab, "chat_template": model.chat_template(),
+                "bos_token": model.token_text(model.bos) if model.bos >= 0 else "",
+                "eos_token": model.token_text(model.eos) if model.eos >= 0 else ""}
+
+    def template_text(self, messages: Sequence[dict],
+                      tools: Sequence[dict] | None = None) -> str:
+        messages, tools = template.for_template(self.target, messages, tools)
+        return template.render(self.target, messages, tools=tools)
+
+    def infill_tokens(self, prefix: str, suffix: str, extra: Sequence[Chunk] = (),
+                      prompt: str = "", n_predict: int = 0) -> list[int]:
+        model = self.target
+        return infill_prompt(self.tokenize, model.fim_tokens(),
+                             model.bos if model.add_bos else None, prefix, suffix, extra,
+                             self.tokenize(prompt), self.n_ctx, n_predict)
 
     def configure(self, target_ctx: ContextParams | None = None,
                   draft_ctx: ContextParams | None = None, draft: str | None = None) -> None:
@@ -225,6 +277,9 @@ class PairSession:
                                   self.draft_path, (self.options.target_gpu_layers,
                                                     self.options.draft_gpu_layers),
                                   self.options.rpc)
+        for ctx in (self.target_ctx, self.draft_ctx):
+            if ctx is not None:
+                ctx.reuse_min = 0 if ctx.params.exact else self.options.cache_reuse
         if self.threads is not None:
             self.threads.apply()  # a context just made has llama.cpp's default count
 
@@ -290,6 +345,8 @@ class PairSession:
         # the thread count first: a busy core stalls the prompt and auto's calibration too
         threads = self.threads.begin() if self.threads is not None else NO_THREADS
         drafter = self.drafter(strategy, draft)
+        if gen.prediction and isinstance(drafter, AutoDrafter):  # a source of auto's only
+            drafter.expect(gen.prediction)
         inner = generate(self.target_ctx, prompt, drafter, gen, threads)
         try:
             for ev in inner:

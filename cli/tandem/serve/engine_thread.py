@@ -36,9 +36,15 @@ class Job:
     the prompt is evaluated, ("text", str) per released piece of text, then exactly one of ("done", Answer), ("error", TandemError),
     ("failed", Exception) or ("cancelled", None). It is called from the engine thread."""
 
-    make: Callable[[Pair], tuple[Sequence[int], GenParams]]  # see prepare()
+    make: Callable[[Pair], tuple[Sequence[int], GenParams]] | None  # see prepare()
     sink: Callable[[str, object], None]
     cancel: threading.Event = field(default_factory=threading.Event)
+    # an editor's stopping rules (serve.native.Limiter): the text passes through it, and the
+    # answer ends where it says, as if it had finished ("done", reason "limit")
+    limit: object = None
+    # instead of an answer, one call on the pair (a remote pair's tokenizer, between
+    # answers): its value is delivered as ("done", value)
+    call: Callable[[Pair], object] | None = None
 
 
 class EngineWorker:
@@ -113,6 +119,9 @@ class EngineWorker:
             _deliver(job, "cancelled", None)
             return
         try:
+            if job.call is not None:
+                _deliver(job, "done", job.call(self.pair))
+                return
             tokens, gen = job.make(self.pair)
         except TandemError as exc:
             _deliver(job, "error", exc)
@@ -125,11 +134,18 @@ class EngineWorker:
         answer = Answer(self.pair, tokens, gen, self.strategy, self.draft, record=self.record)
         stream = answer.events()
         outcome: tuple[str, object] = ("done", answer)
+        limit = job.limit
         try:
             for ev in stream:
                 if isinstance(ev, TokenEvent) and ev.text:
-                    _deliver(job, "text", ev.text)
+                    text = ev.text if limit is None else limit.feed(ev.text)
+                    if text:
+                        _deliver(job, "text", text)
+                    if limit is not None and limit.stopped:
+                        break  # closed at a yield: both KV caches stay consistent
                 elif isinstance(ev, PrefillEvent) and ev.done >= ev.total:
+                    if limit is not None:
+                        limit.start()
                     _deliver(job, "prefilled", ev.done)
                 # checked after every event: a step yields its tokens then a StepEvent, and
                 # the prefill one event per batch, so a cancel takes effect within one step
@@ -144,6 +160,12 @@ class EngineWorker:
             outcome = ("failed", exc)
         finally:
             stream.close()
+        if limit is not None and outcome[0] == "done":
+            tail = limit.flush()
+            if tail:
+                _deliver(job, "text", tail)
+            if limit.stopped:  # the rule's end, not an interruption
+                answer.text, answer.reason = limit.text, "limit"
         if outcome[0] == "cancelled":
             self.cancelled += 1
             self.last_cancel = {"generated": answer.stats.n_generated,
@@ -168,8 +190,9 @@ class Defaults:
     sampling: SamplingParams = SamplingParams()
 
 
-def gen_params(req, defaults: Defaults) -> GenParams:
-    """A checked request's generation parameters: its own, else the server's defaults."""
+def gen_params(req, defaults: Defaults, prediction: Sequence[int] = ()) -> GenParams:
+    """A checked request's generation parameters: its own, else the server's defaults.
+    `prediction`: the tokens of the request's prediction."""
     d = defaults.sampling
 
     def pick(value, default):
@@ -179,8 +202,9 @@ def gen_params(req, defaults: Defaults) -> GenParams:
         temperature=pick(req.temperature, d.temperature), top_k=pick(req.top_k, d.top_k),
         top_p=pick(req.top_p, d.top_p), min_p=pick(req.min_p, d.min_p),
         repeat_penalty=pick(req.repeat_penalty, d.repeat_penalty), seed=req.seed)
-    return GenParams(max_tokens=req.max_tokens or defaults.max_tokens, sampling=sampling,
-                     stop=req.stop, constraint=req.constraint)
+    max_tokens = defaults.max_tokens if req.max_tokens is None else req.max_tokens
+    return GenParams(max_tokens=max_tokens, sampling=sampling, stop=req.stop,
+                     constraint=req.constraint, prediction=tuple(prediction))
 
 
 def prepare(pair: Pair, req, defaults: Defaults,
@@ -192,4 +216,5 @@ def prepare(pair: Pair, req, defaults: Defaults,
     generated. The prompt goes through the same Pair.prompt_tokens as run and chat."""
     budget = budget or Budget(pair.n_ctx)
     local = pair.tokenizes_aside  # a remote pair's worker tokenizes the prompt whole
-    return prompt.prompt_tokens(pair, req, budget, local=local), gen_params(req, defaults)
+    tokens, prediction = prompt.request_tokens(pair, req, budget, local=local)
+    return tokens, gen_params(req, defaults, prediction)

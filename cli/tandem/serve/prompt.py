@@ -32,6 +32,10 @@ class Budget:
 
 
 def _texts(req) -> list[str]:
+    """The texts a prompt is made of whole. A fill-in-the-middle has none: its parts are
+    cut to their shares of the context (engine/backend/fim.py), a file of any size fits."""
+    if req.infill is not None:
+        return []
     if req.kind != "chat":
         return [req.prompt]
     return user_strings(req.messages, req.template_tools())
@@ -70,7 +74,20 @@ def prompt_tokens(pair, req, budget: Budget, local: bool = True) -> list[int]:
     return tokens
 
 
+def request_tokens(pair, req, budget: Budget,
+                   local: bool = True) -> tuple[list[int], tuple[int, ...]]:
+    """The prompt's tokens (prompt_tokens) and the prediction's (plain text: data)."""
+    tokens = prompt_tokens(pair, req, budget, local)
+    return tokens, tuple(pair.tokenize(req.prediction)) if req.prediction else ()
+
+
 def tokens_of(pair, req) -> Sequence[int]:
+    if req.infill is not None:
+        fim = req.infill
+        n_predict = req.max_tokens if req.max_tokens is not None else 0
+        return pair.infill_tokens(fim.prefix, fim.suffix, fim.extra, fim.prompt, n_predict)
+    if req.prompt_ids:
+        return list(req.prompt_ids)
     if req.kind == "chat":
         tools = req.template_tools()
         if tools:

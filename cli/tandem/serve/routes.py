@@ -1,17 +1,19 @@
 """The HTTP side of `tandem serve`: Starlette routes on uvicorn, in front of the engine thread.
 
 Routes: POST /v1/chat/completions and /v1/completions (server-sent events or one JSON object),
-GET /v1/models, GET /health (the /v1-less paths too, as llama-server has them). Every refusal
+GET /v1/models, GET /health (the /v1-less paths too, as llama-server has them), and
+llama-server's own for editors: POST /infill, /completion, /tokenize, /detokenize,
+/apply-template, GET /props (serve/llama_api.py). Every refusal
 is an OpenAI error object with a 4xx status; a bug is a 500 with the same shape (and a traceback
-on stderr), and the server stays up. Starlette and uvicorn are imported only here and in
-serve/connection.py (uvicorn's protocol, with header deadlines and JSON framing errors), which
-only `tandem serve` imports: `tandem run` starts as fast as before.
+on stderr), and the server stays up. Starlette and uvicorn are imported only here, in
+serve/request_flow.py (a request's side of the engine thread) and serve/connection.py
+(uvicorn's protocol, with header deadlines and JSON framing errors), which only `tandem serve`
+imports: `tandem run` starts as fast as before.
 """
 from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import socket
 import sys
 import time
@@ -23,12 +25,12 @@ from typing import Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from tandem.errors import ContextOverflowError, RemoteError, TandemError, UsageError
-from tandem.serve import protocol, structured
+from tandem.errors import TandemError
+from tandem.serve import llama_api, protocol, responses, structured
 from tandem.serve.connection import IDLE_TIMEOUT, REQUEST_TIMEOUT, guarded
 from tandem.serve.protocol import ApiError
 from tandem.serve.engine_thread import (
@@ -39,8 +41,21 @@ from tandem.serve.engine_thread import (
     gen_params,
     prepare,
 )
-from tandem.serve.prompt import Budget, prompt_tokens
+from tandem.serve.prompt import Budget, request_tokens
 from tandem.serve.prompt import check_size as prompt_size_check
+from tandem.serve.request_flow import (
+    EngineStream,
+    busy,
+    client_gone,
+    disconnected,
+    llama_stream,
+    next_event,
+    openai_stream,
+    raise_failure,
+    read_json,
+    whole_answer,
+    whole_text,
+)
 
 MAX_BODY = 4 << 20  # bytes: a whole conversation with files fits; a flood does not
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -55,23 +70,9 @@ class ServeConfig:
     budget: Budget | None = None  # None: the target context's size, the longest token unknown
     timeout: float = REQUEST_TIMEOUT  # s for a request's headers, and again for its body
     quiet: bool = False  # no per-request line on stderr
+    cors: tuple[str, ...] = ()  # origins a browser page may call from (--cors)
     # after an answer: a note for stderr, once (the command's: where answers are kept)
     notice: Callable[[], str | None] | None = None
-
-
-class EngineStream(StreamingResponse):
-    """An SSE response that cancels its job however it ends: finished, or the client gone
-    (Starlette then cancels the stream; this still runs)."""
-
-    def __init__(self, content, cancel, **kwargs):
-        super().__init__(content, **kwargs)
-        self._cancel = cancel
-
-    async def __call__(self, scope, receive, send):
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._cancel.set()
 
 
 async def api_error(request: Request, exc: ApiError):
@@ -104,6 +105,27 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
     # one thread tokenizes prompts while the engine thread generates (serve/prompt.py)
     tokenizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-tokenizer")
     aside = worker.pair.tokenizes_aside
+    # read once, before the engine thread runs: a remote pair's pipe is the engine's then
+    fim, facts = worker.pair.fim_tokens, worker.pair.props()
+    sampling = config.defaults.sampling
+
+    async def on_pair(fn):
+        """`fn(pair)` where it may run: the tokenizer thread for a local pair, the engine
+        thread (between answers) for a remote one, whose worker takes one call at a time."""
+        loop = asyncio.get_running_loop()
+        if aside:
+            return await loop.run_in_executor(tokenizer, fn, worker.pair)
+        done: asyncio.Future = loop.create_future()
+
+        def sink(what, value):
+            loop.call_soon_threadsafe(lambda: done.done() or done.set_result((what, value)))
+        try:
+            worker.submit(Job(make=None, sink=sink, call=fn))
+        except QueueFull as exc:
+            raise busy(exc) from None
+        what, value = await done
+        raise_failure((what, value))
+        return value
 
     def authorize(request: Request) -> None:
         if config.api_key is None:
@@ -134,12 +156,49 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
     async def text(request: Request):
         return await complete(request, "text")
 
+    async def infill(request: Request):
+        return await complete(request, "infill")
+
+    async def native_completion(request: Request):
+        return await complete(request, "native")
+
+    async def tokenize(request: Request):
+        authorize(request)
+        body = await read_json(request, config.max_body, config.timeout)
+        content, add, parse, pieces = llama_api.tokenize_request(body)
+        ids = await on_pair(lambda pair: llama_api.tokenize_mixed(pair, content, add, parse))
+        if not pieces:
+            return JSONResponse({"tokens": ids})
+        raw = await on_pair(lambda pair: pair.pieces(ids))
+        return JSONResponse({"tokens": [{"id": t, "piece": llama_api.piece_json(b)}
+                                        for t, b in zip(ids, raw)]})
+
+    async def detokenize(request: Request):
+        authorize(request)
+        body = await read_json(request, config.max_body, config.timeout)
+        ids = llama_api.token_ids(body.get("tokens", []), facts["n_vocab"], "tokens")
+        raw = await on_pair(lambda pair: pair.pieces(ids))
+        return JSONResponse({"content": b"".join(raw).decode("utf-8", "replace")})
+
+    async def apply_template(request: Request):
+        authorize(request)
+        body = await read_json(request, config.max_body, config.timeout)
+        req = protocol.parse_chat(body)
+        text = await on_pair(lambda pair: pair.template_text(list(req.messages),
+                                                             req.template_tools()))
+        return JSONResponse({"prompt": text})
+
+    async def props(request: Request):
+        authorize(request)
+        return JSONResponse(llama_api.props(config.model_id, worker.pair, facts, sampling,
+                                         config.defaults.max_tokens))
+
     async def complete(request: Request, kind: str):
         started = time.monotonic()
 
         def log(status: int, stats=None) -> None:  # one line per request, on stderr
             if not config.quiet:
-                print(protocol.log_line(request.method, request.url.path, status,
+                print(responses.log_line(request.method, request.url.path, status,
                                         time.monotonic() - started, stats),
                       file=sys.stderr, flush=True)
             if status == 200 and config.notice is not None:
@@ -157,7 +216,17 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
     async def respond(request: Request, kind: str, log):
         authorize(request)
         body = await read_json(request, config.max_body, config.timeout)
-        req = protocol.parse_chat(body) if kind == "chat" else protocol.parse_text(body)
+        if kind == "chat":
+            req = protocol.parse_chat(body)
+        elif kind == "text":
+            req = protocol.parse_text(body)
+        elif kind == "infill":
+            req = llama_api.parse_infill(body)
+        else:
+            req = llama_api.parse_completion(body, facts["n_vocab"])
+        if req.infill is not None and fim.missing():
+            raise llama_api.refusal_501(fim.missing())
+        limit = llama_api.Limiter(req.n_indent, req.t_max_predict_ms)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
 
@@ -173,53 +242,77 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
             if req.constraint is not None:  # compiled here, so the engine thread only looks up
                 await loop.run_in_executor(tokenizer, structured.prepare_grammar, req,
                                            worker.pair.target if aside else None)
+            tokens = None
             if aside:
-                tokens = await loop.run_in_executor(
-                    tokenizer, prompt_tokens, worker.pair, req, budget)
-                gen = gen_params(req, config.defaults)
+                tokens, prediction = await loop.run_in_executor(
+                    tokenizer, request_tokens, worker.pair, req, budget)
+                gen = gen_params(req, config.defaults, prediction)
                 make = lambda pair: (tokens, gen)  # noqa: E731 - the job's one line
             else:
                 make = partial(prepare, req=req, defaults=config.defaults, budget=budget)
-            job = Job(make=make, sink=sink)
+            job = Job(make=make, sink=sink, limit=limit if limit.active else None)
             worker.submit(job)
         except QueueFull as exc:
-            raise ApiError(429, f"the server is busy: {exc}; retry later",
-                           type="rate_limit_error", code="queue_full",
-                           headers={"Retry-After": "1"}) from None
+            raise busy(exc) from None
         except TandemError as exc:
-            _raise_failure(("error", exc))
+            raise_failure(("error", exc))
             raise
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         now = int(time.time())
-        watch = asyncio.ensure_future(_disconnected(request))
+        watch = asyncio.ensure_future(disconnected(request))
         handed_over = False  # the stream response owns the job from there
         try:
             # wait for the prompt to be evaluated (or refused) before any header goes out, so
             # a prompt too long is a 400 even for a stream
-            first = await _next(events, watch)
+            first = await next_event(events, watch)
             if first is None:
-                job.cancel.set()
-                log(499)
-                return JSONResponse({}, status_code=499)  # nobody is listening
-            _raise_failure(first)
+                return client_gone(job, log)
+            raise_failure(first)
+            if req.native:
+                response = await native_answer(req, tokens, events, watch, first, log, job)
+                handed_over = isinstance(response, EngineStream)  # it cancels at its end
+                return response
             if req.stream:
                 watch.cancel()  # from here the stream response watches the connection
-                stream = _stream(req, rid, now, config.model_id, events, first, log)
+                stream = openai_stream(req, rid, now, config.model_id, events, first, log)
                 handed_over = True
                 return EngineStream(stream, job.cancel, media_type="text/event-stream",
                                     headers=SSE_HEADERS)
-            answer = await _answer(events, watch, first)
+            answer = await whole_answer(events, watch, first)
             if answer is None:
-                job.cancel.set()
-                log(499)
-                return JSONResponse({}, status_code=499)  # nobody is listening
+                return client_gone(job, log)
             log(200, answer.stats)
-            return JSONResponse(protocol.completion(req, rid, now, config.model_id,
+            return JSONResponse(responses.completion(req, rid, now, config.model_id,
                                                     answer.text, answer.reason, answer.stats))
         finally:
             watch.cancel()
             if not handed_over:  # answered, refused, or this handler cancelled: stop the job
                 job.cancel.set()
+
+    async def native_answer(req, tokens, events, watch, first, log, job):
+        """/infill and /completion: llama-server's answer object, or its stream of them."""
+        n_ctx = worker.pair.n_ctx
+        shown = tokens is not None and (not req.response_fields or "prompt" in req.response_fields)
+        prompt_text = b"".join(await on_pair(lambda pair: pair.pieces(tokens))).decode(
+            "utf-8", "replace") if shown else None
+
+        def last(answer, text):
+            return llama_api.final(req, config.model_id, text, answer.reason, answer.stats,
+                                   n_ctx, prompt_text,
+                                   llama_api.sampling_json(answer.gen.sampling))
+
+        if req.stream:
+            watch.cancel()  # from here the stream response watches the connection
+            stream = llama_stream(events, first, lambda answer: last(answer, ""), log,
+                                  len(tokens) if tokens is not None else 0)
+            return EngineStream(stream, job.cancel, media_type="text/event-stream",
+                                headers=SSE_HEADERS)
+        outcome = await whole_text(events, watch, first)
+        if outcome is None:
+            return client_gone(job, log)
+        text, answer = outcome
+        log(200, answer.stats)
+        return JSONResponse(last(answer, text))
 
     routes = []
     for prefix in ("/v1", ""):
@@ -227,161 +320,29 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
                    Route(prefix + "/completions", text, methods=["POST"]),
                    Route(prefix + "/models", models, methods=["GET"])]
     routes += [Route("/health", health, methods=["GET"]),
-               Route("/v1/health", health, methods=["GET"])]
-    app = Starlette(routes=routes, exception_handlers={
+               Route("/v1/health", health, methods=["GET"]),
+               # llama-server's own routes, as its editor plugins call them
+               Route("/infill", infill, methods=["POST"]),
+               Route("/completion", native_completion, methods=["POST"]),
+               Route("/tokenize", tokenize, methods=["POST"]),
+               Route("/detokenize", detokenize, methods=["POST"]),
+               Route("/apply-template", apply_template, methods=["POST"]),
+               Route("/props", props, methods=["GET"])]
+    middleware = []
+    if config.cors:
+        from starlette.middleware import Middleware
+        from starlette.middleware.cors import CORSMiddleware
+
+        middleware.append(Middleware(
+            CORSMiddleware, allow_origins=list(config.cors), allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"], max_age=600))
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers={
         ApiError: api_error, HTTPException: http_error, Exception: server_error})
     app.state.tokenizer = tokenizer
     return app
 
 
-async def _answer(events: asyncio.Queue, watch, first):
-    """A whole answer's last event value (the engine's outcome), once the text is through;
-    None when the client went away meanwhile."""
-    item = first
-    while item[0] in ("prefilled", "text"):
-        item = await _next(events, watch)
-        if item is None:
-            return None
-    _raise_failure(item)
-    return item[1]
-
-
-async def read_json(request: Request, limit: int, timeout: float = REQUEST_TIMEOUT) -> dict:
-    """The body as a JSON object, read up to `limit` bytes (413 beyond, before parsing)
-    within `timeout` seconds (408 after: a body trickled in holds a connection)."""
-    ctype = request.headers.get("content-type")
-    if ctype is not None and ctype.split(";")[0].strip().lower() != "application/json":
-        raise ApiError(415, f"the body must be application/json, got {ctype!r} (curl: add "
-                       "-H 'Content-Type: application/json')", code="unsupported_media_type")
-    declared = request.headers.get("content-length")
-    too_big = ApiError(413, f"the request body is over {limit >> 20} MiB",
-                       code="request_too_large")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_big
-    chunks: list[bytes] = []
-
-    async def read() -> None:
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise too_big
-            chunks.append(chunk)
-
-    try:
-        await asyncio.wait_for(read(), timeout)
-    except ClientDisconnect:
-        raise ApiError(400, "the client went away while sending the body") from None
-    except asyncio.TimeoutError:
-        raise ApiError(408, f"the request body did not arrive within {timeout:g} s",
-                       code="request_timeout", headers={"Connection": "close"}) from None
-    return protocol.parse_json(b"".join(chunks))
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns once the client has closed the connection (the body is read by then)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def _next(events: asyncio.Queue, watch: asyncio.Future):
-    """The job's next item, or None once the client is gone."""
-    get = asyncio.ensure_future(events.get())
-    await asyncio.wait({get, watch}, return_when=asyncio.FIRST_COMPLETED)
-    if get.done():
-        return get.result()
-    get.cancel()
-    return None
-
-
-def _raise_failure(item) -> None:
-    what, value = item
-    if what == "error":
-        code = "context_length_exceeded" if isinstance(value, ContextOverflowError) else None
-        if isinstance(value, (UsageError, ContextOverflowError)):
-            message = value.message + (f" ({value.hint})" if value.hint else "")
-            raise ApiError(400, message, code=code or "invalid_value")
-        if isinstance(value, RemoteError):  # the target's RPC server is gone: a bad gateway
-            raise ApiError(502, f"{value.message} ({value.hint})", type="server_error",
-                           code="remote_unavailable")
-        raise ApiError(500, value.message, type="server_error")
-    if what == "failed":
-        raise ApiError(500, f"internal error ({type(value).__name__}); the server logged it",
-                       type="server_error", code="internal_error")
-    if what == "cancelled" and value is None:
-        raise ApiError(503, "the server is stopping", type="server_error", code="stopping",
-                       headers={"Retry-After": "1"})
-
-
-async def _stream(req, rid: str, created: int, model: str, events: asyncio.Queue, first,
-                  log=lambda status, stats=None: None):
-    """Server-sent events: a role chunk (chat), a chunk per piece of text, the finish chunk
-    with timings, the usage chunk if asked, then [DONE]. `log` gets the outcome (the status
-    is 200 once the headers are out; a client gone mid-stream is a 499)."""
-    chunk = partial(protocol.chunk, req, rid, created, model)
-    if req.kind == "chat":
-        yield protocol.sse(chunk(role=True, text=""))
-    calls = structured.reader(req)  # tool calls are read out of the text as it comes
-    item = first
-    while True:
-        what, value = item
-        if what == "text":
-            for delta in structured.deltas(calls, value):
-                yield protocol.sse(chunk(**delta))
-        elif what in ("done", "cancelled"):
-            log(200 if what == "done" else 499, value.stats)
-            for delta in structured.deltas(calls, None):
-                yield protocol.sse(chunk(**delta))
-            reason = structured.stream_finish(calls, value.reason, protocol.FINISH)
-            yield protocol.sse(chunk(reason=reason, stats=value.stats))
-            if req.include_usage:
-                yield protocol.sse(chunk(stats=value.stats, usage_only=True))
-            break
-        elif what in ("error", "failed"):  # after the headers: the error goes in the stream
-            try:
-                _raise_failure(item)
-            except ApiError as exc:
-                log(exc.status)
-                yield protocol.sse(exc.body())
-            break
-        item = await events.get()
-    yield protocol.SSE_DONE
-
-
 # ----- running it -----
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket: a port in use or a host that does not resolve is a UsageError
-    with a hint, not uvicorn's log line and exit."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise UsageError(f"cannot listen on {host!r}: {exc.strerror}",
-                         "pass --host with an address of this machine, e.g. 127.0.0.1") from None
-    family, kind, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind(address)
-        sock.listen(128)
-    except OSError as exc:
-        sock.close()
-        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
-                         "pick another --port (0: any free port), or stop what uses it") from None
-    sock.set_inheritable(True)
-    return sock
-
 
 def serve(worker: EngineWorker, config: ServeConfig, sock: socket.socket,
           verbose: bool = False) -> None:
@@ -402,13 +363,3 @@ def serve(worker: EngineWorker, config: ServeConfig, sock: socket.socket,
         sock.close()
     if not server.started:
         raise TandemError("the HTTP server did not start", "rerun with --verbose for its log")
-
-
-def listen_note(host: str, sock: socket.socket) -> str:
-    port = sock.getsockname()[1]
-    shown = f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{port}/v1"
-
-
-def warn(message: str) -> None:
-    print(f"Warning: {message}", file=sys.stderr)

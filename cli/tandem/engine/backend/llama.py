@@ -20,6 +20,7 @@ import numpy as np
 
 from tandem.engine.backend.context_params import (  # noqa: F401 - re-exported: the backend's API
     EXACT_BATCH, MAX_OUTPUTS, ContextParams, common_prefix, default_threads, exact_context)
+from tandem.engine.backend.fim import FimTokens
 from tandem.errors import ContextOverflowError, ModelError
 
 try:
@@ -208,15 +209,31 @@ class Model:
         buf = ctypes.create_string_buffer(256)
         out, special = [], []
         for token in range(self.n_vocab):
-            n = _lc.llama_token_to_piece(self.vocab, token, buf, 256, 0, True)
-            if n < 0:
-                big = ctypes.create_string_buffer(-n)
-                n = _lc.llama_token_to_piece(self.vocab, token, big, -n, 0, True)
-                out.append(big.raw[:n])
-            else:
-                out.append(buf.raw[:n])
+            out.append(self._rendered(token, buf))
             special.append(bool(_lc.llama_vocab_get_attr(self.vocab, token) & _CONTROL_ATTRS))
         return out, special
+
+    def fim_tokens(self) -> FimTokens:
+        """The vocabulary's fill-in-the-middle tokens, as llama.cpp found them (GGUF keys, or
+        known token texts such as Qwen's "<|fim_prefix|>")."""
+        v = self.vocab
+        return FimTokens(pre=_lc.llama_vocab_fim_pre(v), suf=_lc.llama_vocab_fim_suf(v),
+                         mid=_lc.llama_vocab_fim_mid(v), rep=_lc.llama_vocab_fim_rep(v),
+                         sep=_lc.llama_vocab_fim_sep(v), pad=_lc.llama_vocab_fim_pad(v))
+
+    def rendered_pieces(self, tokens: Sequence[int]) -> list[bytes]:
+        """Each token's bytes, control tokens as their text (llama-server's /detokenize)."""
+        buf = ctypes.create_string_buffer(256)
+        return [self._rendered(t, buf) for t in tokens]
+
+    def _rendered(self, token: int, buf) -> bytes:
+        """A token's bytes with a control token as its text; `buf`: a 256-byte scratch."""
+        n = _lc.llama_token_to_piece(self.vocab, token, buf, 256, 0, True)
+        if n >= 0:
+            return buf.raw[:n]
+        big = ctypes.create_string_buffer(-n)
+        n = _lc.llama_token_to_piece(self.vocab, token, big, -n, 0, True)
+        return big.raw[:n]
 
     def eog_tokens(self) -> list[int]:
         return sorted(self._eog)
@@ -332,6 +349,11 @@ class Context:
         # and llama.cpp keeps its output buffer until it needs a larger one
         self._views: dict[tuple[int, int], np.ndarray] = {}
         self.tokens: list[int] = []  # what the KV cache holds, position i -> tokens[i]
+        # llama-server's --cache-reuse: cached runs of at least this many tokens that a new
+        # prompt holds at another position are moved there (their positions shifted), not
+        # evaluated again; 0: off. Not bit-identical to evaluating them, so exact mode keeps 0
+        self.reuse_min = 0
+        self.n_reused = 0  # tokens moved rather than evaluated, since creation
         self.max_logit_rows = 0  # the largest number of logits rows ever requested
         self.n_decoded = 0  # tokens evaluated since creation (prompt + generated)
         self.t_llama = 0.0  # seconds inside llama.cpp's loop calls, while time_llama() is on
@@ -437,12 +459,45 @@ class Context:
         if last_chunk:
             want[len(chunk) - 1] = 1
 
+    def reuse(self, tokens: Sequence[int]) -> int:
+        """Past the common prefix, move the cached runs that `tokens` holds further on
+        (reuse_min tokens or more) to their new positions, as llama-server's cache reuse
+        does (server-context.cpp): a keystroke that changes the prefix's end then costs the
+        changed span, not the suffix and the chunks after it. Returns how many tokens moved;
+        the cache then holds a longer common prefix with `tokens`."""
+        if self.reuse_min <= 0 or not _lc.llama_memory_can_shift(self._mem):
+            return 0
+        cache = self.tokens
+        head_c = head_p = common_prefix(cache, tokens)
+        moved = 0
+        while head_c < len(cache) and head_p < len(tokens):
+            n = 0
+            while (head_c + n < len(cache) and head_p + n < len(tokens)
+                   and cache[head_c + n] == tokens[head_p + n]):
+                n += 1
+            if n >= self.reuse_min:
+                self._seq_rm(self._mem, 0, head_p, head_c)
+                _lc.llama_memory_seq_add(self._mem, 0, head_c, head_c + n, head_p - head_c)
+                cache[head_p:head_p + n] = cache[head_c:head_c + n]
+                head_c += n
+                head_p += n
+                moved += n
+            else:
+                head_c += 1
+        if moved:
+            self._seq_rm(self._mem, 0, head_p, -1)
+            del cache[head_p:]
+            self.n_reused += moved
+        return moved
+
     def prefill(self, tokens: Sequence[int],
                 progress: Callable[[int, int], None] | None = None) -> int:
-        """Make the cache hold exactly `tokens`, reusing the common prefix; no logits needed.
+        """Make the cache hold exactly `tokens`, reusing the common prefix (and moved runs,
+        reuse()); no logits needed.
 
         Returns how many tokens were evaluated (0 when the cache already held them all).
         """
+        self.reuse(tokens)
         keep = common_prefix(self.tokens, tokens)
         self.truncate(keep)
         todo = list(tokens[keep:])

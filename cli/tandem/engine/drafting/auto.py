@@ -31,9 +31,14 @@ AUTO_NGRAM_CAP = MAX_BATCH - 1  # within the verify limit (exact mode on a CPU: 
 # Shortest match each source drafts from, and its prior acceptance: the prompt is small and
 # about this very request; files and earlier answers are larger, so a 2-token match there is
 # mostly chance and starts lower (the measured acceptance soon replaces any prior)
-MIN_MATCH = {"prompt": 2, "file": 3, "history": 3}
-PRIOR = {"prompt": 0.6, "file": 0.5, "history": 0.5}
-ORDER = ("prompt", "file", "history")  # equal match lengths: the nearer source first
+# A prediction (Predicted Outputs: the answer the client expects) is the answer itself until
+# the answer departs from it, so it starts highest and goes first
+MIN_MATCH = {"prediction": 2, "prompt": 2, "file": 3, "history": 3}
+PRIOR = {"prediction": 0.8, "prompt": 0.6, "file": 0.5, "history": 0.5}
+ORDER = ("prediction", "prompt", "file", "history")  # equal match lengths: the nearer first
+# the prediction is indexed behind the prompt's last tokens, so that the answer's very first
+# step matches its start (the context then ends with exactly those tokens)
+PREDICTION_ANCHOR = 4
 # The prompt is drafted by copying its latest match (prompt lookup): in a chat the latest
 # version of an answer predicts its next rewrite better than a vote of every earlier version
 # (replayed code-editing turns: 2.78 vs 2.76 tokens per step). Files and history vote.
@@ -78,6 +83,8 @@ class AutoDrafter:
         ngram_cap = min(AUTO_NGRAM_CAP, verify_limit - 1)
         longest = max(n_max, ngram_cap or n_max)  # the hybrid's n_max: its sources' longest
         self.prompt = SuffixIndex()
+        self.expected = SuffixIndex()  # the request's prediction (expect())
+        self._prediction: Sequence[int] = ()
         # suffix drafts cost no model time, so their probes are cheap: probe often
         self.source_len = {
             (src, b): LengthController(costs, 1, longest, False, probe_every=4,
@@ -156,8 +163,16 @@ class AutoDrafter:
 
     # ----- the hybrid's zero-cost sources (ZeroCostSources)
 
+    def expect(self, prediction: Sequence[int]) -> None:
+        """The answer the client expects (GenParams.prediction), drafted from as a source of
+        its own; before prefill()."""
+        self._prediction = prediction
+
     def read_prompt(self, prompt: Sequence[int]) -> None:
         self.prompt.sync(prompt)
+        if self._prediction:
+            self.expected = SuffixIndex()
+            self.expected.add([*prompt[-PREDICTION_ANCHOR:], *self._prediction])
 
     def candidates(self, tokens: Sequence[int], k: int) -> list[tuple[str, list[int], int]]:
         """(source, continuation, match length) of every source matching the context's end,
@@ -165,6 +180,8 @@ class AutoDrafter:
         self.prompt.sync(tokens)
         suffix = list(tokens[-MAX_MATCH:])
         sources = [("prompt", self.prompt)] + (self.library.sources() if self.library else [])
+        if len(self.expected):
+            sources.insert(0, ("prediction", self.expected))
         out = []
         for src, idx in sources:
             cont, match = idx.draft(suffix, k, MIN_MATCH[src], latest=src in LATEST)

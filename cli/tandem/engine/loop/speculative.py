@@ -49,9 +49,13 @@ class GenParams:
     verify: str = "rejection"
     ignore_eos: bool = False
     constraint: Constraint | None = None  # a grammar the output must match
+    # the expected answer's tokens (Predicted Outputs): auto drafts from them, and the
+    # statistics count how much of them the answer used
+    prediction: tuple[int, ...] = ()
 
     def __post_init__(self):
-        check_max_tokens(self.max_tokens)
+        if self.max_tokens != 0:  # 0: evaluate the prompt only (an editor's warm-up)
+            check_max_tokens(self.max_tokens)
         if self.verify not in VERIFY_RULES:
             raise UsageError(f"unknown verify rule {self.verify!r}", "use rejection or match")
 
@@ -138,6 +142,7 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
         yield TokenEvent(-1, tail, False, step)
     stats.t_total = time.perf_counter() - t_start
     stats.notes += [*drafter.notes, *threads.notes]  # read last: noted as they go
+    stats.count_prediction(params.prediction, tokens[len(prompt):], piece)
     yield DoneEvent(stats, reason, text.text, tuple(tokens[len(prompt):]),
                     None if grammar is None else reason == "eos" or grammar.accepting)
 
@@ -204,6 +209,7 @@ def _prefill(target: Context, drafter: Drafter,
     PrefillEvent each, then let the drafter read it; returns how many the target evaluated.
     Only what is past the target's cached prefix is evaluated (a chat's earlier turns)."""
     body = tokens[:-1]
+    target.reuse(body)  # cached runs that moved (cache reuse, when the context has it on)
     keep = common_prefix(target.tokens, body)
     total = len(body) - keep
     yield PrefillEvent(0, total, len(tokens))

@@ -6,6 +6,8 @@ and the live view all count through it, so their figures cannot drift apart.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from difflib import SequenceMatcher
+from typing import Callable, Sequence
 
 from tandem.config.schema import DRAFT_SOURCES
 from tandem.engine.loop.events import PrefillEvent, StepEvent, TokenEvent
@@ -32,6 +34,9 @@ class GenStats:
     # source -> [drafted, accepted]: which drafts came from the model, the prompt, a file or
     # earlier answers (config.schema.DRAFT_SOURCES), where the drafter says
     by_source: dict[str, list[int]] = field(default_factory=dict)
+    # Predicted Outputs: the prediction's tokens that appear in the answer, in order, and
+    # the rest of them (OpenAI's accepted/rejected_prediction_tokens); None: no prediction
+    prediction: tuple[int, int] | None = None
 
     def __post_init__(self):
         # accepted drafts emitted in the step under way (its TokenEvents precede its StepEvent)
@@ -54,6 +59,14 @@ class GenStats:
             self.t_sample += ev.t_sample
         elif isinstance(ev, PrefillEvent):
             self.n_prompt, self.n_prompt_eval = ev.n_prompt, ev.done
+
+    def count_prediction(self, prediction: Sequence[int], answer: Sequence[int],
+                         piece: Callable[[int], bytes]) -> None:
+        """How much of the prediction (if any) the answer used, from both token lists'
+        bytes (prediction_usage): OpenAI's accepted/rejected_prediction_tokens."""
+        if prediction:
+            self.prediction = prediction_usage([piece(t) for t in prediction],
+                                               [piece(t) for t in answer])
 
     def add(self, other: GenStats) -> None:
         """Add another generation's counts and times (a chat's turns, summed)."""
@@ -149,6 +162,56 @@ class GenStats:
                      f"{100 * self.t_verify / t:.0f}% sample {100 * self.t_sample / t:.0f}%")
         if self.sources_text():
             line += f" | drafts from {self.sources_text()}"
+        if self.prediction is not None:
+            used, unused = self.prediction
+            line += f" | prediction: {used} of {used + unused} tokens in the answer"
         for note in self.notes:
             line += f" | {note}"
         return line
+
+
+# a replaced span is compared byte by byte only up to this many byte pairs (difflib is
+# quadratic there); a larger one counts as not used
+MAX_INNER_PAIRS = 4_000_000
+
+
+def prediction_usage(prediction: Sequence[bytes], answer: Sequence[bytes]) -> tuple[int, int]:
+    """(the answer's tokens that copy the prediction, the prediction's tokens it did not use),
+    given each token's bytes. Compared as text, lines first then the bytes of changed lines,
+    so a token the model spelt differently (another tokenization of the same text) still
+    counts: an answer equal to its prediction has used all of it, and all its tokens are."""
+    p, a = b"".join(prediction), b"".join(answer)
+    used_p, used_a = bytearray(len(p)), bytearray(len(a))
+    p_lines, a_lines = p.splitlines(keepends=True), a.splitlines(keepends=True)
+    p_at, a_at = _offsets(p_lines), _offsets(a_lines)
+    lines = SequenceMatcher(None, p_lines, a_lines, autojunk=False)
+    for tag, i1, i2, j1, j2 in lines.get_opcodes():
+        ps, pe, as_, ae = p_at[i1], p_at[i2], a_at[j1], a_at[j2]
+        if tag == "equal":
+            used_p[ps:pe] = b"\1" * (pe - ps)
+            used_a[as_:ae] = b"\1" * (ae - as_)
+        elif tag == "replace" and (pe - ps) * (ae - as_) <= MAX_INNER_PAIRS:
+            inner = SequenceMatcher(None, p[ps:pe], a[as_:ae], autojunk=False)
+            for m in inner.get_matching_blocks():
+                used_p[ps + m.a:ps + m.a + m.size] = b"\1" * m.size
+                used_a[as_ + m.b:as_ + m.b + m.size] = b"\1" * m.size
+    used = _whole(prediction, used_p)
+    return _whole(answer, used_a), len(prediction) - used
+
+
+def _offsets(lines: Sequence[bytes]) -> list[int]:
+    out = [0]
+    for line in lines:
+        out.append(out[-1] + len(line))
+    return out
+
+
+def _whole(tokens: Sequence[bytes], used: bytearray) -> int:
+    """Tokens whose bytes are all marked used (a token of no bytes is not counted)."""
+    n, at = 0, 0
+    for piece in tokens:
+        end = at + len(piece)
+        if piece and all(used[at:end]):
+            n += 1
+        at = end
+    return n

@@ -28,6 +28,7 @@ from pathlib import Path
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
+from tandem.engine.backend.fim import Chunk, FimTokens
 from tandem.errors import RemoteError, TandemError, error_name, rebuild_error
 
 if TYPE_CHECKING:  # the worker loads the engine; the parent only names its types
@@ -65,6 +66,9 @@ class RemotePair:
         self.draft_path = drafts[0] if drafts else None
         # what callers read of the worker's session, as its latest reply left it
         self._n_ctx, self._cached, self._files = 0, (), ()
+        # asked once: the vocabulary does not change
+        self._fim: FimTokens | None = None
+        self._props: dict | None = None
         self._job = Job(self.target_path, drafts, options)
         self._dead: RemoteError | None = None
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter, no inherited state
@@ -97,8 +101,31 @@ class RemotePair:
     def context_files(self) -> tuple[str, ...]:
         return self._files
 
-    def tokenize(self, text: str) -> list[int]:
-        return self._call("tokenize", text)
+    @property
+    def fim_tokens(self) -> FimTokens:
+        if self._fim is None:
+            self._fim = self._call("fim_tokens")
+        return self._fim
+
+    def tokenize(self, text: str, add_special: bool = False,
+                 parse_special: bool = False) -> list[int]:
+        return self._call("tokenize", text, add_special, parse_special)
+
+    def pieces(self, tokens: Sequence[int]) -> list[bytes]:
+        return self._call("pieces", list(tokens))
+
+    def props(self) -> dict:
+        if self._props is None:
+            self._props = self._call("props")
+        return self._props
+
+    def template_text(self, messages: Sequence[dict],
+                      tools: Sequence[dict] | None = None) -> str:
+        return self._call("template_text", list(messages), tools)
+
+    def infill_tokens(self, prefix: str, suffix: str, extra: Sequence[Chunk] = (),
+                      prompt: str = "", n_predict: int = 0) -> list[int]:
+        return self._call("infill_tokens", prefix, suffix, list(extra), prompt, n_predict)
 
     def prompt_tokens(self, messages: Sequence[dict], raw: bool = False,
                       tools: Sequence[dict] | None = None) -> list[int]:
@@ -397,6 +424,11 @@ def _serve(conn, job: Job) -> None:
         "generate": partial(_generate, conn, session),
         "stream": partial(_stream, conn, session, beat),
         "tokenize": session.tokenize,
+        "pieces": session.pieces,
+        "props": session.props,
+        "fim_tokens": lambda: session.fim_tokens,
+        "template_text": session.template_text,
+        "infill_tokens": session.infill_tokens,
         "prompt_tokens": session.prompt_tokens,
         "add_context_file": session.add_context_file,
         "check_drafter": session.check_drafter,

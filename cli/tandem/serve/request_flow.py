@@ -1,0 +1,202 @@
+"""One request's side of its exchange with the engine thread, under Starlette: the body read
+within limits, the client's disconnect watched, the job's events read (an answer whole, or as
+server-sent events), and the engine's failures turned into the API's errors. serve/routes.py
+composes these into its routes."""
+from __future__ import annotations
+
+import asyncio
+from functools import partial
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, StreamingResponse
+
+from tandem.errors import ContextOverflowError, RemoteError, UsageError
+from tandem.serve import llama_api, protocol, responses, structured
+from tandem.serve.api_errors import ApiError
+from tandem.serve.connection import REQUEST_TIMEOUT
+from tandem.serve.engine_thread import QueueFull
+
+
+class EngineStream(StreamingResponse):
+    """An SSE response that cancels its job however it ends: finished, or the client gone
+    (Starlette then cancels the stream; this still runs)."""
+
+    def __init__(self, content, cancel, **kwargs):
+        super().__init__(content, **kwargs)
+        self._cancel = cancel
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._cancel.set()
+
+
+def busy(exc: QueueFull) -> ApiError:
+    return ApiError(429, f"the server is busy: {exc}; retry later", type="rate_limit_error",
+                    code="queue_full", headers={"Retry-After": "1"})
+
+
+async def whole_answer(events: asyncio.Queue, watch, first):
+    """A whole answer's last event value (the engine's outcome), once the text is through;
+    None when the client went away meanwhile."""
+    item = first
+    while item[0] in ("prefilled", "text"):
+        item = await next_event(events, watch)
+        if item is None:
+            return None
+    raise_failure(item)
+    return item[1]
+
+
+async def read_json(request: Request, limit: int, timeout: float = REQUEST_TIMEOUT) -> dict:
+    """The body as a JSON object, read up to `limit` bytes (413 beyond, before parsing)
+    within `timeout` seconds (408 after: a body trickled in holds a connection)."""
+    ctype = request.headers.get("content-type")
+    if ctype is not None and ctype.split(";")[0].strip().lower() != "application/json":
+        raise ApiError(415, f"the body must be application/json, got {ctype!r} (curl: add "
+                       "-H 'Content-Type: application/json')", code="unsupported_media_type")
+    declared = request.headers.get("content-length")
+    too_big = ApiError(413, f"the request body is over {limit >> 20} MiB",
+                       code="request_too_large")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks: list[bytes] = []
+
+    async def read() -> None:
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_big
+            chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(read(), timeout)
+    except ClientDisconnect:
+        raise ApiError(400, "the client went away while sending the body") from None
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {timeout:g} s",
+                       code="request_timeout", headers={"Connection": "close"}) from None
+    return protocol.parse_json(b"".join(chunks))
+
+
+async def disconnected(request: Request) -> None:
+    """Returns once the client has closed the connection (the body is read by then)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def next_event(events: asyncio.Queue, watch: asyncio.Future):
+    """The job's next item, or None once the client is gone."""
+    get = asyncio.ensure_future(events.get())
+    await asyncio.wait({get, watch}, return_when=asyncio.FIRST_COMPLETED)
+    if get.done():
+        return get.result()
+    get.cancel()
+    return None
+
+
+def raise_failure(item) -> None:
+    what, value = item
+    if what == "error":
+        code = "context_length_exceeded" if isinstance(value, ContextOverflowError) else None
+        if isinstance(value, (UsageError, ContextOverflowError)):
+            message = value.message + (f" ({value.hint})" if value.hint else "")
+            raise ApiError(400, message, code=code or "invalid_value")
+        if isinstance(value, RemoteError):  # the target's RPC server is gone: a bad gateway
+            raise ApiError(502, f"{value.message} ({value.hint})", type="server_error",
+                           code="remote_unavailable")
+        raise ApiError(500, value.message, type="server_error")
+    if what == "failed":
+        raise ApiError(500, f"internal error ({type(value).__name__}); the server logged it",
+                       type="server_error", code="internal_error")
+    if what == "cancelled" and value is None:
+        raise ApiError(503, "the server is stopping", type="server_error", code="stopping",
+                       headers={"Retry-After": "1"})
+
+
+async def openai_stream(req, rid: str, created: int, model: str, events: asyncio.Queue, first,
+                  log=lambda status, stats=None: None):
+    """Server-sent events: a role chunk (chat), a chunk per piece of text, the finish chunk
+    with timings, the usage chunk if asked, then [DONE]. `log` gets the outcome (the status
+    is 200 once the headers are out; a client gone mid-stream is a 499)."""
+    chunk = partial(responses.chunk, req, rid, created, model)
+    if req.kind == "chat":
+        yield responses.sse(chunk(role=True, text=""))
+    calls = structured.reader(req)  # tool calls are read out of the text as it comes
+    item = first
+    while True:
+        what, value = item
+        if what == "text":
+            for delta in structured.deltas(calls, value):
+                yield responses.sse(chunk(**delta))
+        elif what in ("done", "cancelled"):
+            log(200 if what == "done" else 499, value.stats)
+            for delta in structured.deltas(calls, None):
+                yield responses.sse(chunk(**delta))
+            reason = structured.stream_finish(calls, value.reason, responses.FINISH)
+            yield responses.sse(chunk(reason=reason, stats=value.stats))
+            if req.include_usage:
+                yield responses.sse(chunk(stats=value.stats, usage_only=True))
+            break
+        elif what in ("error", "failed"):  # after the headers: the error goes in the stream
+            yield failure_event(item, log)
+            break
+        item = await events.get()
+    yield responses.SSE_DONE
+
+
+async def llama_stream(events: asyncio.Queue, first, final, log, n_prompt: int):
+    """llama-server's native stream (/completion, /infill): `data: {"content", "stop":
+    false}` per piece of text, then `final(outcome)` with "stop": true, and no [DONE]."""
+    item, n = first, 0
+    while True:
+        what, value = item
+        if what == "text":
+            n += 1
+            yield responses.sse(llama_api.partial(value, n_prompt, n))
+        elif what in ("done", "cancelled"):
+            log(200 if what == "done" else 499, value.stats)
+            yield responses.sse(final(value))
+            return
+        elif what in ("error", "failed"):
+            yield failure_event(item, log)
+            return
+        item = await events.get()
+
+
+async def whole_text(events: asyncio.Queue, watch, first) -> tuple[str, object] | None:
+    """An answer's released text and the engine's outcome, once it is through; None when
+    the client went away meanwhile."""
+    pieces: list[str] = []
+    item = first
+    while item[0] in ("prefilled", "text"):
+        if item[0] == "text":
+            pieces.append(item[1])
+        item = await next_event(events, watch)
+        if item is None:
+            return None
+    raise_failure(item)
+    return "".join(pieces), item[1]
+
+
+def failure_event(item, log) -> bytes:
+    """A failure once the headers are out: its error object as the stream's last event."""
+    try:
+        raise_failure(item)
+    except ApiError as exc:
+        log(exc.status)
+        return responses.sse(exc.body())
+    return b""
+
+
+def client_gone(job, log) -> JSONResponse:
+    """The answer to nobody: the job stopped, the request logged as a 499."""
+    job.cancel.set()
+    log(499)
+    return JSONResponse({}, status_code=499)
+
+

@@ -1,0 +1,132 @@
+"""The OpenAI wire format's answers, without any HTTP: the response and stream-chunk shapes of
+both routes, usage (with Predicted Outputs' counts), llama-server's `timings`, tandem's own
+figures, and the server's log line. Requests are checked in serve/protocol.py."""
+from __future__ import annotations
+
+import json
+
+from tandem.serve import structured
+from tandem.serve.api_errors import clip
+from tandem.serve.protocol import Request
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length",
+          "interrupted": "stop"}
+
+
+def usage(stats) -> dict:
+    """OpenAI's usage, with the prompt tokens the KV cache already held as cached_tokens."""
+    cached = max(stats.n_prompt - stats.n_prompt_eval, 0)
+    out = {"prompt_tokens": stats.n_prompt, "completion_tokens": stats.n_generated,
+           "total_tokens": stats.n_prompt + stats.n_generated,
+           "prompt_tokens_details": {"cached_tokens": cached}}
+    if stats.prediction is not None:
+        accepted, rejected = stats.prediction
+        out["completion_tokens_details"] = {"accepted_prediction_tokens": accepted,
+                                            "rejected_prediction_tokens": rejected}
+    return out
+
+
+def timings(stats) -> dict:
+    """llama-server's `timings` with its meanings: prompt_n = prompt tokens evaluated (the
+    cached ones are cache_n), predicted_n = tokens generated, times in milliseconds; draft_n /
+    draft_n_accepted as llama-server counts them in speculative mode."""
+    prompt_ms = stats.t_prefill * 1000.0
+    predicted_ms = stats.t_decode * 1000.0
+    prompt_n, predicted_n = stats.n_prompt_eval, stats.n_generated
+    return {
+        "cache_n": max(stats.n_prompt - prompt_n, 0),
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": prompt_n / stats.t_prefill if stats.t_prefill > 0 else 0.0,
+        "predicted_n": predicted_n,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
+        "predicted_per_second": predicted_n / stats.t_decode if stats.t_decode > 0 else 0.0,
+        "draft_n": stats.drafted,
+        "draft_n_accepted": stats.accepted,
+    }
+
+
+def tandem_stats(stats) -> dict:
+    """What tandem adds to llama-server's figures: acceptance, per draft source, notes."""
+    return {"strategy": stats.strategy, "acceptance_rate": stats.acceptance_rate,
+            "mean_accepted_length": stats.mean_accepted_length,
+            "verify_steps": stats.n_steps,
+            "by_source": {k: {"drafted": v[0], "accepted": v[1]}
+                          for k, v in stats.by_source.items()},
+            "notes": list(stats.notes)}
+
+
+def completion(req: Request, rid: str, created: int, model: str, text: str, reason: str,
+               stats) -> dict:
+    """The non-streamed response of either route."""
+    finish = FINISH.get(reason, "stop")
+    if req.kind == "chat":
+        message, finish = structured.message(req, text, finish)
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        obj = "text_completion"
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
+            "usage": usage(stats), "timings": timings(stats), "tandem": tandem_stats(stats)}
+
+
+def chunk(req: Request, rid: str, created: int, model: str, *, text: str | None = None,
+          role: bool = False, reason: str | None = None, stats=None,
+          usage_only: bool = False, calls: list[dict] | None = None) -> dict:
+    """One server-sent event's object. The chat's first chunk carries the role; the last one
+    the finish reason and timings; with include_usage a final chunk has no choices and the
+    usage, as OpenAI sends it."""
+    obj = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
+    out = {"id": rid, "object": obj, "created": created, "model": model}
+    if usage_only:
+        out["choices"] = []
+        out["usage"] = usage(stats)
+        return out
+    finish = (reason if reason in ("tool_calls",) else FINISH.get(reason, "stop")) \
+        if reason is not None else None
+    if req.kind == "chat":
+        delta = {}
+        if role:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        if calls:  # each call whole in one chunk, with its index among the answer's calls
+            delta["tool_calls"] = calls
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+    out["choices"] = [choice]
+    if stats is not None:
+        out["timings"] = timings(stats)
+        out["tandem"] = tandem_stats(stats)
+    if req.include_usage:
+        out["usage"] = None  # OpenAI: null on every chunk but the last
+    return out
+
+
+def log_line(method: str, path: str, status: int, seconds: float, stats=None) -> str:
+    """The server's line for one request: what was asked, what it cost, how it went.
+    `POST /v1/chat/completions 200 · prompt 120 (98 cached) · 64 tokens · 1.92 s ·
+    33.3 tok/s · drafts 41/60 accepted`."""
+    parts = [f"{method} {clip(path, 80)} {status}"]
+    if stats is not None:
+        cached = max(stats.n_prompt - stats.n_prompt_eval, 0)
+        parts.append(f"prompt {stats.n_prompt} ({cached} cached)")
+        parts.append(f"{stats.n_generated} tokens")
+    parts.append(f"{seconds:.2f} s")
+    if stats is not None:
+        if stats.t_decode > 0 and stats.n_generated:
+            parts.append(f"{stats.n_generated / stats.t_decode:.1f} tok/s")
+        if stats.drafted:
+            parts.append(f"drafts {stats.accepted}/{stats.drafted} accepted")
+    return "tandem serve: " + " · ".join(parts)
+
+
+def sse(obj) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
