@@ -44,16 +44,18 @@ def test_without_repo_and_file_tokens_chunks_are_separated_by_text():
 def test_prefix_keeps_its_tail_suffix_its_head_extra_its_tail():
     prefix, suffix = "P" * 50 + "p" * 30, "s" * 10 + "S" * 50
     extra = [Chunk("E" * 100 + "e" * 20, "x")]
-    # n_batch 40: prefix 30 tokens, suffix 10 - 2 - prompt(0) = 8; n_ctx 64: extra 64-40 = 24
+    # n_batch 40: prefix 30 tokens, suffix 10 - 2 - prompt(0) = 8
     out = text(infill_prompt(chars, QWEN, None, prefix, suffix, extra, n_ctx=64, n_batch=40))
     pre = out[out.index("<PRE>") + 5:out.index("<SUF>")]
     suf = out[out.index("<SUF>") + 5:out.index("<MID>")]
     assert pre == "p" * 30 and suf == "s" * 8
-    # the last 24 of the extra tokens: 14 of the chunk's, the current file's <SEP> and name
+    # room 0, n_ctx 64: the last 24 extra tokens, 14 of the chunk's, <SEP> and the file name
+    out = text(infill_prompt(chars, QWEN, None, prefix, suffix, extra, n_ctx=64, n_batch=40,
+                             room=0))
     assert out[:out.index("<PRE>")] == "e" * 14 + "<SEP>filename\n"
-    # the answer's room comes out of the extra chunks' share: 2 x 5 fewer
+    # the answer's room comes out of the extra chunks' share: 10 fewer
     shorter = text(infill_prompt(chars, QWEN, None, prefix, suffix, extra, n_ctx=64,
-                                 n_batch=40, n_predict=5))
+                                 n_batch=40, room=10))
     assert shorter[:shorter.index("<PRE>")] == "e" * 4 + "<SEP>filename\n"
 
 

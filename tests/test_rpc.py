@@ -704,3 +704,37 @@ def test_serve_over_rpc_answers_as_locally_and_a_dead_server_is_a_502(tiny_model
     finally:
         remote.stop()
     assert "Traceback" not in "".join(remote.log), "".join(remote.log)
+
+
+def test_editor_routes_over_rpc_answer_as_locally(tiny_models, home, tmp_path, server):
+    """/infill, /tokenize, /detokenize, /apply-template and /props with the target remote:
+    the FIM prompt and the utility calls go through the worker (between answers, on the
+    engine thread), and give what a local server gives."""
+    pytest.importorskip("openai")
+    from test_serve import Server as Serve
+
+    args = ["-m", str(tiny_models["fim"]), "-md", str(tiny_models["fim_draft"]), "-t", "1",
+            "--exact", "--strategy", "draft", "--max-tokens", "12"]
+    calls = [("POST", "/infill", {"input_prefix": "def f(x):\n", "input_suffix": "\n\nf(1)\n",
+                                  "input_extra": [{"filename": "a.py", "text": "A = 1\n"}],
+                                  "temperature": 0, "response_fields": ["content",
+                                                                        "tokens_evaluated"]}),
+             ("POST", "/tokenize", {"content": "hi <|fim_pad|>", "with_pieces": True}),
+             ("POST", "/detokenize", {"tokens": [1, 104, 105, 263]}),
+             ("POST", "/apply-template", {"messages": [{"role": "user", "content": "x"}]})]
+    answers = {}
+    for where, extra, folder in (("local", [], tmp_path / "local-home"),
+                                 ("remote", ["--rpc", server.endpoint], home)):
+        srv = Serve([*args, *extra], folder)
+        try:
+            for method, path, body in calls:
+                status, got, _ = srv.raw(method, path, json.dumps(body))
+                assert status == 200, (where, path, got)
+                answers[(where, path)] = got
+            status, props, _ = srv.raw("GET", "/props")
+            answers[(where, "n_ctx")] = props["default_generation_settings"]["n_ctx"]
+        finally:
+            srv.stop()
+        assert "Traceback" not in "".join(srv.log), "".join(srv.log)
+    for key in [k for k in answers if k[0] == "local"]:
+        assert answers[("remote", key[1])] == answers[key], key

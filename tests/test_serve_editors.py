@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import time
 import signal
 from pathlib import Path
 
@@ -317,3 +318,30 @@ def test_a_model_without_fim_tokens_answers_501(tiny_models, tmp_path):
         assert srv.raw("GET", "/props")[1]["infill"] is False
     finally:
         srv.stop()
+
+
+def test_a_cancelled_completion_frees_the_engine_and_keeps_the_cache(server):
+    """An editor drops its request on a keystroke: the engine stops within a step, and the
+    next request with the same prefix still reuses what the cancelled one evaluated."""
+    import socket
+
+    before = server.health()["cancelled"]
+    body = json.dumps({"input_prefix": "def long(x):\n" * 20, "input_suffix": "",
+                       "n_predict": 400, "temperature": 0, "stream": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+    sock.sendall(b"POST /infill HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    seen = b""
+    while b"data: " not in seen:  # the headers, then the answer's first piece
+        seen += sock.recv(65536)
+    sock.close()
+    for _ in range(100):
+        health = server.health()
+        if health["cancelled"] > before and not health["busy"]:
+            break
+        time.sleep(0.1)
+    assert health["cancelled"] == before + 1 and not health["busy"], health
+    status, again, _ = post(server, "/infill", {"input_prefix": "def long(x):\n" * 20,
+                                                "input_suffix": "", "n_predict": 2,
+                                                "temperature": 0})
+    assert status == 200 and again["timings"]["cache_n"] > 100, again["timings"]

@@ -126,7 +126,7 @@ class Pair(Protocol):
         """The messages rendered with the chat template, as prompt text."""
 
     def infill_tokens(self, prefix: str, suffix: str, extra: Sequence[Chunk] = (),
-                      prompt: str = "", n_predict: int = 0) -> list[int]:
+                      prompt: str = "") -> list[int]:
         """A fill-in-the-middle prompt (engine/backend/fim.py), every text as data."""
 
     def add_context_file(self, path: str | Path, text: str | None = None) -> int: ...
@@ -254,11 +254,11 @@ class PairSession:
         return template.render(self.target, messages, tools=tools)
 
     def infill_tokens(self, prefix: str, suffix: str, extra: Sequence[Chunk] = (),
-                      prompt: str = "", n_predict: int = 0) -> list[int]:
+                      prompt: str = "") -> list[int]:
         model = self.target
         return infill_prompt(self.tokenize, model.fim_tokens(),
                              model.bos if model.add_bos else None, prefix, suffix, extra,
-                             self.tokenize(prompt), self.n_ctx, n_predict)
+                             self.tokenize(prompt), self.n_ctx)
 
     def configure(self, target_ctx: ContextParams | None = None,
                   draft_ctx: ContextParams | None = None, draft: str | None = None) -> None:

@@ -84,8 +84,7 @@ def request_tokens(pair, req, budget: Budget,
 def tokens_of(pair, req) -> Sequence[int]:
     if req.infill is not None:
         fim = req.infill
-        n_predict = req.max_tokens if req.max_tokens is not None else 0
-        return pair.infill_tokens(fim.prefix, fim.suffix, fim.extra, fim.prompt, n_predict)
+        return pair.infill_tokens(fim.prefix, fim.suffix, fim.extra, fim.prompt)
     if req.prompt_ids:
         return list(req.prompt_ids)
     if req.kind == "chat":

@@ -21,6 +21,10 @@ INFILL_BATCH = 2048
 REPO_NAME = "myproject\n"  # llama-server's fixed project name
 CURRENT_FILE = "filename\n"  # and its fixed name for the file being edited
 DEFAULT_CHUNK_NAME = "tmp"
+# the context kept free for the answer, out of the extra chunks' share: llama.vim's n_predict
+# (128) twice, as llama-server keeps 2 x its n_predict. The same for every request, so a
+# warm-up (n_predict 0) lays out the prompt its completions will reuse
+ANSWER_ROOM = 256
 # a model without FIM_SEP gets chunks separated by this text ("\n\n--- snippet ---\n\n")
 CHUNK_SEPARATOR = "\n\n--- snippet ---\n\n"
 
@@ -52,12 +56,12 @@ class Chunk:
 
 def infill_prompt(tokenize: Callable[[str], list[int]], fim: FimTokens, bos: int | None,
                   prefix: str, suffix: str, extra: Sequence[Chunk] = (),
-                  prompt: Sequence[int] = (), n_ctx: int = 4096, n_predict: int = 0,
+                  prompt: Sequence[int] = (), n_ctx: int = 4096, room: int = ANSWER_ROOM,
                   n_batch: int | None = None) -> list[int]:
     """The FIM prompt's tokens. `tokenize`: plain text -> tokens (no BOS, no special tokens
     parsed); `bos`: the BOS to put first, None for a model that adds none; `prompt`: the
-    tokens typed after the prefix on the cursor's line (llama-server's `prompt`). `n_predict`
-    leaves room for the answer in the extra chunks' share of the context. `n_batch` sizes
+    tokens typed after the prefix on the cursor's line (llama-server's `prompt`). `room`: the
+    tokens left for the answer, out of the extra chunks' share of the context. `n_batch` sizes
     the budgets: llama-server's 2048 by default, half the context where that is smaller (a
     context under 4096 tokens would not hold llama-server's prefix and suffix shares)."""
     if n_batch is None:
@@ -77,7 +81,7 @@ def infill_prompt(tokenize: Callable[[str], list[int]], fim: FimTokens, bos: int
     pre, suf = tokenize(prefix), tokenize(suffix)
     n_pre = min(len(pre), 3 * (n_batch // 4))
     n_suf = min(len(suf), max(0, n_batch // 4 - (2 + len(prompt))))
-    n_extra = min(max(0, n_ctx - n_batch - 2 * max(n_predict, 0)), len(extra_tokens))
+    n_extra = min(max(0, n_ctx - n_batch - room), len(extra_tokens))
 
     out = [bos] if bos is not None else []
     out[:0] = extra_tokens[len(extra_tokens) - n_extra:]

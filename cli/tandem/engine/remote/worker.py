@@ -124,8 +124,8 @@ class RemotePair:
         return self._call("template_text", list(messages), tools)
 
     def infill_tokens(self, prefix: str, suffix: str, extra: Sequence[Chunk] = (),
-                      prompt: str = "", n_predict: int = 0) -> list[int]:
-        return self._call("infill_tokens", prefix, suffix, list(extra), prompt, n_predict)
+                      prompt: str = "") -> list[int]:
+        return self._call("infill_tokens", prefix, suffix, list(extra), prompt)
 
     def prompt_tokens(self, messages: Sequence[dict], raw: bool = False,
                       tools: Sequence[dict] | None = None) -> list[int]:
