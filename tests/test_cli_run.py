@@ -227,3 +227,21 @@ def test_the_first_kept_answer_says_where_and_how_to_turn_it_off(cli, tmp_path):
                              capture_output=True, env={**os.environ, "TANDEM_HOME": str(home)})
     assert cleared.returncode == EXIT_OK and b"cleared 1 history" in cleared.stdout
     assert "keeps its answers" not in err(cli("--raw", "-n", "16", "hello there", env=env))
+
+
+def test_prediction_file_keeps_the_answer_and_counts_what_it_used(cli, tmp_path):
+    """--prediction FILE: the expected answer, a draft source of auto; greedy output is the
+    same with it, and --json says how much of it the answer used."""
+    args = ["--raw", "--exact", "--strategy", "auto", "-n", "16", "--json", "hello there"]
+    alone = json.loads(text(cli(*args)))
+    expected = tmp_path / "expected.txt"
+    expected.write_text(alone["text"])
+    res = cli("--prediction", str(expected), *args)
+    assert res.returncode == EXIT_OK, err(res)
+    got = json.loads(text(res))
+    assert got["text"] == alone["text"]
+    used, unused = got["stats"]["prediction"]
+    assert used == got["stats"]["n_generated"] and unused == 0
+    assert alone["stats"]["prediction"] is None
+    missing = cli("--prediction", str(tmp_path / "nope.txt"), *args)
+    assert missing.returncode == EXIT_USAGE and "nope.txt" in err(missing)

@@ -345,3 +345,15 @@ def test_a_cancelled_completion_frees_the_engine_and_keeps_the_cache(server):
                                                 "input_suffix": "", "n_predict": 2,
                                                 "temperature": 0})
     assert status == 200 and again["timings"]["cache_n"] > 100, again["timings"]
+
+
+def test_huge_input_extra_is_cut_to_the_contexts_share(server):
+    """200 chunks of 2 kB: tokenized, their tail kept within the context's share, and the
+    answer comes; a file far longer than the context as the prefix keeps its tail too."""
+    chunk = {"filename": "big.py", "text": "x = 1\n" * 340}
+    status, answer, _ = post(server, "/infill", {
+        "input_prefix": "def f():\n" * 3000, "input_suffix": "", "input_extra": [chunk] * 200,
+        "n_predict": 4, "temperature": 0})
+    assert status == 200, answer
+    assert answer["tokens_evaluated"] < answer["generation_settings"]["n_ctx"]
+    assert answer["truncated"] is False
