@@ -18,6 +18,8 @@ whose true line repeats text of the file or the chunks.
 
   .venv/bin/python scripts/bench_editors.py --out editors.json          # the default pair
   .venv/bin/python scripts/bench_editors.py -m t.gguf -md d.gguf --no-llama --limit 6
+  .venv/bin/python scripts/bench_editors.py --workload typing --record session.json
+  .venv/bin/python scripts/bench_editors.py --replay session.json --out editors.json
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -47,7 +49,12 @@ from bench_peer import (  # noqa: E402 - the helpers for llama-server live there
 )
 from bench_serve import TandemServer, find_server_bin  # noqa: E402
 
-from tandem.bench.editor_workload import agrees, fim_cases, typing_session  # noqa: E402
+from tandem.bench.editor_workload import (  # noqa: E402
+    Completion,
+    agrees,
+    fim_cases,
+    typing_session,
+)
 
 BASELINE = "llama plain"
 REUSE = "--cache-reuse 256"  # llama.vscode's advice for llama-server
@@ -146,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-llama", action="store_true", help="tandem serve only")
     ap.add_argument("--llama", action="append", choices=("plain", "draft", "ngram"),
                     help="llama-server configurations (default: plain, draft, ngram)")
+    ap.add_argument("--record", type=Path,
+                    help="write the requests to this file (JSON) and stop: a session to replay")
+    ap.add_argument("--replay", type=Path, help="send the requests of a --record file instead")
     ap.add_argument("--log-dir", type=Path, help="server logs (default: a temporary directory)")
     ap.add_argument("--out", type=Path, help="write every per-request row here (JSON)")
     return ap
@@ -154,10 +164,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     work = []
-    if ns.workload in ("fim", "both"):
+    if ns.replay is not None:
+        work = [Completion(**c) for c in json.loads(ns.replay.read_text(encoding="utf-8"))]
+    if ns.workload in ("fim", "both") and ns.replay is None:
         work += fim_cases()[:ns.limit]
-    if ns.workload in ("typing", "both"):
+    if ns.workload in ("typing", "both") and ns.replay is None:
         work += typing_session()[:ns.limit]
+    if ns.record is not None:
+        ns.record.write_text(json.dumps([asdict(c) for c in work], indent=1), encoding="utf-8")
+        print(f"{len(work)} requests written to {ns.record}", file=sys.stderr)
+        return 0
     target, draft, model_args, pair_name = resolve_models(ns)
     log_dir = log_folder(ns.log_dir, "bench-editors-")
     tandem = shlex.split(ns.tandem_bin) if ns.tandem_bin else default_tandem()

@@ -67,3 +67,11 @@ def test_bench_editors_smoke(tiny_models, tmp_path):
     assert {r["kind"] for r in rows} == {"fim", "typing"}
     assert all(r["agrees"] is not None for r in rows)
     assert "| fim | tandem |" in res.stdout and "| typing | tandem |" in res.stdout
+    # a recorded session replays the same requests
+    rec = tmp_path / "session.json"
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_editors.py"),
+                          "--workload", "typing", "--limit", "5", "--record", str(rec)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    recorded = json.loads(rec.read_text())
+    assert [r["body"] for r in recorded] == [c.body for c in typing_session()[:5]]
