@@ -137,6 +137,49 @@ def test_forced_tokens_are_free_drafts_counted_as_drafted_and_accepted():
     assert len(plain_steps) > len(steps)
 
 
+def _abcd(prefix):
+    # after the prompt: a, b, c, d, then x (the scripted target and a perfect draft)
+    return logits_of([0.6 if i == len(prefix) - 1 else 0.1 for i in range(5)], V)
+
+
+@pytest.mark.parametrize("kind", ["draft", "hybrid"])
+def test_the_drafter_continues_the_forced_tokens_in_the_same_batch(kind):
+    """The grammar forces "ab"; the drafter's c, d follow them in the one verify batch, and
+    only they count as the drafter's (its sources, its acceptance)."""
+    grammar = Constraint("gbnf", 'root ::= "ab" [abcd] [abcd] "x"')
+    model = ScriptedModel(V, PIECES, eog=[EOS])
+    clock = FakeClock()
+    tctx = ScriptedContext(model, _abcd, clock=clock, cost=lambda n: 0.1)
+    dctx = ScriptedContext(model, _abcd, clock=clock, cost=lambda n: 0.001)
+    spec, steps = run(tctx, [EOS], _drafter(kind, dctx), max_tokens=8, constraint=grammar)
+    plain, _ = run(ScriptedContext(model, _abcd), [EOS], NoDrafter(), max_tokens=8,
+                   constraint=grammar)
+    assert spec.tokens == plain.tokens == (0, 1, 2, 3, 4)
+    first = steps[0]
+    assert first.forced == 2 and first.drafted > 2 and first.accepted == first.drafted
+    assert first.sources == (("grammar", 2, 2),)  # neither tells its own drafts' sources
+    assert spec.stats.by_source["grammar"] == [2, 2]
+
+
+def test_a_drafter_learns_only_from_its_part_of_a_batch_that_began_with_forced_tokens():
+    from tandem.engine.drafting.auto import AutoDrafter
+    from tandem.engine.loop.events import StepEvent
+    from tandem.engine.tuning.costs import CostModel
+
+    auto = AutoDrafter(None, CostModel({n: 0.1 for n in range(1, 18)}), n_max=4)
+    sp, rng = SamplingParams(), np.random.default_rng(0)
+    prompt = [9, 1, 2, 3, 4, 5, 9, 1, 2]
+    auto.prefill(prompt)
+    d = auto.propose(prompt + [3], 6, sp, rng, False)  # after a forced token 3: 4, 5, ...
+    assert d.source == "prompt" and d.tokens[:2] == [4, 5]
+    n = len(d.tokens)
+    auto.observe(StepEvent(0, 1 + n, 1 + 1, 6, 0.0, 0.3, 0.0, forced=1))
+    assert auto.step_sources == (("prompt", n, 1),)  # the forced token is not the prompt's
+    # the time is the whole batch's (the forced token, the n drafts, the last token)
+    assert auto.costs.verify[n + 2] == pytest.approx(0.14)
+    assert auto.costs.verify[n + 1] == pytest.approx(0.1)
+
+
 def test_an_output_cut_by_max_tokens_is_marked_incomplete():
     clock = FakeClock()
     model, tctx, dctx = _scripted(clock)

@@ -3,10 +3,8 @@
 none:   plain decoding through the same loop (no drafts).
 draft:  a draft model, as llama.cpp's draft-simple (fixed n_max, p_min, n_min).
 ngram:  prompt lookup over the prompt and the output so far (no model).
-hybrid: n-gram tokens when a long match exists, the draft model otherwise; a draft-model
-        draft that stops early is continued with n-gram tokens.
-auto:   hybrid with adaptive draft lengths and a measured fallback to plain decoding
-        (AutoDrafter, engine/drafting/auto.py).
+hybrid: n-gram tokens on a long match, else the draft model (an early stop continued by n-grams).
+auto:   hybrid with adaptive lengths and a measured fallback to plain (engine/drafting/auto.py).
 
 Each drafter owns its draft length, `n_max`; generate() only says how much room a step has
 (the context end, max_tokens and the verify batch the target may decode).
@@ -14,7 +12,7 @@ Each drafter owns its draft length, `n_max`; generate() only says how much room 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
@@ -364,9 +362,13 @@ class HybridDrafter:
 
     def observe(self, step: StepEvent) -> None:
         d = self._last
+        batch, produced = step.drafted + 1, step.accepted + 1  # forced tokens included
+        if step.forced:  # the grammar's tokens went first: only the rest were this drafter's
+            step = replace(step, drafted=step.drafted - step.forced,
+                           accepted=max(step.accepted - step.forced, 0), forced=0)
         self.step_sources = self.sources.split(d, step)
-        self._check_costs(step.drafted + 1, step.t_verify)
-        self.costs.observe_verify(step.drafted + 1, step.t_verify)
+        self._check_costs(batch, step.t_verify)
+        self.costs.observe_verify(batch, step.t_verify)
         model_ran = self._model_ran and self.model is not None
         if model_ran and self.model.last_decodes:
             self.costs.observe_draft(self.model.last_decodes, self.model.last_decode_s)
@@ -376,7 +378,6 @@ class HybridDrafter:
         n_ng = step.drafted - n_model
         if n_ng and step.accepted >= n_model and self._last_ngram is not None:
             self._last_ngram.feedback(n_ng, step.accepted - n_model)
-        produced = step.accepted + 1
         seconds = step.t_draft + step.t_verify + step.t_sample
         if model_ran:
             # re-reading tokens decoded while the model was off is the price of the pause,

@@ -41,6 +41,8 @@ class StepEvent:
     # (source, drafted, accepted) per draft source of this step (config.schema.DRAFT_SOURCES),
     # where the drafter says (PairSession.generate adds it); empty otherwise
     sources: tuple[tuple[str, int, int], ...] = ()
+    # the first `forced` drafted tokens were the grammar's (free), the rest the drafter's
+    forced: int = 0
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ norm(max(0, p - q))) keeps the output distribution exactly the target's.
 
 Under a grammar (GenParams.constraint) every row is sampled from the grammar-masked target
 distribution, a draft is cut at its first token the grammar refuses (never verified), and the
-grammar's forced tokens are the step's draft when there are any (free: no drafter runs).
+grammar's forced tokens start the step's draft when there are any (free), the drafter's
+proposal continuing them in the same batch.
 The grammar commits exactly the decided tokens, row by row, so a rejection needs no rollback.
 """
 from __future__ import annotations
@@ -104,7 +105,7 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
             reason = "eos"
             break
         t0 = time.perf_counter()
-        draft, k_cap, forced = _draft(drafter, grammar, tokens, room, sp, rng, sample_drafts)
+        draft, k_cap, n_forced = _draft(drafter, grammar, tokens, room, sp, rng, sample_drafts)
         t1 = time.perf_counter()
         if len(target.tokens) != len(tokens) - 1:  # only if someone else used this context
             target.prefill(tokens[:-1])
@@ -117,8 +118,9 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
         # keep the KV of last + accepted drafts; the new target token is evaluated next step
         target.truncate(len(tokens) + n_acc)
         threads.observe(len(draft.tokens) + 1, t2 - t1)
-        step_event = StepEvent(step, len(draft.tokens), n_acc, k_cap, t1 - t0, t2 - t1, t3 - t2)
-        _observe(drafter, step_event, forced)
+        step_event = StepEvent(step, len(draft.tokens), n_acc, k_cap, t1 - t0, t2 - t1, t3 - t2,
+                               forced=n_forced)
+        _observe(drafter, step_event)
         for i, tok in enumerate(new):
             if is_eog(tok) and stop_at_eog:
                 reason = "eos"
@@ -165,34 +167,48 @@ def _grammar(constraint: Constraint | None, model) -> GrammarState | None:
 
 def _draft(drafter: Drafter, grammar: GrammarState | None, tokens: list[int], room: int,
            sp: SamplingParams, rng: np.random.Generator,
-           sample: bool) -> tuple[Draft, int, bool]:
-    """This step's draft, the length asked for, and whether it is the grammar's forced
-    tokens: free drafts wherever the drafter would speculate at all (not under `none`).
-    Otherwise the drafter's, cut at the first token the grammar refuses."""
+           sample: bool) -> tuple[Draft, int, int]:
+    """This step's draft, the length asked for, and how many of its first tokens the grammar
+    forced: free drafts wherever the drafter would speculate at all (not under `none`), which
+    the drafter continues in the same batch (the value after a forced key). What the drafter
+    proposes is cut at the first token the grammar refuses."""
     k_cap = min(drafter.n_max, room)
     if k_cap <= 0:
-        return _NO_DRAFT, k_cap, False
+        return _NO_DRAFT, k_cap, 0
     forced = grammar.forced()[:room] if grammar is not None else []
-    if forced:
-        return Draft(forced, [None] * len(forced) if sample else None,
-                     source="grammar"), len(forced), True
-    draft = drafter.propose(tokens, room, sp, rng, sample)
+    n_forced = len(forced)
+    if n_forced >= room:
+        return Draft(forced, [None] * n_forced if sample else None,
+                     source="grammar"), n_forced, n_forced
+    draft = drafter.propose(tokens + forced if forced else tokens, room - n_forced, sp, rng,
+                            sample)
+    k_cap = min(drafter.n_max, room - n_forced)
     if grammar is not None and draft.tokens:
-        k_cap = min(k_cap, grammar.valid_prefix(draft.tokens[:k_cap]))
-    if len(draft.tokens) > k_cap:
-        draft = Draft(draft.tokens[:k_cap], draft.dists[:k_cap] if draft.dists else None,
-                      n_model=draft.n_model, source=draft.source)
-    return draft, k_cap, False
+        k_cap = min(k_cap, grammar.valid_prefix(forced + draft.tokens[:k_cap]) - n_forced)
+    if not forced:
+        if len(draft.tokens) > k_cap:
+            draft = Draft(draft.tokens[:k_cap], draft.dists[:k_cap] if draft.dists else None,
+                          n_model=draft.n_model, source=draft.source)
+        return draft, k_cap, 0
+    own = draft.tokens[:k_cap]
+    dists = None
+    if sample:  # forced tokens are point masses; the drafter's keep their q (or none)
+        dists = [None] * n_forced + (list(draft.dists[:k_cap]) if draft.dists
+                                     else [None] * len(own))
+    return Draft(forced + own, dists, source="grammar"), n_forced + len(own), n_forced
 
 
-def _observe(drafter: Drafter, step_event: StepEvent, forced: bool) -> None:
-    """Tell the drafter its step's verdict and fill in the step's sources. A step of forced
-    tokens was not the drafter's: it learns only from its own drafts."""
-    if forced:
-        step_event.sources = (("grammar", step_event.drafted, step_event.accepted),)
-    else:
-        drafter.observe(step_event)
-        step_event.sources = drafter.step_sources  # the drafter knows them once it observed
+def _observe(drafter: Drafter, step_event: StepEvent) -> None:
+    """Tell the drafter its step's verdict and fill in the step's sources. The grammar's
+    forced tokens were not the drafter's: it learns only from its own drafts (StepEvent.forced
+    says where they start), and a step of forced tokens alone is not its step at all."""
+    f = step_event.forced
+    grammar = (("grammar", f, min(step_event.accepted, f)),) if f else ()
+    if f and step_event.drafted == f:
+        step_event.sources = grammar
+        return
+    drafter.observe(step_event)
+    step_event.sources = grammar + drafter.step_sources  # known once the drafter observed
 
 
 def _cap_note(target: Context, n_max: int) -> str:
