@@ -21,13 +21,6 @@ from tandem.serve.responses import tandem_stats, timings
 MAX_CHUNKS = 256  # input_extra's chunks: llama.vim's ring holds 16, llama.vscode's 16
 MAX_FIELDS = 64  # response_fields entries
 MAX_PROMPT_IDS = 1 << 20  # a token prompt's length before it is compared with the context
-# fields llama-server takes that tune its own scheduling or sampler chain: accepted, ignored
-IGNORED = ("samplers", "cache_prompt", "id_slot", "t_max_prompt_ms", "n_keep", "n_probs",
-           "min_keep", "typical_p", "tfs_z", "mirostat", "mirostat_tau", "mirostat_eta",
-           "dynatemp_range", "dynatemp_exponent", "repeat_last_n", "penalize_nl",
-           "return_tokens", "timings_per_token", "post_sampling_probs", "xtc_probability",
-           "xtc_threshold", "dry_multiplier", "dry_base", "dry_allowed_length",
-           "dry_penalty_last_n", "dry_sequence_breakers", "top_n_sigma", "lora")
 STOP_TYPES = {"eos": "eos", "stop": "word", "length": "limit", "context": "limit",
               "limit": "limit", "interrupted": "none"}
 
@@ -77,8 +70,9 @@ def _native_common(body: dict) -> dict:
     if n_predict is not None and (not _is_int(n_predict) or n_predict < -1):
         raise bad(f"'n_predict' must be an integer >= -1 (-1: the server's default), got "
                   f"{n_predict!r}"[:120], "n_predict")
-    shared = {k: v for k, v in body.items()
-              if k not in IGNORED and k not in ("n_predict", "max_tokens", "prompt")}
+    # the length is read here; every other field as the OpenAI routes read it (unknown ones,
+    # llama-server's own such as samplers, cache_prompt, id_slot, n_cmpl: ignored)
+    shared = {k: v for k, v in body.items() if k not in ("n_predict", "max_tokens", "prompt")}
     common = _common(shared)
     if n_predict is not None and n_predict >= 0:
         common["max_tokens"] = n_predict
