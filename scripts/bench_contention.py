@@ -41,7 +41,7 @@ from pathlib import Path
 
 from bench_peer import (CODING_PROMPTS, DEFAULT_PROMPTS, BenchPrompt, Row, Server, ServerError,
                         default_tandem, exit_status, load_prompts, log_folder, native_bin, resolve_models,
-                        run_rows, server_row, tandem_command, tandem_row)
+                        pair_parser, run_rows, server_row, tandem_command, tandem_row)
 
 CONDITIONS = ("quiet", "loops", "llama")
 DEFAULTS, FIXED, SERVER = "tandem defaults", "tandem -t {n}", "llama-server"
@@ -157,11 +157,7 @@ def render(rows: list[Row], conditions: list[str], fixed: str) -> str:
 # ----------------------------------------------------------------------------- main
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n".join(__doc__.splitlines()[1:]))
-    ap.add_argument("-m", "--model", type=Path, help="target GGUF (default: the default pair)")
-    ap.add_argument("-md", "--model-draft", type=Path, help="draft GGUF (with -m)")
+    ap = pair_parser(__doc__)
     ap.add_argument("--prompts", type=int, default=8, metavar="N",
                     help=f"prompts per condition (default 8): the {len(CODING_PROMPTS)} "
                          "held-out coding prompts of bench_peer.py, then Spec-Bench's")

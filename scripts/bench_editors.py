@@ -27,16 +27,15 @@ import argparse
 import json
 import os
 import shlex
-import statistics
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_peer import (  # noqa: E402 - the helpers for llama-server live there
+    pair_parser,
+    post_json,
     BASE_SERVER_ARGS,
     SERVER_CONFIGS,
     Server,
@@ -47,7 +46,7 @@ from bench_peer import (  # noqa: E402 - the helpers for llama-server live there
     resolve_models,
     run_rows,
 )
-from bench_serve import TandemServer, find_server_bin  # noqa: E402
+from bench_serve import TandemServer, _median, llama_server_or_warn  # noqa: E402
 
 from tandem.bench.editor_workload import (  # noqa: E402
     Completion,
@@ -77,16 +76,7 @@ class Row:
 
 
 def infill(port: int, body: dict, timeout: float = 900.0) -> tuple[dict, float]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/infill", data=json.dumps(body).encode(),
-                                 method="POST", headers={"Content-Type": "application/json"})
-    t0 = time.perf_counter()
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read()), time.perf_counter() - t0
-    except urllib.error.HTTPError as exc:
-        raise ServerError(f"HTTP {exc.code}: {exc.read().decode(errors='replace')[:300]}") from exc
-    except (urllib.error.URLError, OSError) as exc:
-        raise ServerError(str(exc)) from exc
+    return post_json(port, "/infill", body, timeout)
 
 
 def run_request(server, c) -> Row:
@@ -106,10 +96,6 @@ def run_request(server, c) -> Row:
         if not t:
             row.error = "no timings in the response"
     return row
-
-
-def _median(xs):
-    return statistics.median(xs) if xs else float("nan")
 
 
 def report(rows: list[Row], names: list[str]) -> str:
@@ -136,11 +122,7 @@ def report(rows: list[Row], names: list[str]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n".join(__doc__.splitlines()[1:]))
-    ap.add_argument("-m", "--model", type=Path, help="target GGUF (default: the default pair)")
-    ap.add_argument("-md", "--model-draft", type=Path, help="draft GGUF (with -m)")
+    ap = pair_parser(__doc__)
     ap.add_argument("--workload", choices=("fim", "typing", "both"), default="both")
     ap.add_argument("--limit", type=int, help="at most this many requests per workload")
     ap.add_argument("-t", "--threads", type=int, default=2)
@@ -181,10 +163,7 @@ def main(argv: list[str] | None = None) -> int:
            "-t", str(ns.threads), "-c", str(ns.ctx), *shlex.split(ns.tandem_args)]
     env = {**os.environ, "TANDEM_HISTORY": "off"}
     servers: list = [TandemServer(cmd, env, log_dir / "tandem-serve.log")]
-    server_bin = None if ns.no_llama else find_server_bin(ns)
-    if not ns.no_llama and server_bin is None:
-        print("warning: no llama-server binary (scripts/build_native.sh not built; "
-              "--server-bin or --build-native): tandem serve only", file=sys.stderr)
+    server_bin = llama_server_or_warn(ns)
     if server_bin is not None:
         fmt = {"threads": ns.threads, "ctx": ns.ctx, "draft": shlex.quote(str(draft))}
         base = f"{BASE_SERVER_ARGS.format(**fmt)} {REUSE}"

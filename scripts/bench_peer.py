@@ -316,6 +316,22 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child, Linux o
         pass
 
 
+def post_json(port: int, path: str, body: dict,
+              timeout: float = 1800.0) -> tuple[dict, float]:
+    """POST `body` to 127.0.0.1:port/path: (the JSON answer, seconds until it was read); any
+    failure as a ServerError."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                 method="POST", headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read()), time.perf_counter() - t0
+    except urllib.error.HTTPError as exc:
+        raise ServerError(f"HTTP {exc.code}: {exc.read().decode(errors='replace')[:500]}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise ServerError(str(exc)) from exc
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -572,12 +588,19 @@ def resolve_models(ns) -> tuple[Path, Path, list[str], str | None]:
     return store.ensure(pair.target), store.ensure(pair.draft), [], pair.name
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+def pair_parser(doc: str) -> argparse.ArgumentParser:
+    """A bench script's parser: its docstring as the help, and -m/-md (resolve_models reads
+    them; neither: the default pair)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n".join(__doc__.splitlines()[1:]))
+                                 epilog="\n".join(doc.splitlines()[1:]))
     ap.add_argument("-m", "--model", type=Path, help="target GGUF (default: the default pair)")
     ap.add_argument("-md", "--model-draft", type=Path, help="draft GGUF (with -m)")
+    return ap
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = pair_parser(__doc__)
     ap.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS,
                     help="Spec-Bench JSONL (first turn of each question; default: %(default)s)")
     ap.add_argument("--no-spec-bench", action="store_true", help="no prompts from --prompts")

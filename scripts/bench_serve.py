@@ -46,6 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_peer import (  # noqa: E402 - the helpers for llama-server live there
+    pair_parser,
     BASE_SERVER_ARGS,
     DEFAULT_PROMPTS,
     SERVER_CONFIGS,
@@ -258,12 +259,17 @@ def find_server_bin(ns) -> Path | None:
     return found / "llama-server" if found and (found / "llama-server").exists() else None
 
 
+def llama_server_or_warn(ns) -> Path | None:
+    """The llama-server binary to compare with, or None after saying on stderr why not."""
+    server_bin = None if ns.no_llama else find_server_bin(ns)
+    if not ns.no_llama and server_bin is None:
+        print("warning: no llama-server binary (scripts/build_native.sh not built; "
+              "--server-bin or --build-native): tandem serve only", file=sys.stderr)
+    return server_bin
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n".join(__doc__.splitlines()[1:]))
-    ap.add_argument("-m", "--model", type=Path, help="target GGUF (default: the default pair)")
-    ap.add_argument("-md", "--model-draft", type=Path, help="draft GGUF (with -m)")
+    ap = pair_parser(__doc__)
     ap.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS,
                     help="Spec-Bench JSONL; its two-turn rows are used (default: %(default)s)")
     ap.add_argument("--no-mt-bench", action="store_true", help="only the code-edit conversations")
@@ -307,10 +313,7 @@ def main(argv: list[str] | None = None) -> int:
            "-t", str(ns.threads), "-c", str(ns.ctx), *shlex.split(ns.tandem_args)]
     env = dict(os.environ) if ns.history else {**os.environ, "TANDEM_HISTORY": "off"}
     servers: list = [TandemServer(cmd, env, log_dir / "tandem-serve.log")]
-    server_bin = None if ns.no_llama else find_server_bin(ns)
-    if not ns.no_llama and server_bin is None:
-        print("warning: no llama-server binary (scripts/build_native.sh not built; "
-              "--server-bin or --build-native): tandem serve only", file=sys.stderr)
+    server_bin = llama_server_or_warn(ns)
     if server_bin is not None:
         fmt = {"threads": ns.threads, "ctx": ns.ctx, "draft": shlex.quote(str(draft))}
         base = BASE_SERVER_ARGS.format(**fmt)

@@ -50,13 +50,13 @@ import shlex
 import statistics
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_peer import (  # noqa: E402 - llama-server's helpers live there
+    pair_parser,
+    post_json,
     BASE_SERVER_ARGS,
     SERVER_CONFIGS,
     Server,
@@ -115,17 +115,7 @@ def request_body(task, n: int, seed: int) -> dict:
 
 
 def post(port: int, body: dict, timeout: float = 1800.0) -> tuple[dict, float]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
-                                 data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    t0 = time.perf_counter()
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read()), time.perf_counter() - t0
-    except urllib.error.HTTPError as exc:
-        raise ServerError(f"HTTP {exc.code}: {exc.read().decode(errors='replace')[:500]}") from exc
-    except (urllib.error.URLError, OSError) as exc:
-        raise ServerError(str(exc)) from exc
+    return post_json(port, "/v1/chat/completions", body, timeout)
 
 
 def run_task(server, task, ns) -> Row:
@@ -194,11 +184,7 @@ def report(rows: list[Row], names: list[str]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n".join(__doc__.splitlines()[1:]))
-    ap.add_argument("-m", "--model", type=Path, help="target GGUF (default: the default pair)")
-    ap.add_argument("-md", "--model-draft", type=Path, help="draft GGUF (with -m)")
+    ap = pair_parser(__doc__)
     ap.add_argument("--prompts", type=int, default=None, metavar="N",
                     help="the first N tasks, taken in turn from each kind (default: all)")
     ap.add_argument("--kind", action="append", choices=["extraction", "generation", "tools"],
