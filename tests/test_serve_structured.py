@@ -219,7 +219,8 @@ BAD = [
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": {
         "type": "integer", "minimum": 5, "maximum": 1}}}}, "response_format.json_schema.schema"),
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": {
-        "type": "string", "format": "no-such-format"}}}}, "response_format.json_schema.schema"),
+        "oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]}}}},
+     "response_format.json_schema.schema"),
     ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": {},
                                                                   "strict": "yes"}}},

@@ -252,6 +252,30 @@ def test_greedy_json_schema_output_equals_plain_for_every_strategy_and_validates
                 assert done.stats.n_steps < plain.stats.n_steps, strategy
 
 
+def test_an_unknown_format_is_an_annotation_and_own_options_merge(exact_session):
+    """Real schemas carry formats llguidance does not know ("url", "path"): the value is a
+    string as JSON Schema says; a schema's own x-guidance options keep tandem's others."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from tandem.engine.loop.speculative import GenParams
+
+    schema = {"type": "object", "properties": {"home": {"type": "string", "format": "url",
+                                                         "maxLength": 8}},
+              "required": ["home"], "additionalProperties": False}
+    gen = GenParams(max_tokens=40, constraint=Constraint("json_schema", json.dumps(schema)))
+    done = _done(exact_session, [1, 30, 31], gen, "none")
+    assert done.complete, done.text
+    jsonschema.validate(json.loads(done.text), schema)
+    # oneOf that llguidance cannot prove exclusive: refused unless the schema asks for anyOf
+    one_of = {"oneOf": [{"type": "string", "maxLength": 4}, {"type": "string", "maxLength": 3}]}
+    with pytest.raises(GrammarError, match="oneOf") as err:
+        Constraint("json_schema", json.dumps(one_of)).compiled()
+    assert "coerce_one_of" in err.value.hint
+    coerced = {**one_of, "x-guidance": {"coerce_one_of": True}}
+    gen = GenParams(max_tokens=20, constraint=Constraint("json_schema", json.dumps(coerced)))
+    done = _done(exact_session, [1, 30, 31], gen, "none")
+    assert done.complete and len(json.loads(done.text)) <= 4, done.text
+
+
 def test_grammar_text_never_becomes_a_control_token(exact_session):
     """User text is data: a grammar that spells "</s>" is written as bytes, never as the
     end-of-sequence token (which would end the output)."""
@@ -292,7 +316,10 @@ BAD = [
     (["-j", '{"type": "object",'], "is not valid JSON"),
     (["-j", '[1, 2]'], "must be an object, got list"),
     (["-j", '{"type": "strin"}'], "Invalid type: strin"),
-    (["-j", '{"type": "string", "format": "uuid2"}'], "Unknown format: uuid2"),
+    (["-j", '{"type": "string", "format": "uuid2", "x-guidance": {"lenient": false}}'],
+     "Unknown format: uuid2"),
+    (["-j", '{"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]}'],
+     "oneOf not fully supported"),
     (["-j", '{"dependentSchemas": {"a": {}}}'], "Unimplemented keys"),
     (["-j", '{"type": "string", "minLength": 5, "maxLength": 2}'], "Unsatisfiable schema"),
     (["-j", "false"], "Unsatisfiable schema"),

@@ -28,7 +28,14 @@ KINDS = ("gbnf", "json_schema", "lark")  # lark: llguidance's own syntax (tool-c
 # Compact but natural separators with no free whitespace: the model writes json.dumps's own
 # style, and every key, quote and separator is forced (a free draft). A schema's own
 # "x-guidance" options override these.
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# lenient: llguidance then compiles past what it does not implement and lists it as warnings;
+# an unknown `format` is let through (JSON Schema makes `format` an annotation, and llama.cpp
+# ignores the ones it does not know: real schemas carry "url", "path", "semver"), anything else
+# listed is refused by name as before (_refused)
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ",
+                "lenient": True}
+IGNORED_WARNINGS = ("Unknown format:",)
+ONE_OF = "oneOf not fully supported"  # llguidance's warning where it would approximate
 ANY_OBJECT = '{"type": "object"}'
 
 
@@ -104,8 +111,10 @@ def _compile_new(kind: str, text: str, origin: str) -> str:
         if not isinstance(schema, (dict, bool)):
             raise GrammarError(f"the JSON schema{where} must be an object, got "
                                f"{type(schema).__name__}", "e.g. {\"type\": \"object\"}")
-        if isinstance(schema, dict) and "x-guidance" not in schema:
-            schema = {**schema, "x-guidance": JSON_OPTIONS}
+        if isinstance(schema, dict):  # the schema's own options over tandem's
+            own = schema.get("x-guidance")
+            schema = {**schema, "x-guidance": {**JSON_OPTIONS,
+                                               **(own if isinstance(own, dict) else {})}}
         try:
             grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema))
         except ValueError as exc:
@@ -113,6 +122,12 @@ def _compile_new(kind: str, text: str, origin: str) -> str:
                                "check the schema") from None
         hint = ("tandem supports the JSON Schema subset llguidance implements "
                 "(docs/structured.md); remove or rewrite that part")
+        options = schema["x-guidance"] if isinstance(schema, dict) else JSON_OPTIONS
+        if messages := _refused(llg, grammar, options):
+            if messages[0].startswith(ONE_OF):
+                hint = ("write anyOf, or let tandem approximate oneOf by anyOf: "
+                        "\"x-guidance\": {\"coerce_one_of\": true} in the schema")
+            raise GrammarError(f"the JSON schema{where} cannot be used: {messages[0]}", hint)
     elif kind == "lark":
         try:
             grammar = llg.LLMatcher.grammar_from_lark(text)
@@ -127,8 +142,19 @@ def _compile_new(kind: str, text: str, origin: str) -> str:
         what = {"gbnf": "GBNF grammar", "json_schema": "JSON schema"}.get(kind, "grammar")
         if problem.startswith("Unsatisfiable"):
             hint = "no output can match it: relax the conflicting constraints"
+
         raise GrammarError(f"the {what}{where} cannot be used: {problem}", hint)
     return grammar
+
+
+def _refused(llg, grammar: str, options: dict) -> list[str]:
+    """What a lenient compile skipped that tandem does not let through (IGNORED_WARNINGS;
+    oneOf approximated by anyOf only where the schema asks for it: coerce_one_of)."""
+    is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar)
+    if is_error or not options.get("lenient"):
+        return []  # an error is said below; a strict compile left no warnings to read
+    let_through = IGNORED_WARNINGS + ((ONE_OF,) if options.get("coerce_one_of") else ())
+    return [m for m in messages if not m.startswith(let_through)]
 
 
 # one llguidance tokenizer per loaded model: building it reads 152k tokens (~1 s)
