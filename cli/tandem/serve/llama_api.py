@@ -4,9 +4,9 @@ rules editors ask for (`n_indent`, `t_max_predict_ms`).
 
 Fields as llama-server reads them (tools/server: server-context.cpp post_infill,
 server-schema.cpp, server-task.cpp to_json_non_oaicompat); what an editor sends that only
-tunes llama-server itself (`samplers`, `cache_prompt`, `id_slot`, `t_max_prompt_ms`, which
-llama-server does not implement either) is accepted and ignored, as llama-server ignores an
-unknown field. A request tandem cannot answer as asked is refused with a 4xx, never run
+tunes llama-server itself (`cache_prompt`, `id_slot`, `t_max_prompt_ms`, which llama-server
+does not implement either; of `samplers` all but `infill`, whose rule tandem applies) is
+accepted and ignored, as llama-server ignores an unknown field. A request tandem cannot answer as asked is refused with a 4xx, never run
 otherwise than it says.
 """
 from __future__ import annotations
@@ -70,8 +70,8 @@ def _native_common(body: dict) -> dict:
     if n_predict is not None and (not _is_int(n_predict) or n_predict < -1):
         raise bad(f"'n_predict' must be an integer >= -1 (-1: the server's default), got "
                   f"{n_predict!r}"[:120], "n_predict")
-    # the length is read here; every other field as the OpenAI routes read it (unknown ones,
-    # llama-server's own such as samplers, cache_prompt, id_slot, n_cmpl: ignored)
+    # the length is read here, `samplers` below; every other field as the OpenAI routes read
+    # it (unknown ones, llama-server's own such as cache_prompt, id_slot, n_cmpl: ignored)
     shared = {k: v for k, v in body.items() if k not in ("n_predict", "max_tokens", "prompt")}
     common = _common(shared)
     if n_predict is not None and n_predict >= 0:
@@ -87,7 +87,19 @@ def _native_common(body: dict) -> dict:
         if not _is_int(value) or value < 0:
             raise bad(f"'{key}' must be an integer >= 0, got {value!r}"[:120], key)
         limits[key] = value
-    return dict(common, response_fields=tuple(fields or ()), native=True, **limits)
+    return dict(common, response_fields=tuple(fields or ()), native=True,
+                infill_sampler=_names_infill(body.get("samplers")), **limits)
+
+
+def _names_infill(samplers) -> bool:
+    """Whether llama-server's `samplers` (names, or its one-letter string) holds `infill`,
+    the one tandem applies (sampling.infill_pick); the others name what the sampling fields
+    already say, in an order tandem does not follow."""
+    if isinstance(samplers, str):
+        return "i" in samplers
+    if samplers is not None and not isinstance(samplers, list):
+        raise bad("'samplers' must be an array of sampler names", "samplers", "invalid_type")
+    return "infill" in (samplers or ())
 
 
 def parse_infill(body: dict) -> Request:

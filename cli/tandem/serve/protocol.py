@@ -65,6 +65,7 @@ class Request:
     n_indent: int = 0
     t_max_predict_ms: int = 0
     response_fields: tuple[str, ...] = ()
+    infill_sampler: bool = False  # `samplers` names llama.cpp's infill sampler
 
     def template_tools(self) -> list[dict] | None:
         """The tools for the chat template (none when tool_choice is "none")."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -66,6 +66,8 @@ class SamplingParams:
     repeat_penalty: float = 1.0  # 1.0: off
     repeat_last_n: int = 64
     seed: int | None = None
+    # llama.cpp's `infill` sampler (the editors send it): decide by infill_pick, a greedy rule
+    infill: bool = False
 
     def __post_init__(self):
         for key, limit in LIMITS.items():
@@ -78,7 +80,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        return self.temperature <= 0.0 or self.infill
 
 
 @dataclass
@@ -173,6 +175,57 @@ def distribution(logits: np.ndarray, history: Sequence[int], params: SamplingPar
         ids, vals = ids[:keep], vals[:keep]
     p = np.exp((vals - vals[0]) / t)
     return Dist(ids=ids, probs=p / p.sum())
+
+
+# llama.cpp's infill sampler (llama-sampler.cpp, llama_sampler_infill_apply): its candidates
+# when top-k is off (its pairwise prefix merge is quadratic), and its confidence threshold
+INFILL_CANDIDATES = 40
+INFILL_THOLD = 0.2
+
+
+def infill_pick(logits: np.ndarray, history: Sequence[int], params: SamplingParams,
+                is_eog: Callable[[int], bool], piece: Callable[[int], bytes], eot: int) -> int:
+    """The token llama.cpp's sampler chain `top_k, top_p, infill` leaves most probable: of
+    the top-k (top-p) candidates, an end of generation when the ends hold over a third of
+    the text's probability per candidate (3 p_eog n > p_txt); else, with each candidate that
+    is a prefix of another merged into the likelier of the two, `eot` when no text token
+    keeps INFILL_THOLD, else the likeliest. llama-server then samples from what is left
+    (the chain has no temperature); tandem takes its mode, so the rule stays greedy and
+    speculation stays lossless against it."""
+    x = penalized(logits, history, params)
+    k = min(params.top_k if params.top_k > 0 else INFILL_CANDIDATES, x.shape[0])
+    ids = np.argpartition(x, -k)[-k:] if k < x.shape[0] else np.arange(k)
+    vals = x[ids].astype(np.float64)
+    order = np.argsort(-vals, kind="stable")
+    ids, vals = ids[order], vals[order]
+    p = np.exp(vals - vals[0])
+    p /= p.sum()
+    if params.top_p < 1.0:
+        keep = int(np.searchsorted(np.cumsum(p), params.top_p)) + 1
+        ids, p = ids[:keep], p[:keep] / p[:keep].sum()
+    ids = [int(t) for t in ids]
+    probs = [float(v) for v in p]
+    eog = [is_eog(t) for t in ids]
+    p_eog = sum(v for v, e in zip(probs, eog) if e)
+    if 3 * p_eog * len(ids) > 1.0 - p_eog:
+        return max((v, -i, t) for i, (t, v, e) in enumerate(zip(ids, probs, eog)) if e)[2]
+    pieces = [piece(t) for t in ids]
+    alive = [True] * len(ids)
+    for i0 in range(len(ids)):  # llama.cpp's merge, in its order
+        for i1 in range(len(ids)):
+            if not alive[i0]:
+                break
+            if i0 == i1 or not alive[i1]:
+                continue
+            a, b = pieces[i0], pieces[i1]
+            if a and len(a) <= len(b) and b.startswith(a):
+                dst, src = (i1, i0) if probs[i1] > probs[i0] else (i0, i1)
+                probs[dst] += probs[src]
+                probs[src], alive[src] = 0.0, False
+    kept = [i for i in range(len(ids)) if alive[i] and (eog[i] or probs[i] >= INFILL_THOLD)]
+    if not any(not eog[i] for i in kept):
+        return eot
+    return ids[max(kept, key=lambda i: (probs[i], -i))]
 
 
 def draft_top(logits: np.ndarray, history: Sequence[int], params: SamplingParams,

@@ -26,7 +26,7 @@ from tandem.engine.backend.context_params import common_prefix
 from tandem.engine.drafting.drafters import Draft, Drafter, recent
 from tandem.engine.loop.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
 from tandem.engine.loop.sampling import (Dist, SamplingParams, distribution, greedy_token,
-                                         penalized, residual)
+                                         infill_pick, penalized, residual)
 from tandem.engine.loop.stats import GenStats
 from tandem.engine.loop.textstream import TextStream
 from tandem.engine.tuning.threads import NO_THREADS, Threads
@@ -79,6 +79,7 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
     text = TextStream(params.stop)
     tokens = list(prompt)
     verify_room, grammar = target.verify_limit - 1, _grammar(params.constraint, model)
+    pick = _infill_picker(model, sp)
     if drafter.n_max > verify_room:
         stats.notes.append(_cap_note(target, verify_room))
     t_start = time.perf_counter()
@@ -111,7 +112,7 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
             target.prefill(tokens[:-1])
         rows = target.decode([tokens[-1]] + draft.tokens, all_logits=True)
         t2 = time.perf_counter()
-        new, n_acc = (_verify(rows, draft, tokens, sp, params.verify, rng, model.n_vocab)
+        new, n_acc = (_verify(rows, draft, tokens, sp, params.verify, rng, model.n_vocab, pick)
                       if grammar is None else _verify_constrained(
                           rows, draft, tokens, sp, params.verify, rng, model.n_vocab, grammar))
         t3 = time.perf_counter()
@@ -239,10 +240,30 @@ def _prefill(target: Context, drafter: Drafter,
     return done
 
 
+def _infill_picker(model, sp: SamplingParams):
+    """The greedy rule of llama.cpp's infill sampler for this model (sampling.infill_pick),
+    or None where the request did not ask for it."""
+    if not sp.infill:
+        return None
+    eog = model.eog_tokens()
+    eot = eog[0] if eog else -1
+    is_eog, piece = model.is_eog, model.piece
+    return lambda row, hist: infill_pick(row, hist, sp, is_eog, piece, eot)
+
+
 def _verify(rows: np.ndarray, draft: Draft, tokens: list[int], sp: SamplingParams, rule: str,
-            rng: np.random.Generator, n_vocab: int) -> tuple[list[int], int]:
-    """Decide the tokens of this step: accepted drafts, then the target's own token."""
+            rng: np.random.Generator, n_vocab: int, pick=None) -> tuple[list[int], int]:
+    """Decide the tokens of this step: accepted drafts, then the target's own token.
+    `pick(row, history)`: a greedy rule other than the argmax (_infill_picker)."""
     new: list[int] = []
+    if pick is not None:
+        for i, d in enumerate(draft.tokens):
+            tok = pick(rows[i], recent(tokens, new, sp))
+            new.append(tok)
+            if tok != d:
+                return new, i
+        new.append(pick(rows[len(draft.tokens)], recent(tokens, new, sp)))
+        return new, len(draft.tokens)
     if sp.greedy and sp.repeat_penalty == 1.0:
         # plain greedy: the argmax of each row's view, no history to penalise, and no row
         # after the first mismatch is scanned (a 152k row costs ~20 us)
