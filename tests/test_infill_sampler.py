@@ -14,7 +14,7 @@ from scripted import ScriptedContext, ScriptedModel
 from tandem.engine.drafting.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from tandem.engine.loop.sampling import SamplingParams, infill_pick
 from tandem.serve.api_errors import ApiError
-from tandem.serve.llama_api import infill_request
+from tandem.serve.llama_api import parse_infill as infill_request
 
 PIECES = [b"a", b"ab", b"x", b"y", b"z", b"w", b"v", b""]  # 7: the end of generation
 EOG = 7
