@@ -44,10 +44,12 @@ import json
 import math
 import os
 import shlex
+import signal
 import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -536,7 +538,12 @@ def run_rows(servers, body: Callable[[], None], rows: list, out: Path | None,
     """A bench run's frame: start `servers` one after another (only one thing computes at a
     time), run `body` (it appends to `rows`), then stop them and keep the rows (--out) whatever
     happened. False: it ran through; True: Ctrl-C (the rows so far are still reported); None:
-    a server failed (said on stderr)."""
+    a server failed (said on stderr). SIGTERM counts as Ctrl-C: a run started in the
+    background ignores SIGINT, and its rows would otherwise be lost with it."""
+    def stop(signum, frame):  # noqa: ARG001 - signal handler signature
+        raise KeyboardInterrupt
+    main = threading.current_thread() is threading.main_thread()  # where handlers may be set
+    previous = signal.signal(signal.SIGTERM, stop) if main else None
     try:
         for s in servers:
             t0 = time.monotonic()
@@ -552,6 +559,8 @@ def run_rows(servers, body: Callable[[], None], rows: list, out: Path | None,
         print(f"Error: {exc}", file=sys.stderr)
         return None
     finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
         for s in servers:
             s.stop()
         if out is not None:
