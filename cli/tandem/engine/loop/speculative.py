@@ -73,8 +73,7 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
     sp = params.sampling
     rng = np.random.default_rng(sp.seed)
     sample_drafts = not sp.greedy and params.verify == "rejection"
-    stats = GenStats(strategy=drafter.name, n_prompt=len(prompt),
-                     notes=list(target.notes))
+    stats = GenStats(strategy=drafter.name, n_prompt=len(prompt), notes=list(target.notes))
     model = target.model
     text = TextStream(params.stop)
     tokens = list(prompt)
