@@ -202,7 +202,7 @@ def gen_params(req, defaults: Defaults, prediction: Sequence[int] = ()) -> GenPa
         temperature=pick(req.temperature, d.temperature), top_k=pick(req.top_k, d.top_k),
         top_p=pick(req.top_p, d.top_p), min_p=pick(req.min_p, d.min_p),
         repeat_penalty=pick(req.repeat_penalty, d.repeat_penalty), seed=req.seed,
-        infill=getattr(req, "infill_sampler", False))
+        infill=req.infill_sampler)
     max_tokens = defaults.max_tokens if req.max_tokens is None else req.max_tokens
     return GenParams(max_tokens=max_tokens, sampling=sampling, stop=req.stop,
                      constraint=req.constraint, prediction=tuple(prediction))

@@ -6,8 +6,8 @@ Fields as llama-server reads them (tools/server: server-context.cpp post_infill,
 server-schema.cpp, server-task.cpp to_json_non_oaicompat); what an editor sends that only
 tunes llama-server itself (`cache_prompt`, `id_slot`, `t_max_prompt_ms`, which llama-server
 does not implement either; of `samplers` all but `infill`, whose rule tandem applies) is
-accepted and ignored, as llama-server ignores an unknown field. A request tandem cannot answer as asked is refused with a 4xx, never run
-otherwise than it says.
+accepted and ignored, as llama-server ignores an unknown field. A request tandem cannot
+answer as asked is refused with a 4xx, never run otherwise than it says.
 """
 from __future__ import annotations
 

@@ -90,6 +90,7 @@ def _compile(kind: str, text: str, origin: str) -> str:
 def _compile_new(kind: str, text: str, origin: str) -> str:
     llg = _llg()
     where = f" ({origin})" if origin else ""
+    options: dict = {}  # a JSON schema's llguidance options (they say which warnings count)
     if kind == "gbnf":
         if not text.strip():
             raise GrammarError(f"the grammar{where} is empty", "write a GBNF grammar with a "
@@ -122,12 +123,7 @@ def _compile_new(kind: str, text: str, origin: str) -> str:
                                "check the schema") from None
         hint = ("tandem supports the JSON Schema subset llguidance implements "
                 "(docs/structured.md); remove or rewrite that part")
-        options = schema["x-guidance"] if isinstance(schema, dict) else JSON_OPTIONS
-        if messages := _refused(llg, grammar, options):
-            if messages[0].startswith(ONE_OF):
-                hint = ("write anyOf, or let tandem approximate oneOf by anyOf: "
-                        "\"x-guidance\": {\"coerce_one_of\": true} in the schema")
-            raise GrammarError(f"the JSON schema{where} cannot be used: {messages[0]}", hint)
+        options = schema["x-guidance"] if isinstance(schema, dict) else {}
     elif kind == "lark":
         try:
             grammar = llg.LLMatcher.grammar_from_lark(text)
@@ -137,22 +133,26 @@ def _compile_new(kind: str, text: str, origin: str) -> str:
     else:
         raise GrammarError(f"unknown grammar kind {kind!r}", f"use one of: {', '.join(KINDS)}")
     is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar)
+    if not is_error and kind == "json_schema" and (messages := _refused(messages, options)):
+        if messages[0].startswith(ONE_OF):
+            hint = ("write anyOf, or let tandem approximate oneOf by anyOf: "
+                    "\"x-guidance\": {\"coerce_one_of\": true} in the schema")
+        is_error = True
     if is_error:
         problem = messages[0] if messages else "unknown problem"
         what = {"gbnf": "GBNF grammar", "json_schema": "JSON schema"}.get(kind, "grammar")
         if problem.startswith("Unsatisfiable"):
             hint = "no output can match it: relax the conflicting constraints"
-
         raise GrammarError(f"the {what}{where} cannot be used: {problem}", hint)
     return grammar
 
 
-def _refused(llg, grammar: str, options: dict) -> list[str]:
-    """What a lenient compile skipped that tandem does not let through (IGNORED_WARNINGS;
-    oneOf approximated by anyOf only where the schema asks for it: coerce_one_of)."""
-    is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar)
-    if is_error or not options.get("lenient"):
-        return []  # an error is said below; a strict compile left no warnings to read
+def _refused(messages: list[str], options: dict) -> list[str]:
+    """Of a lenient compile's warnings, what it skipped that tandem does not let through
+    (IGNORED_WARNINGS; oneOf approximated by anyOf only where the schema asks for it:
+    coerce_one_of). A strict compile refuses by error, not by warning."""
+    if not options.get("lenient"):
+        return []
     let_through = IGNORED_WARNINGS + ((ONE_OF,) if options.get("coerce_one_of") else ())
     return [m for m in messages if not m.startswith(let_through)]
 
