@@ -56,8 +56,8 @@ class Server:
         return openai.OpenAI(base_url=self.base_url, **kwargs)
 
     def raw(self, method: str, path: str, body: bytes | str | None = None,
-            headers: dict | None = None) -> tuple[int, dict, dict]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+            headers: dict | None = None, timeout: float = 120) -> tuple[int, dict, dict]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
             if isinstance(body, str):
                 body = body.encode()

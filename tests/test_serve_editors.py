@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import threading
 import time
 import signal
 from pathlib import Path
@@ -345,6 +346,27 @@ def test_a_cancelled_completion_frees_the_engine_and_keeps_the_cache(server):
                                                 "input_suffix": "", "n_predict": 2,
                                                 "temperature": 0})
     assert status == 200 and again["timings"]["cache_n"] > 100, again["timings"]
+
+
+def test_a_megabyte_word_to_fill_in_holds_back_nobody(server):
+    """One word of 1 MB as the prefix, the suffix and an extra chunk: cut before the tokenizer
+    sees it (the tiny SPM vocabulary took 70 s on it whole, and every request waited)."""
+    word = "x" * 1000000
+    results: dict = {}
+    for fields in ({"input_prefix": word, "input_suffix": ""},
+                   {"input_prefix": "", "input_suffix": word},
+                   {"input_prefix": "", "input_suffix": "",
+                    "input_extra": [{"filename": "a", "text": word}]}):
+        big = threading.Thread(target=lambda f=fields: results.update(big=post(
+            server, "/infill", {**f, "n_predict": 2, "temperature": 0})[0]))
+        big.start()
+        time.sleep(0.05)
+        # answered within 30 s or its socket times out: held 70 s before (not a speed bound)
+        status, answer, _ = server.raw("POST", "/completion", json.dumps(
+            {"prompt": "def f", "n_predict": 2}), timeout=30)
+        assert status == 200, answer
+        big.join(300)
+        assert results["big"] == 200
 
 
 def test_huge_input_extra_is_cut_to_the_contexts_share(server):

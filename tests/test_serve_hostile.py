@@ -148,6 +148,107 @@ def test_oversized_prompts_are_refused_at_once_and_block_nobody(server):
     assert results.get("big") in (400, 413)
 
 
+def _chain(n: int) -> str:
+    return "root ::= r0\n" + "".join(f"r{i} ::= r{i + 1}\n" for i in range(n)) + \
+        f'r{n} ::= "z"\n'
+
+
+def _ref_chain(n: int) -> dict:
+    defs = {f"a{i}": {"$ref": f"#/$defs/a{i + 1}"} for i in range(n)}
+    defs[f"a{n}"] = {"type": "integer"}
+    return {"$defs": defs, "$ref": "#/$defs/a0"}
+
+
+def _deep(n: int) -> str:
+    return '{"type": "object", "properties": {"k": ' * n + '{"type": "integer"}' + "}}" * n
+
+
+def _tool(params: dict, name: str = "f") -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": params}}
+
+
+def _with_call(arguments: str) -> list[dict]:
+    return [{"role": "user", "content": "x"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function",
+                 "function": {"name": "f", "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+
+
+DEEP = "[" * 10000 + "]" * 10000
+RF = "response_format.json_schema.schema"
+# requests that once killed the server (a native stack overflow in the grammar compiler),
+# answered a 500 (RecursionError), echoed megabytes of grammar in a 400, or were let through
+STRUCTURED = [
+    (CHAT, _chat(grammar=_chain(5000)), "grammar"),
+    ("/completion", {"prompt": "x", "n_predict": 4, "grammar": _chain(5000)}, "grammar"),
+    (CHAT, _chat(json_schema=_ref_chain(3000)), "json_schema"),
+    (CHAT, _chat(tools=[_tool({"type": "object", "properties": {"a": _ref_chain(3000)}})],
+                 tool_choice="required"), "tools[0].function.parameters"),
+    (CHAT, _chat(json_schema=_deep(10000)), "json_schema"),
+    (CHAT, _chat(json_schema=DEEP), "json_schema"),
+    (CHAT, _chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": _deep(10000)}}), RF),
+    (CHAT, {"messages": _with_call(DEEP)}, "messages[1].tool_calls[0].function.arguments"),
+    ("/apply-template", {"messages": _with_call(DEEP)},
+     "messages[1].tool_calls[0].function.arguments"),
+    (CHAT, _chat(json_schema={"enum": [{"k": i} for i in range(5000)]}), "json_schema"),
+    (CHAT, _chat(grammar='root ::= "a"{1000000}'), "grammar"),
+    (CHAT, _chat(grammar="root ::= " + " | ".join(f'"a{i}"' for i in range(50000))),
+     "grammar"),
+    (CHAT, _chat(tools=[_tool({"type": "object", "properties": {}}, "f\n")],
+                 tool_choice="required"), "tools[0].function.name"),
+    # compiles, then the parser gives up at the first token (Earley rows past 2,000 items)
+    (CHAT, _chat(json_schema={"type": "object", "properties": {
+        f"p{i}": {"type": "integer"} for i in range(3000)}}), "json_schema"),
+]
+
+
+def test_structured_inputs_at_their_limits_are_short_400s(server):
+    failures = []
+    for path, body, param in STRUCTURED:
+        for stream in (False, True):
+            sent = {**body, "stream": True} if stream else body
+            status, reply, _ = server.raw("POST", path, json.dumps(sent))
+            err = reply.get("error") if isinstance(reply, dict) else None
+            if status != 400 or not _error_shape(reply) or err["param"] != param \
+                    or len(err["message"]) >= 500 or "bug in tandem" in err["message"]:
+                failures.append((path, param, stream, status, str(reply)[:300]))
+        assert server.proc.poll() is None, f"the server died on {param}"
+    assert failures == []
+    _still_serving(server)
+    status, reply, _ = server.raw("POST", "/v1/chat/completions", json.dumps(_chat(
+        json_schema='{"type": "object"' + "}" * 2)))  # a schema's text that is not JSON
+    assert status == 400 and reply["error"]["param"] == "json_schema"
+
+
+HELD = 30  # s: a normal request's timeout behind a big one (held 70 s before), not a speed
+
+
+def _answered_beside(srv: Server, path: str, body: dict) -> int:
+    """Send `body` and, right behind it, a normal request that must be answered within
+    HELD seconds (its socket times out otherwise): the big one's status."""
+    results: dict = {}
+    big = threading.Thread(target=lambda: results.update(
+        big=srv.raw("POST", path, json.dumps(body))[0]))
+    big.start()
+    time.sleep(0.05)
+    status, reply, _ = srv.raw("POST", CHAT, json.dumps(NORMAL), timeout=HELD)
+    assert status == 200, reply
+    big.join(300)
+    return results["big"]
+
+
+def test_a_megabyte_to_tokenize_holds_back_nobody(server):
+    # one word of 1 MB: the tiny SPM vocabulary took 70 s on it, and every request waited
+    word = "x" * 1000000
+    cases = [(CHAT, {**NORMAL, "prediction": {"type": "content", "content": word}}, 200),
+             ("/tokenize", {"content": word}, 400),
+             ("/tokenize", {"content": ["a", word]}, 400)]
+    for path, body, want in cases:
+        assert _answered_beside(server, path, body) == want
+
+
 FRAMING = [
     b"GARBAGE\r\n\r\n",
     b"GET\r\n\r\n",
@@ -296,5 +397,5 @@ def test_bearer_keys_are_compared_exactly(tiny_models, tmp_path):
 
 
 def test_the_suite_is_large_enough():
-    n = len(FIELDS) + len(SIZES) + len(FRAMING) + 4 + 6 + len(ROUTES) + 10
+    n = len(FIELDS) + len(SIZES) + len(FRAMING) + 4 + 6 + len(ROUTES) + 10 + len(STRUCTURED)
     assert n >= 60

@@ -35,8 +35,21 @@ ADD = {"type": "function", "function": {
         "x": {"type": "integer", "minimum": 0, "maximum": 99},
         "y": {"type": "integer", "minimum": 0, "maximum": 99}},
         "required": ["x", "y"], "additionalProperties": False}}}
+# what pydantic's model_json_schema() writes for a model with a nested model: the nested one
+# in $defs, referenced as "#/$defs/City" (short fields: the tiny models spell by characters)
+FORECAST = {"type": "function", "function": {
+    "name": "forecast", "parameters": {
+        "$defs": {"City": {"properties": {
+            "name": {"maxLength": 6, "title": "Name", "type": "string"},
+            "country": {"enum": ["FR", "DE"], "title": "Country", "type": "string"}},
+            "required": ["name", "country"], "title": "City", "type": "object",
+            "additionalProperties": False}},
+        "properties": {"city": {"$ref": "#/$defs/City"},
+                       "days": {"maximum": 7, "minimum": 1, "title": "Days", "type": "integer"}},
+        "required": ["city", "days"], "title": "Forecast", "type": "object",
+        "additionalProperties": False}}}
 TOOLS = [WEATHER, ADD]
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in [*TOOLS, FORECAST]}
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +164,26 @@ def test_tool_call_round_trip(server):
     # the template rendered the call and its result: the prompt grew by both
     alone = _chat(client, messages=[question], tools=TOOLS, tool_choice="none", max_tokens=1)
     assert final.usage.prompt_tokens > alone.usage.prompt_tokens + 30
+
+
+@pytest.mark.parametrize("choice", ["required", "forecast", "auto"])
+def test_a_tool_whose_schema_has_its_own_defs_is_called(server, choice):
+    """The arguments' "#/$defs/City" resolves in the tool's own schema (it once resolved in
+    the call's grammar around it: a 400 "Pointer '/$defs/City' does not exist")."""
+    client = server.client()
+    tool_choice = choice if choice != "forecast" else {"type": "function",
+                                                      "function": {"name": "forecast"}}
+    resp = _chat(client, "Weather in Paris for 3 days?", tools=[FORECAST, ADD],
+                 tool_choice=tool_choice)
+    calls = resp.choices[0].message.tool_calls or []
+    if choice != "auto":
+        assert resp.choices[0].finish_reason == "tool_calls" and calls, resp
+    for call in calls:
+        args = _check_call(call.function.name, call.function.arguments)
+        if call.function.name == "forecast":
+            assert args["city"]["country"] in ("FR", "DE")
+    if choice == "forecast":
+        assert [c.function.name for c in calls] == ["forecast"]
 
 
 def test_tool_call_round_trip_streamed(server):
@@ -453,6 +486,36 @@ def test_real_pair_json_schema_and_tool_round_trip(real_pair, tmp_path):
                                         tool_choice="required")
         assert finish == "tool_calls" and calls[0]["name"] == "get_weather"
         assert json.loads(calls[0]["arguments"]) == json.loads(call.function.arguments)
+    finally:
+        srv.stop()
+    assert "Traceback" not in "".join(srv.log), "".join(srv.log)
+
+
+@pytest.mark.slow
+def test_real_pair_calls_a_pydantic_style_tool(real_pair, tmp_path):
+    """A tool whose parameters are pydantic's output ($defs, "#/$defs/City" references)
+    called with valid arguments by the real pair, whole and streamed."""
+    target, draft = real_pair
+    srv = Server(["-m", str(target), "-md", str(draft), "--max-tokens", "120"], tmp_path)
+    schema = json.loads(json.dumps(FORECAST["function"]["parameters"]))
+    schema["$defs"]["City"]["properties"]["name"].pop("maxLength")
+    tool = {"type": "function", "function": {
+        "name": "forecast", "description": "The weather forecast for a city",
+        "parameters": schema}}
+    question = {"role": "user", "content": "What will the weather be in Berlin, Germany "
+                                           "over the next 3 days?"}
+    try:
+        client = srv.client(timeout=600)
+        resp = _chat(client, messages=[question], tools=[tool], tool_choice="required",
+                     max_tokens=120)
+        choice = resp.choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        args = json.loads(choice.message.tool_calls[0].function.arguments)
+        jsonschema.validate(args, schema)
+        assert args["city"]["country"] == "DE" and args["days"] == 3
+        _, calls, finish = _streamed(client, messages=[question], tools=[tool],
+                                     tool_choice="required", max_tokens=120)
+        assert finish == "tool_calls" and json.loads(calls[0]["arguments"]) == args
     finally:
         srv.stop()
     assert "Traceback" not in "".join(srv.log), "".join(srv.log)

@@ -263,7 +263,7 @@ def test_settings_are_resolved_once_per_command(monkeypatch, capsys, tmp_path, t
 # The layers of docs/architecture.md, lowest first: a module imports only from its own layer
 # or lower ones.
 LAYERS = (
-    ("tandem.errors", "tandem.fsutil", "tandem.statefile", "tandem.config"),
+    ("tandem.errors", "tandem.fsutil", "tandem.statefile", "tandem.bounded_json", "tandem.config"),
     ("tandem.models",),
     ("tandem.engine",),
     ("tandem.machine",),

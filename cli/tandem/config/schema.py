@@ -4,6 +4,8 @@ llama.cpp's integers; the rules across keys.
 
 Profiles, the config file, tuned results, the environment and the flags are all read through
 it, so a key is spelled, checked and explained in one place (docs/hardware.md lists them).
+Over 400 lines because the bounds on what a request may ask for (GRAMMAR_LIMITS) are written
+here too, beside the settings, as the one statement of each number.
 """
 from __future__ import annotations
 
@@ -43,6 +45,42 @@ def check_strategy(name: str) -> str:
 
 
 SERVE_MAX_TOKENS = 2048  # tandem serve: an answer's length when a request does not say
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A bound on what a grammar, a schema or a request's JSON may ask for, checked before
+    anything compiles or walks it (engine/constrain/bounds.py, tandem/bounded_json.py)."""
+
+    key: str
+    value: int
+    counts: str  # what is counted (docs/structured.md's table)
+    found: str  # a refusal's words for the count found, "{n}" the count
+
+    def says(self, n: int) -> str:
+        return f"{self.found.format(n=f'{n:,}')} (the limit is {self.value:,})"
+
+
+# Past these, llguidance's compile overflowed its native stack (a 5,000-rule GBNF chain, a
+# 3,000-link $ref chain: the process died), took seconds (GBNF conversion is quadratic in
+# chained rules: 3,000 rules 1.5 s) or failed at the first token (Earley rows past 2,000
+# items). Real grammars and schemas stay far below them (docs/structured.md).
+GRAMMAR_LIMITS: Mapping[str, Limit] = MappingProxyType({lim.key: lim for lim in (
+    Limit("text_bytes", 256 << 10, "bytes of a grammar's or a schema's text",
+          "is {n} bytes long"),
+    Limit("rules", 1000, "rules in a GBNF grammar", "has {n} rules"),
+    Limit("alternatives", 1000, "'|' alternatives in a GBNF grammar, all rules together",
+          "has {n} '|' alternatives"),
+    Limit("repeat", 1000, "the count of a GBNF repetition {m,n}", "repeats {n} times"),
+    Limit("nesting", 100, "parentheses nested in a GBNF grammar",
+          "nests parentheses {n} deep"),
+    Limit("refs", 1000, "$ref keywords in a JSON schema (so no $ref chain is longer)",
+          "has {n} $refs"),
+    Limit("branches", 1000, "values of one enum, or branches of one anyOf, oneOf or allOf",
+          "has an enum or anyOf/oneOf/allOf of {n} entries"),
+    Limit("json_depth", 100, "arrays and objects nested in a request body, a schema or a "
+                             "tool call's arguments", "is nested more than {n} levels deep"),
+)})
 
 
 def check_max_tokens(max_tokens: int) -> int:

@@ -310,7 +310,7 @@ def user_profiles_dir() -> Path:
     return tandem_home() / "profiles"
 
 
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]*")  # fullmatch: "$" would take a final "\n"
 
 
 def _yaml_files(directory: Path) -> list[Path]:
@@ -355,7 +355,7 @@ def load_profiles(builtin_dir: Path | None = None, user_dir: Path | None = None,
     user_docs = {p.stem: (load_yaml(p), p) for p in _yaml_files(user_dir)}
     resolved: dict[str, Any] = {n: d for n, (d, _) in raw.items()}
     for name in user_docs:
-        if not _NAME_RE.match(name):
+        if not _NAME_RE.fullmatch(name):
             raise ProfileError(user_docs[name][1], None, None,
                                "profile file names must be lower-case letters, digits, '.', "
                                "'-' or '_'")

@@ -1,7 +1,9 @@
-"""The API's errors: OpenAI's error object with an HTTP status, and how a value is shown in a
-message (never more than 60 characters of it). One module below protocol.py and
-structured.py, which both refuse requests."""
+"""The API's errors: OpenAI's error object with an HTTP status, how a value is shown in a
+message (never more than 60 characters of it), and a field's JSON text read or refused. One
+module below protocol.py and structured.py, which both refuse requests."""
 from __future__ import annotations
+
+from tandem import bounded_json
 
 
 class ApiError(Exception):
@@ -35,3 +37,21 @@ def clip(text: str, limit: int = 60) -> str:
 def kind_of(value) -> str:
     return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
             type(None): "null"}.get(type(value), "a number")
+
+
+def too_deep(exc: bounded_json.TooDeep, param: str | None) -> ApiError:
+    """A JSON value nested past the limit: named by its path, refused by the field."""
+    return bad(f"{clip(exc.path or 'the request body', 120)} is nested more than {exc.limit} "
+               "levels deep (tandem's JSON depth limit, docs/serve.md)", param, "too_deep")
+
+
+def loads_field(text: str, param: str):
+    """A field that carries JSON as text (a schema, a call's arguments), read within the
+    depth limit: a 400 naming the field otherwise."""
+    try:
+        return bounded_json.loads(text)
+    except bounded_json.TooDeep as exc:
+        raise too_deep(bounded_json.TooDeep(param, exc.limit), param) from None
+    except ValueError as exc:
+        raise bad(f"'{param}' is not valid JSON: {clip(str(exc))}", param,
+                  "invalid_value") from None

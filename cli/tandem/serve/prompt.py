@@ -10,7 +10,7 @@ alone fills the context.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from tandem.engine.backend.template import user_strings
@@ -32,28 +32,67 @@ class Budget:
 
 
 def _texts(req) -> list[str]:
-    """The texts a prompt is made of whole. A fill-in-the-middle has none: its parts are
-    cut to their shares of the context (engine/backend/fim.py), a file of any size fits."""
+    """The texts a prompt is made of whole. Of a fill-in-the-middle, only the typed `prompt`:
+    its other parts are cut to their shares of the context (clip_infill, then
+    engine/backend/fim.py), a file of any size fits."""
     if req.infill is not None:
-        return []
+        return [req.infill.prompt]
     if req.kind != "chat":
         return [req.prompt]
     return user_strings(req.messages, req.template_tools())
 
 
-def _overflow(n_tokens: int | str, n_ctx: int) -> ContextOverflowError:
-    return ContextOverflowError(
-        f"the prompt has {n_tokens} tokens but the context holds {n_ctx}",
-        "send fewer or shorter messages, or restart tandem serve with a larger --ctx-size")
+class PromptTooLong(ContextOverflowError):
+    """A prompt (or a text to tokenize) over the context; `param` names the field."""
+
+    def __init__(self, message: str, hint: str, param: str | None = None):
+        super().__init__(message, hint)
+        self.param = param
+
+
+def _param(req) -> str:
+    return "messages" if req.kind == "chat" else "prompt"
+
+
+def _overflow(n_tokens: int | str, n_ctx: int, param: str | None = None) -> PromptTooLong:
+    what = "the prompt" if param in (None, "messages", "prompt") else f"'{param}'"
+    return PromptTooLong(
+        f"{what} has {n_tokens} tokens but the context holds {n_ctx}",
+        "send fewer or shorter messages, or restart tandem serve with a larger --ctx-size",
+        param)
 
 
 def check_size(req, budget: Budget) -> None:
     """Refuse at once a prompt that cannot fit: more bytes than the context's tokens can
     stand for. No tokenizer is involved; this runs before the request is queued."""
-    size = sum(len(t.encode("utf-8")) for t in _texts(req))
+    check_text_size(_texts(req), budget, _param(req))
+
+
+def check_text_size(texts: Sequence[str], budget: Budget, param: str) -> None:
+    """The same check for any texts bound for the tokenizer (/tokenize's content): the
+    tokenizer's cost is not linear in every vocabulary (an SPM one: 70 s for 1 MB of one
+    word), so text that cannot fit a context is never tokenized."""
+    size = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
     if size > budget.n_ctx * budget.max_token_bytes:
         at_least = -(-size // budget.max_token_bytes)
-        raise _overflow(f"at least {at_least} ({size} bytes)", budget.n_ctx)
+        raise _overflow(f"at least {at_least} ({size} bytes)", budget.n_ctx, param)
+
+
+def clip_infill(fim, budget: Budget):
+    """A fill-in-the-middle's texts cut, before any tokenizing, to what its prompt can keep:
+    the prefix's tail, the suffix's head, the extra chunks nearest the cursor (the typed
+    `prompt` is kept whole, as llama-server keeps it, and checked as a prompt is). The kept
+    tokens span at most n_ctx x max_token_bytes characters, and twice that is kept, so the
+    tokens near a cut (which may differ) are never among them: the prompt is the same."""
+    span = 2 * budget.n_ctx * budget.max_token_bytes
+    kept, room = [], span
+    for chunk in reversed(fim.extra):
+        if room <= 0:
+            break
+        kept.append(replace(chunk, text=chunk.text[-room:]))
+        room -= len(chunk.text) + len(chunk.filename)
+    return replace(fim, prefix=fim.prefix[-span:], suffix=fim.suffix[:span],
+                   extra=tuple(reversed(kept)))
 
 
 def prompt_tokens(pair, req, budget: Budget, local: bool = True) -> list[int]:
@@ -67,18 +106,26 @@ def prompt_tokens(pair, req, budget: Budget, local: bool = True) -> list[int]:
         if len(text) > probe:  # characters: at least as many bytes
             head = pair.tokenize(text[:probe])
             if len(head) > budget.n_ctx:
-                raise _overflow(f"more than {budget.n_ctx}", budget.n_ctx)
+                raise _overflow(f"more than {budget.n_ctx}", budget.n_ctx, _param(req))
+    if req.infill is not None:
+        req = replace(req, infill=clip_infill(req.infill, budget))
     tokens = tokens_of(pair, req)
     if len(tokens) >= budget.n_ctx:
-        raise _overflow(len(tokens), budget.n_ctx)
+        raise _overflow(len(tokens), budget.n_ctx, _param(req))
     return tokens
 
 
 def request_tokens(pair, req, budget: Budget,
                    local: bool = True) -> tuple[list[int], tuple[int, ...]]:
-    """The prompt's tokens (prompt_tokens) and the prediction's (plain text: data)."""
+    """The prompt's tokens (prompt_tokens) and the prediction's (plain text: data). A
+    prediction drafts the answer, which the context bounds: of a longer one only the text
+    the context's tokens could cover at PROBE_BYTES_PER_TOKEN is tokenized (1 MB of one
+    word took an SPM vocabulary 70 s), and its first n_ctx tokens are kept."""
     tokens = prompt_tokens(pair, req, budget, local)
-    return tokens, tuple(pair.tokenize(req.prediction)) if req.prediction else ()
+    if not req.prediction:
+        return tokens, ()
+    text = req.prediction[:budget.n_ctx * PROBE_BYTES_PER_TOKEN]
+    return tokens, tuple(pair.tokenize(text)[:budget.n_ctx])
 
 
 def tokens_of(pair, req) -> Sequence[int]:

@@ -8,14 +8,14 @@ than silently ignored. Structured outputs and tools are checked in serve/structu
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
+from tandem import bounded_json
 from tandem.engine.backend.fim import Chunk
 from tandem.engine.loop.sampling import LIMITS, SEED, seed_value
 from tandem.serve import structured
 # the API's errors, used here and by the routes through this module
-from tandem.serve.api_errors import ApiError, bad, clip, kind_of  # noqa: F401
+from tandem.serve.api_errors import ApiError, bad, clip, kind_of, too_deep  # noqa: F401
 
 MAX_STOPS = 16  # OpenAI allows 4; llama-server any number: a bound keeps stop matching cheap
 MAX_STOP_CHARS = 1000
@@ -76,18 +76,20 @@ class Request:
 
 def parse_json(raw: bytes) -> dict:
     """The body as a JSON object. NaN and Infinity are not JSON (Python's parser would take
-    them), and a body nested deep enough to exhaust the parser's recursion is refused too.
-    Every string in it, keys included, must be encodable text: JSON's escapes can carry lone
+    them); a body nested deeper than the JSON depth limit is refused naming where. Every
+    string in it, keys included, must be encodable text: JSON's escapes can carry lone
     surrogates ("\\ud800") that no tokenizer takes; this is the one place that checks it."""
     def constant(name: str):
         raise ValueError(f"{name} is not valid JSON")
 
     try:
         text = raw.decode("utf-8")
-        body = json.loads(text, parse_constant=constant)
+        body = bounded_json.loads(text, parse_constant=constant)
     except UnicodeDecodeError:
         raise bad("the request body is not UTF-8", code="invalid_json") from None
-    except (ValueError, RecursionError) as exc:
+    except bounded_json.TooDeep as exc:
+        raise too_deep(exc, exc.path.split(".")[0].split("[")[0] or None) from None
+    except ValueError as exc:
         raise bad(f"the request body is not valid JSON: {clip(str(exc))}",
                   code="invalid_json") from None
     if not isinstance(body, dict):

@@ -17,6 +17,9 @@ from tandem.serve.connection import REQUEST_TIMEOUT
 from tandem.serve.engine_thread import QueueFull
 
 
+PARSE_INLINE = 64 << 10  # bytes: a body this small is parsed in the event loop
+
+
 class EngineStream(StreamingResponse):
     """An SSE response that cancels its job however it ends: finished, or the client gone
     (Starlette then cancels the stream; this still runs)."""
@@ -78,7 +81,11 @@ async def read_json(request: Request, limit: int, timeout: float = REQUEST_TIMEO
     except asyncio.TimeoutError:
         raise ApiError(408, f"the request body did not arrive within {timeout:g} s",
                        code="request_timeout", headers={"Connection": "close"}) from None
-    return protocol.parse_json(b"".join(chunks))
+    raw = b"".join(chunks)
+    if len(raw) <= PARSE_INLINE:
+        return protocol.parse_json(raw)
+    # a large body is parsed beside the event loop (a hostile one can take a second or two)
+    return await asyncio.get_running_loop().run_in_executor(None, protocol.parse_json, raw)
 
 
 async def disconnected(request: Request) -> None:
@@ -105,7 +112,8 @@ def raise_failure(item) -> None:
         code = "context_length_exceeded" if isinstance(value, ContextOverflowError) else None
         if isinstance(value, (UsageError, ContextOverflowError)):
             message = value.message + (f" ({value.hint})" if value.hint else "")
-            raise ApiError(400, message, code=code or "invalid_value")
+            raise ApiError(400, message, code=code or "invalid_value",
+                           param=getattr(value, "param", None))
         if isinstance(value, RemoteError):  # the target's RPC server is gone: a bad gateway
             raise ApiError(502, f"{value.message} ({value.hint})", type="server_error",
                            code="remote_unavailable")

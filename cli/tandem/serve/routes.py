@@ -43,6 +43,7 @@ from tandem.serve.engine_thread import (
 )
 from tandem.serve.prompt import Budget, request_tokens
 from tandem.serve.prompt import check_size as prompt_size_check
+from tandem.serve.prompt import check_text_size as prompt_text_check
 from tandem.serve.request_flow import (
     EngineStream,
     busy,
@@ -102,19 +103,22 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
     which reads best in one place."""
     created = int(time.time())
     budget = config.budget or Budget(worker.pair.n_ctx)
-    # one thread tokenizes prompts while the engine thread generates (serve/prompt.py)
+    # one thread tokenizes prompts while the engine thread generates (serve/prompt.py); the
+    # utility routes (/tokenize, /detokenize, /apply-template) have their own, so a client's
+    # bulk tokenizing never holds back a completion's prompt
     tokenizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-tokenizer")
+    utility = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-utility")
     aside = worker.pair.tokenizes_aside
     # read once, before the engine thread runs: a remote pair's pipe is the engine's then
     fim, facts = worker.pair.fim_tokens, worker.pair.props()
     sampling = config.defaults.sampling
 
     async def on_pair(fn):
-        """`fn(pair)` where it may run: the tokenizer thread for a local pair, the engine
+        """`fn(pair)` where it may run: the utility thread for a local pair, the engine
         thread (between answers) for a remote one, whose worker takes one call at a time."""
         loop = asyncio.get_running_loop()
         if aside:
-            return await loop.run_in_executor(tokenizer, fn, worker.pair)
+            return await loop.run_in_executor(utility, fn, worker.pair)
         done: asyncio.Future = loop.create_future()
 
         def sink(what, value):
@@ -166,6 +170,11 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
         authorize(request)
         body = await read_json(request, config.max_body, config.timeout)
         content, add, parse, pieces = llama_api.tokenize_request(body)
+        try:
+            prompt_text_check([c for c in (content if isinstance(content, list) else [content])
+                               if isinstance(c, str)], budget, "content")
+        except TandemError as exc:
+            raise_failure(("error", exc))
         ids = await on_pair(lambda pair: llama_api.tokenize_mixed(pair, content, add, parse))
         if not pieces:
             return JSONResponse({"tokens": ids})
@@ -338,7 +347,7 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
             allow_headers=["Authorization", "Content-Type"], max_age=600))
     app = Starlette(routes=routes, middleware=middleware, exception_handlers={
         ApiError: api_error, HTTPException: http_error, Exception: server_error})
-    app.state.tokenizer = tokenizer
+    app.state.executors = (tokenizer, utility)
     return app
 
 
@@ -358,7 +367,8 @@ def serve(worker: EngineWorker, config: ServeConfig, sock: socket.socket,
     try:
         server.run(sockets=[sock])
     finally:
-        app.state.tokenizer.shutdown(wait=False, cancel_futures=True)
+        for executor in app.state.executors:
+            executor.shutdown(wait=False, cancel_futures=True)
         worker.stop()
         sock.close()
     if not server.started:

@@ -13,9 +13,17 @@ import json
 import uuid
 from typing import Iterator
 
-from tandem.engine.constrain.grammar import ANY_OBJECT, Constraint, GrammarError, tokenizer_for
+from tandem.engine.constrain import bounds
+from tandem.engine.constrain.grammar import (
+    ANY_OBJECT,
+    LIMITS_HINT,
+    Constraint,
+    GrammarError,
+    GrammarState,
+    tokenizer_for,
+)
 from tandem.engine.constrain.tools import NAME_RE, CallReader, Tool, call_grammar, read_calls
-from tandem.serve.api_errors import bad, clip, kind_of
+from tandem.serve.api_errors import ApiError, bad, clip, kind_of, loads_field
 
 CHOICES = ("none", "auto", "required")
 
@@ -78,11 +86,7 @@ def _response_format(fmt) -> tuple[Constraint, str] | None:
 
 def _schema(schema, where: str) -> Constraint:
     if isinstance(schema, str):  # llama-server's clients sometimes send the schema's text
-        try:
-            schema = json.loads(schema)
-        except ValueError as exc:
-            raise bad(f"'{where}' is not valid JSON: {clip(str(exc))}", where,
-                      "invalid_value") from None
+        schema = loads_field(schema, where)
     if not isinstance(schema, (dict, bool)):
         raise bad(f"'{where}' must be a JSON schema (an object), got {kind_of(schema)}", where,
                   "invalid_type")
@@ -109,6 +113,8 @@ def tools_of(body: dict) -> tuple[tuple[Tool, ...], str, bool]:
             if name in names[:i]:
                 raise bad(f"tools[{i}]: the function name {name!r} is used twice",
                           f"tools[{i}].function.name")
+        # one grammar holds every tool: the limits count them together too
+        _within_limits({"anyOf": [t.parameters for t in tools]}, "tools")
     choice = _choice(body.get("tool_choice"), tools)
     parallel = body.get("parallel_tool_calls", True)
     if parallel is None:
@@ -130,7 +136,7 @@ def _tool(t, where: str) -> Tool:
         raise bad(f"{where}.function must be an object, got {kind_of(fn)}",
                   f"{where}.function", "invalid_type")
     name = fn.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise bad(f"{where}.function.name must be 1 to 64 letters, digits, '_', '-' or '.', "
                   f"got {clip(repr(name))}", f"{where}.function.name")
     description = fn.get("description")
@@ -151,7 +157,15 @@ def _tool(t, where: str) -> Tool:
     if params.get("type", "object") != "object":
         raise bad(f"{pwhere} must describe an object (\"type\": \"object\"): a call's "
                   f"arguments are named, got type {clip(repr(params.get('type')))}", pwhere)
+    _within_limits(params, pwhere)
     return Tool(name, description, params)
+
+
+def _within_limits(schema, where: str) -> None:
+    """A 400 naming the grammar limit a schema passes (before anything compiles it)."""
+    over = bounds.in_schema(schema)
+    if over:
+        raise bad(f"{where} {over.says()} ({LIMITS_HINT})", where, "grammar_limit")
 
 
 def _choice(choice, tools: list[Tool]) -> str:
@@ -199,24 +213,33 @@ def compile_check(tools, constraint: Constraint | None, param: str | None) -> No
             try:
                 Constraint("json_schema", json.dumps(tool.parameters)).compiled()
             except GrammarError as exc:
-                raise bad(f"tools[{i}].function.parameters cannot be used: {_said(exc)}",
-                          f"tools[{i}].function.parameters", "invalid_schema") from None
+                raise _refusal(exc, f"tools[{i}].function.parameters", "cannot be used: ") \
+                    from None
         param = "tools"
-    raise bad(_said(failure), param, "invalid_grammar" if constraint.kind == "gbnf"
-              else "invalid_schema") from None
+    raise _refusal(failure, param) from None
 
 
 def prepare_grammar(req, model=None) -> None:
-    """Before a request is queued (in the tokenizer thread): its grammar compiled, and the
-    grammar library's tokenizer for `model` built (once per model, ~1 s for 152k tokens), so
-    the engine thread only looks both up."""
+    """Before a request is queued (in the tokenizer thread): its grammar compiled, the
+    grammar library's tokenizer for `model` built (once per model, ~1 s for 152k tokens),
+    and the grammar's first step taken on a throwaway state: a grammar that compiles but
+    fails at once is a 400 here, before a stream's 200 goes out."""
     compile_check(req.tools, req.constraint, req.constraint_param)
     if req.constraint is not None and model is not None:
         tokenizer_for(model)
+        try:
+            GrammarState(req.constraint, model).first_step()
+        except GrammarError as exc:
+            raise _refusal(exc, req.constraint_param) from None
 
 
-def _said(exc: GrammarError) -> str:
-    return exc.message + (f" ({exc.hint})" if exc.hint else "")
+def _refusal(exc: GrammarError, param: str | None, lead: str = "") -> ApiError:
+    if exc.limit is not None:
+        code = "grammar_limit"
+    else:
+        code = "invalid_grammar" if param == "grammar" else "invalid_schema"
+    what = f"{param} {lead}" if lead else ""
+    return bad(f"{what}{exc.message}" + (f" ({exc.hint})" if exc.hint else ""), param, code)
 
 
 # ----- tool parts of messages
@@ -240,11 +263,7 @@ def tool_calls_of(calls, where: str) -> list[dict]:
             raise bad(f"{at}.id must be a non-empty string", f"{at}.id", "invalid_type")
         args = fn.get("arguments", "{}")
         if isinstance(args, str):
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except ValueError:
-                raise bad(f"{at}.function.arguments is not valid JSON", f"{at}.function."
-                          "arguments") from None
+            args = loads_field(args, f"{at}.function.arguments") if args.strip() else {}
         if not isinstance(args, dict):
             raise bad(f"{at}.function.arguments must be a JSON object (as a string)",
                       f"{at}.function.arguments", "invalid_type")

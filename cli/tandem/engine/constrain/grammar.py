@@ -14,10 +14,13 @@ import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from tandem import bounded_json
+from tandem.engine.constrain import bounds
 from tandem.errors import UsageError
 
 if TYPE_CHECKING:
@@ -40,7 +43,50 @@ ANY_OBJECT = '{"type": "object"}'
 
 
 class GrammarError(UsageError):
-    """A grammar or schema that cannot be used, or an output it could not complete."""
+    """A grammar or schema that cannot be used, or an output it could not complete; `limit`
+    names the GRAMMAR_LIMITS key it passed when that is why ("parser": llguidance's own)."""
+
+    def __init__(self, message: str, hint: str | None = None, limit: str | None = None):
+        super().__init__(message, hint)
+        self.limit = limit
+
+
+LIMITS_HINT = "docs/structured.md lists tandem's grammar limits; split or simplify it"
+# llguidance recurses on the calling thread's native stack while it compiles: a 5,000-rule
+# chain overflowed 8 MiB and killed the process; 20,000 rules fit in 64 MiB, 20x the bounds
+NATIVE_STACK = 64 << 20
+_STACK_LOCK = threading.Lock()
+
+
+def on_native_stack(fn, *args):
+    """fn(*args) on a fresh thread with NATIVE_STACK bytes of stack (reserved, touched only
+    as used); its exception is raised here."""
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller as it is
+            out["error"] = exc
+
+    with _STACK_LOCK:  # the size applies to threads created meanwhile: set it briefly
+        old = threading.stack_size(NATIVE_STACK)
+        try:
+            worker = threading.Thread(target=run, name="tandem-grammar", daemon=True)
+            worker.start()
+        finally:
+            threading.stack_size(old)
+    worker.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def said(text: str, limit: int = 200) -> str:
+    """llguidance's message, for a person: its first line (the lines after echo the parser's
+    state and the grammar, up to megabytes), clipped."""
+    line = text.strip().split("\n", 1)[0].strip()
+    return line if len(line) <= limit else line[:limit] + "..."
 
 
 def _llg():
@@ -88,8 +134,16 @@ def _compile(kind: str, text: str, origin: str) -> str:
 
 
 def _compile_new(kind: str, text: str, origin: str) -> str:
-    llg = _llg()
     where = f" ({origin})" if origin else ""
+    what = {"gbnf": "GBNF grammar", "json_schema": "JSON schema"}.get(kind, "grammar")
+    over = bounds.in_gbnf(text) if kind == "gbnf" else bounds.in_text(text)
+    if over:
+        raise GrammarError(f"the {what}{where} {over.says()}", LIMITS_HINT, over.limit.key)
+    return on_native_stack(_compile_bounded, kind, text, where, what)
+
+
+def _compile_bounded(kind: str, text: str, where: str, what: str) -> str:
+    llg = _llg()
     options: dict = {}  # a JSON schema's llguidance options (they say which warnings count)
     if kind == "gbnf":
         if not text.strip():
@@ -98,13 +152,16 @@ def _compile_new(kind: str, text: str, origin: str) -> str:
         try:
             grammar = llg.grammar_from("gbnf", text)
         except ValueError as exc:
-            msg = str(exc).removeprefix("Failed to convert the grammar from GBNF to Lark: ")
+            msg = said(str(exc).removeprefix("Failed to convert the grammar from GBNF to Lark: "))
             raise GrammarError(f"invalid GBNF grammar{where}: {msg}",
                                "see llama.cpp's grammars/README.md for the syntax") from None
         hint = "see llama.cpp's grammars/README.md for the syntax"
     elif kind == "json_schema":
         try:
-            schema = json.loads(text)
+            schema = bounded_json.loads(text)
+        except bounded_json.TooDeep as exc:
+            raise GrammarError(f"the JSON schema{where} is nested more than {exc.limit} levels "
+                               "deep", LIMITS_HINT, "json_depth") from None
         except json.JSONDecodeError as exc:
             raise GrammarError(f"the JSON schema{where} is not valid JSON: {exc.msg} at line "
                                f"{exc.lineno} column {exc.colno}",
@@ -112,6 +169,10 @@ def _compile_new(kind: str, text: str, origin: str) -> str:
         if not isinstance(schema, (dict, bool)):
             raise GrammarError(f"the JSON schema{where} must be an object, got "
                                f"{type(schema).__name__}", "e.g. {\"type\": \"object\"}")
+        over = bounds.in_schema(schema)
+        if over:
+            raise GrammarError(f"the JSON schema{where} {over.says()}", LIMITS_HINT,
+                               over.limit.key)
         if isinstance(schema, dict):  # the schema's own options over tandem's
             own = schema.get("x-guidance")
             schema = {**schema, "x-guidance": {**JSON_OPTIONS,
@@ -119,7 +180,7 @@ def _compile_new(kind: str, text: str, origin: str) -> str:
         try:
             grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema))
         except ValueError as exc:
-            raise GrammarError(f"the JSON schema{where} cannot be used: {exc}",
+            raise GrammarError(f"the JSON schema{where} cannot be used: {said(str(exc))}",
                                "check the schema") from None
         hint = ("tandem supports the JSON Schema subset llguidance implements "
                 "(docs/structured.md); remove or rewrite that part")
@@ -128,7 +189,8 @@ def _compile_new(kind: str, text: str, origin: str) -> str:
         try:
             grammar = llg.LLMatcher.grammar_from_lark(text)
         except ValueError as exc:
-            raise GrammarError(f"invalid grammar{where}: {exc}", "check the grammar") from None
+            raise GrammarError(f"invalid grammar{where}: {said(str(exc))}",
+                               "check the grammar") from None
         hint = "check the grammar"
     else:
         raise GrammarError(f"unknown grammar kind {kind!r}", f"use one of: {', '.join(KINDS)}")
@@ -139,8 +201,7 @@ def _compile_new(kind: str, text: str, origin: str) -> str:
                     "\"x-guidance\": {\"coerce_one_of\": true} in the schema")
         is_error = True
     if is_error:
-        problem = messages[0] if messages else "unknown problem"
-        what = {"gbnf": "GBNF grammar", "json_schema": "JSON schema"}.get(kind, "grammar")
+        problem = said(messages[0]) if messages else "unknown problem"
         if problem.startswith("Unsatisfiable"):
             hint = "no output can match it: relax the conflicting constraints"
         raise GrammarError(f"the {what}{where} cannot be used: {problem}", hint)
@@ -207,18 +268,29 @@ class GrammarState:
     def __init__(self, constraint: Constraint, model: Model):
         llg = _llg()
         self.n_vocab = model.n_vocab
-        self.matcher = llg.LLMatcher(tokenizer_for(model), constraint.compiled(), log_level=0)
+        self.n_committed = 0
+        # the matcher compiles the grammar again: on the stack the bounds were sized for
+        self.matcher = on_native_stack(partial(llg.LLMatcher, log_level=0),
+                                       tokenizer_for(model), constraint.compiled())
         self._check()
         words = (self.n_vocab + 31) // 32
         self._bits = np.zeros(words * 4, dtype=np.uint8)
         self._fresh = False  # _bits holds the current state's mask
         self._bool: np.ndarray | None = None
-        self.n_committed = 0
 
     def _check(self) -> None:
         if self.matcher.is_error():
-            raise GrammarError(f"the grammar failed: {self.matcher.get_error()}",
-                               "check the grammar or schema")
+            raise self._failed()
+
+    def _failed(self) -> GrammarError:
+        """The matcher's error as a person reads it: a grammar past what llguidance's parser
+        holds (too many items in a row, lexer fuel), or one no output can follow."""
+        problem = said(self.matcher.get_error())
+        at = f" at output token {self.n_committed + 1}"
+        if "max is" in problem or "limit" in problem or "fuel" in problem:
+            return GrammarError(f"the grammar is too large for the grammar engine{at}: "
+                                f"{problem}", LIMITS_HINT, "parser")
+        return GrammarError(f"the grammar failed{at}: {problem}", "check the grammar or schema")
 
     def _mask_bits(self) -> np.ndarray:
         if not self._fresh:
@@ -270,8 +342,9 @@ class GrammarState:
     def commit(self, token: int) -> None:
         """Advance past `token` (one the mask allowed)."""
         if not self.matcher.consume_token(token):
-            raise GrammarError(f"the grammar refused token {token}: "
-                               f"{self.matcher.get_error() or 'not allowed here'}",
+            if self.matcher.is_error():  # the parser gave up (a limit), not a wrong token
+                raise self._failed()
+            raise GrammarError(f"the grammar refused token {token}, which its mask allowed",
                                "this is a bug in tandem: please report it")
         self.n_committed += 1
         self._fresh = False
@@ -289,7 +362,18 @@ class GrammarState:
     def forced(self) -> list[int]:
         """The tokens the grammar forces from here (its fast-forward tokens): the canonical
         tokenization of the bytes every continuation starts with."""
-        return list(self.matcher.compute_ff_tokens())
+        tokens = list(self.matcher.compute_ff_tokens())
+        self._check()  # computing them may pass the parser's limits
+        return tokens
+
+    def first_step(self) -> None:
+        """Take the grammar's first step without a model: the mask, the forced tokens, and
+        one token committed (the first forced one, else the first allowed one). Where a
+        grammar compiles but its parser gives up at once, this raises before any answer
+        starts (a server's 4xx instead of a stream that fails after its 200)."""
+        forced = self.forced()
+        token = forced[0] if forced else int(np.flatnonzero(self.mask())[0])
+        self.commit(token)
 
     def valid_prefix(self, tokens: Sequence[int]) -> int:
         """How many of `tokens` the grammar accepts in a row from here."""

@@ -17,7 +17,8 @@ from typing import Iterator, Sequence
 from tandem.engine.constrain.grammar import JSON_OPTIONS, Constraint
 
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
-NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # OpenAI's rule for function names (and '.')
+# OpenAI's rule for function names (and '.'); fullmatch it ('$' matches before a final "\n")
+NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -52,9 +53,13 @@ class ToolCall:
 
 
 def _call_schema(tool: Tool) -> dict:
-    # "name" first: the model writes {"name": ..., "arguments": ...}, every key forced
+    # "name" first: the model writes {"name": ..., "arguments": ...}, every key forced.
+    # The arguments' schema is a resource of its own ($id), so its "#/$defs/..." references
+    # (pydantic's and zod's output) resolve in it, not in the call's schema around it
+    arguments = tool.parameters if "$id" in tool.parameters else \
+        {**tool.parameters, "$id": f"urn:tandem:tool:{tool.name}"}
     return {"type": "object", "properties": {"name": {"const": tool.name},
-                                             "arguments": tool.parameters},
+                                             "arguments": arguments},
             "required": ["name", "arguments"], "additionalProperties": False}
 
 
