@@ -5,7 +5,10 @@
 
 Writes target.gguf, draft.gguf (agrees with the target's greedy choice most of the time),
 draft_weak.gguf (agrees less often), mismatch.gguf (a vocabulary llama.cpp refuses to
-pair with the target) and fim.gguf + fim_draft.gguf (a pair with fill-in-the-middle tokens). All files are deterministic: fixed seeds, fixed metadata order.
+pair with the target), fim.gguf + fim_draft.gguf (a pair with fill-in-the-middle tokens) and
+the models whose memory is recurrent (scripts/tiny_recurrent_models.py: hybrid.gguf +
+hybrid_draft.gguf, recurrent.gguf). All files are deterministic: fixed seeds, fixed metadata
+order.
 """
 from __future__ import annotations
 
@@ -177,7 +180,9 @@ def write_model(
 
 
 def make_tiny_models(outdir: Path) -> dict[str, Path]:
-    """Write the four models into outdir and return {"target": path, "draft": ..., ...}."""
+    """Write the models into outdir and return {"target": path, "draft": ..., ...}."""
+    from tiny_recurrent_models import make_recurrent_models  # it imports this module
+
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     vocab = spm_vocab()
@@ -202,6 +207,7 @@ def make_tiny_models(outdir: Path) -> dict[str, Path]:
             vocab,
         ),
         "mismatch": write_model(outdir / "mismatch.gguf", "tiny-mismatch", other, other_vocab),
+        **make_recurrent_models(outdir),
     }
 
 

@@ -63,3 +63,24 @@ def test_draft_agreement_rates(tiny_models):
     assert 0.5 <= draft <= 0.9, draft
     assert 0.15 <= weak <= 0.5, weak
     assert weak < draft - 0.15
+
+
+@pytest.mark.parametrize("name,hybrid,recurrent", [
+    ("hybrid", True, False), ("hybrid_draft", True, False), ("recurrent", False, True)])
+def test_recurrent_models_load_with_their_memory_type(tiny_models, name, hybrid, recurrent):
+    llm = load(tiny_models[name], logits_all=True)
+    assert llama_cpp.llama_model_is_hybrid(llm.model) is hybrid
+    assert llama_cpp.llama_model_is_recurrent(llm.model) is recurrent
+    seq = llm.tokenize(b"The quick brown fox jumps over the lazy dog.\n")
+    llm.eval(seq)
+    scores = np.array(llm.scores[: len(seq)])
+    assert np.isfinite(scores).all()
+    assert len(set(scores.argmax(-1))) >= len(seq) // 3  # context moves the choice
+    out = llm.create_completion("Hello", max_tokens=24, temperature=0.0)["choices"][0]["text"]
+    assert len(set(out)) >= 6, out
+
+
+def test_hybrid_draft_agreement(tiny_models):
+    target = load(tiny_models["hybrid"], logits_all=True)
+    rate = greedy_agreement(target, load(tiny_models["hybrid_draft"], logits_all=True))
+    assert 0.5 <= rate <= 0.95, rate

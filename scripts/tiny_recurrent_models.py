@@ -1,0 +1,162 @@
+"""Tiny models whose memory is not (only) an attention KV cache, for tests (< 1 s, ~0.5 MB).
+
+hybrid.gguf: LFM2 (short-convolution, attention, short-convolution layers): llama.cpp rolls
+its recurrent state back only inside the last batch, and only with n_rs_seq > 0.
+hybrid_draft.gguf: the same weights with noise, a draft that agrees with it most of the time.
+recurrent.gguf: Mamba, which llama.cpp cannot roll back at all (no snapshots).
+All use make_tiny_models' SPM vocabulary and chat template, so they pair with each other and
+with target.gguf. Tensor names and keys are llama.cpp's (src/llama-arch.cpp,
+src/models/lfm2.cpp, src/models/mamba.cpp of the vendored source).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from make_tiny_models import (CHAT_TEMPLATE, CONTEXT_LENGTH, DRAFT_NOISE, DRAFT_SEED, RMS_EPS,
+                              _printable_mask, add_noise, spm_vocab)
+
+N_EMBD = 64
+N_HEAD = 4
+N_FF = 128
+# LFM2: which layers attend (the others are short convolutions); their head_count_kv is 0
+LFM2_ATTENTION = (False, True, False)
+L_CACHE = 3  # the short convolution's width (lfm2.shortconv.l_cache)
+# Mamba: d_inner must be 2 * n_embd in llama.cpp (mamba.cpp)
+MAMBA_LAYERS = 2
+D_CONV, D_STATE, DT_RANK = 4, 16, 8
+
+HYBRID_SEED = 2468
+RECURRENT_SEED = 1357
+
+
+def _mat(rng: np.random.Generator, rows: int, cols: int, gain: float) -> np.ndarray:
+    return (rng.standard_normal((rows, cols)) * gain / np.sqrt(cols)).astype(np.float32)
+
+
+def _output(rng, w: dict, n_vocab: int, printable: np.ndarray) -> None:
+    # the output rows of non-printable tokens are shrunk so that greedy text stays printable
+    out = _mat(rng, n_vocab, N_EMBD, 4.0)
+    out[~printable] *= 0.05
+    w["output.weight"] = out
+
+
+def lfm2_weights(n_vocab: int, printable: np.ndarray, seed: int) -> dict[str, np.ndarray]:
+    """Random LFM2 weights, numpy shapes (out, in) as GGUFWriter expects."""
+    rng = np.random.default_rng(seed)
+    head = N_EMBD // N_HEAD
+    w: dict[str, np.ndarray] = {
+        "token_embd.weight": rng.standard_normal((n_vocab, N_EMBD)).astype(np.float32)}
+    for i, attends in enumerate(LFM2_ATTENTION):
+        p = f"blk.{i}."
+        w[p + "attn_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
+        if attends:
+            w[p + "attn_q_norm.weight"] = np.ones(head, dtype=np.float32)
+            w[p + "attn_k_norm.weight"] = np.ones(head, dtype=np.float32)
+            w[p + "attn_q.weight"] = _mat(rng, N_EMBD, N_EMBD, 2.0)
+            w[p + "attn_k.weight"] = _mat(rng, N_EMBD, N_EMBD, 2.0)
+            w[p + "attn_v.weight"] = _mat(rng, N_EMBD, N_EMBD, 1.0)
+            w[p + "attn_output.weight"] = _mat(rng, N_EMBD, N_EMBD, 1.5)
+        else:
+            # the convolution over the last L_CACHE tokens is what makes the state recurrent
+            w[p + "shortconv.conv.weight"] = _mat(rng, N_EMBD, L_CACHE, 1.5)
+            w[p + "shortconv.in_proj.weight"] = _mat(rng, 3 * N_EMBD, N_EMBD, 1.5)
+            w[p + "shortconv.out_proj.weight"] = _mat(rng, N_EMBD, N_EMBD, 1.5)
+        w[p + "ffn_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
+        w[p + "ffn_gate.weight"] = _mat(rng, N_FF, N_EMBD, 1.0)
+        w[p + "ffn_up.weight"] = _mat(rng, N_FF, N_EMBD, 1.0)
+        w[p + "ffn_down.weight"] = _mat(rng, N_EMBD, N_FF, 1.5)
+    # LFM2's output norm is stored under this name (llama-arch.cpp: OUTPUT_NORM_LFM2)
+    w["token_embd_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
+    _output(rng, w, n_vocab, printable)
+    return w
+
+
+def mamba_weights(n_vocab: int, printable: np.ndarray, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    d_inner = 2 * N_EMBD
+    w: dict[str, np.ndarray] = {
+        "token_embd.weight": rng.standard_normal((n_vocab, N_EMBD)).astype(np.float32)}
+    for i in range(MAMBA_LAYERS):
+        p = f"blk.{i}."
+        w[p + "attn_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
+        w[p + "ssm_in.weight"] = _mat(rng, 2 * d_inner, N_EMBD, 1.5)
+        w[p + "ssm_conv1d.weight"] = _mat(rng, d_inner, D_CONV, 1.0)
+        w[p + "ssm_conv1d.bias"] = np.zeros(d_inner, dtype=np.float32)
+        w[p + "ssm_x.weight"] = _mat(rng, DT_RANK + 2 * D_STATE, d_inner, 1.0)
+        w[p + "ssm_dt.weight"] = _mat(rng, d_inner, DT_RANK, 1.0)
+        w[p + "ssm_dt.bias"] = np.full(d_inner, -2.0, dtype=np.float32)  # softplus: small steps
+        # A is stored as -exp(A_log) (convert_hf_to_gguf.py): negative, so the state decays
+        a_log = np.log(np.tile(np.arange(1, D_STATE + 1, dtype=np.float32), (d_inner, 1)))
+        w[p + "ssm_a"] = -np.exp(a_log).astype(np.float32)
+        w[p + "ssm_d"] = np.ones(d_inner, dtype=np.float32)
+        w[p + "ssm_out.weight"] = _mat(rng, N_EMBD, d_inner, 1.5)
+    w["output_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
+    _output(rng, w, n_vocab, printable)
+    return w
+
+
+def _write(path: Path, arch: str, name: str, weights: dict[str, np.ndarray], hparams) -> Path:
+    import gguf  # test-only dependency
+
+    tokens, scores, types = spm_vocab()
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(name)
+    writer.add_context_length(CONTEXT_LENGTH)
+    writer.add_embedding_length(N_EMBD)
+    writer.add_layer_norm_rms_eps(RMS_EPS)
+    writer.add_file_type(0)  # ALL_F32
+    hparams(writer)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    writer.add_add_space_prefix(False)
+    writer.add_chat_template(CHAT_TEMPLATE)
+    for tensor_name, array in weights.items():
+        writer.add_tensor(tensor_name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _lfm2_hparams(writer) -> None:
+    writer.add_block_count(len(LFM2_ATTENTION))
+    writer.add_feed_forward_length(N_FF)
+    writer.add_head_count(N_HEAD)
+    writer.add_head_count_kv([N_HEAD if a else 0 for a in LFM2_ATTENTION])
+    writer.add_rope_freq_base(10000.0)
+    writer.add_shortconv_l_cache(L_CACHE)
+
+
+def _mamba_hparams(writer) -> None:
+    writer.add_block_count(MAMBA_LAYERS)
+    writer.add_feed_forward_length(0)
+    writer.add_head_count(0)
+    writer.add_ssm_conv_kernel(D_CONV)
+    writer.add_ssm_inner_size(2 * N_EMBD)
+    writer.add_ssm_state_size(D_STATE)
+    writer.add_ssm_time_step_rank(DT_RANK)
+
+
+def make_recurrent_models(outdir: Path) -> dict[str, Path]:
+    """Write hybrid.gguf, hybrid_draft.gguf and recurrent.gguf into outdir."""
+    vocab = spm_vocab()
+    printable = _printable_mask(vocab[0])
+    hybrid = lfm2_weights(len(vocab[0]), printable, HYBRID_SEED)
+    return {
+        "hybrid": _write(outdir / "hybrid.gguf", "lfm2", "tiny-hybrid", hybrid, _lfm2_hparams),
+        "hybrid_draft": _write(outdir / "hybrid_draft.gguf", "lfm2", "tiny-hybrid-draft",
+                               add_noise(hybrid, DRAFT_NOISE, DRAFT_SEED), _lfm2_hparams),
+        "recurrent": _write(outdir / "recurrent.gguf", "mamba", "tiny-recurrent",
+                            mamba_weights(len(vocab[0]), printable, RECURRENT_SEED),
+                            _mamba_hparams),
+    }
