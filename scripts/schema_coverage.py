@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
 
 def reason(message: str) -> str:
     """A refusal's kind: llguidance's message without the parts that name this schema."""
-    text = message.split(": ", 1)[1] if message.startswith("the JSON schema") else message
+    text = message.split(": ", 1)[-1] if message.startswith("the JSON schema") else message
     text = re.sub(r"\"[^\"]*\"|'[^']*'|`[^`]*`", "…", text)  # names and values
     text = re.sub(r"\d+", "N", text)
     return text[:90]

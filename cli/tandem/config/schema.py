@@ -48,7 +48,7 @@ SERVE_MAX_TOKENS = 2048  # tandem serve: an answer's length when a request does 
 
 
 @dataclass(frozen=True)
-class Limit:
+class GrammarLimit:
     """A bound on what a grammar, a schema or a request's JSON may ask for, checked before
     anything compiles or walks it (engine/constrain/bounds.py, tandem/bounded_json.py)."""
 
@@ -65,20 +65,21 @@ class Limit:
 # 3,000-link $ref chain: the process died), took seconds (GBNF conversion is quadratic in
 # chained rules: 3,000 rules 1.5 s) or failed at the first token (Earley rows past 2,000
 # items). Real grammars and schemas stay far below them (docs/structured.md).
-GRAMMAR_LIMITS: Mapping[str, Limit] = MappingProxyType({lim.key: lim for lim in (
-    Limit("text_bytes", 256 << 10, "bytes of a grammar's or a schema's text",
+GRAMMAR_LIMITS: Mapping[str, GrammarLimit] = MappingProxyType({lim.key: lim for lim in (
+    GrammarLimit("text_bytes", 256 << 10, "bytes of a grammar's or a schema's text",
           "is {n} bytes long"),
-    Limit("rules", 1000, "rules in a GBNF grammar", "has {n} rules"),
-    Limit("alternatives", 1000, "'|' alternatives in a GBNF grammar, all rules together",
+    GrammarLimit("rules", 1000, "rules in a GBNF grammar", "has {n} rules"),
+    GrammarLimit("alternatives", 1000, "'|' alternatives in a GBNF grammar, all rules together",
           "has {n} '|' alternatives"),
-    Limit("repeat", 1000, "the count of a GBNF repetition {m,n}", "repeats {n} times"),
-    Limit("nesting", 100, "parentheses nested in a GBNF grammar",
+    GrammarLimit("repeat", 1000, "the count of a GBNF repetition {m,n}", "repeats {n} times"),
+    GrammarLimit("nesting", 100, "parentheses nested in a GBNF grammar",
           "nests parentheses {n} deep"),
-    Limit("refs", 1000, "$ref keywords in a JSON schema (so no $ref chain is longer)",
+    GrammarLimit("refs", 1000, "$ref keywords in a JSON schema (so no $ref chain is longer)",
           "has {n} $refs"),
-    Limit("branches", 1000, "values of one enum, or branches of one anyOf, oneOf or allOf",
-          "has an enum or anyOf/oneOf/allOf of {n} entries"),
-    Limit("json_depth", 100, "arrays and objects nested in a request body, a schema or a "
+    GrammarLimit("branches", 1000, "branches of one anyOf, oneOf or allOf, or objects and arrays "
+                            "in one enum (its strings and numbers: no limit but the text's)",
+          "has an anyOf/oneOf/allOf or enum of {n} structured entries"),
+    GrammarLimit("json_depth", 100, "arrays and objects nested in a request body, a schema or a "
                              "tool call's arguments", "is nested more than {n} levels deep"),
 )})
 

@@ -9,14 +9,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from tandem.config.schema import GRAMMAR_LIMITS, Limit
+from tandem.config.schema import GRAMMAR_LIMITS, GrammarLimit
 
 
 @dataclass(frozen=True)
 class Exceeded:
     """A limit a grammar passes: `found` of what the limit counts, at most `limit.value`."""
 
-    limit: Limit
+    limit: GrammarLimit
     found: int
 
     def says(self) -> str:
@@ -65,7 +65,7 @@ def in_gbnf(text: str) -> Exceeded | None:
             or _over("nesting", deepest) or _over("repeat", repeat))
 
 
-_BRANCHES = ("enum", "anyOf", "oneOf", "allOf")
+_BRANCHES = ("anyOf", "oneOf", "allOf", "enum")
 
 
 def in_schema(schema: Any) -> Exceeded | None:
@@ -80,7 +80,11 @@ def in_schema(schema: Any) -> Exceeded | None:
                 refs += 1
             for key in _BRANCHES:
                 if isinstance(item.get(key), list):
-                    over = _over("branches", len(item[key]))
+                    # an enum of strings and numbers is one lexeme, bounded by the text alone;
+                    # its objects and arrays, like a union's branches, are parser items
+                    found = item[key] if key != "enum" else \
+                        [v for v in item[key] if isinstance(v, (dict, list))]
+                    over = _over("branches", len(found))
                     if over:
                         return over
             stack += item.values()

@@ -136,7 +136,9 @@ def _compile(kind: str, text: str, origin: str) -> str:
 def _compile_new(kind: str, text: str, origin: str) -> str:
     where = f" ({origin})" if origin else ""
     what = {"gbnf": "GBNF grammar", "json_schema": "JSON schema"}.get(kind, "grammar")
-    over = bounds.in_gbnf(text) if kind == "gbnf" else bounds.in_text(text)
+    # a schema's size is counted as llguidance gets it, re-serialized (not its indentation)
+    over = bounds.in_gbnf(text) if kind == "gbnf" else \
+        bounds.in_text(text) if kind != "json_schema" else None
     if over:
         raise GrammarError(f"the {what}{where} {over.says()}", LIMITS_HINT, over.limit.key)
     return on_native_stack(_compile_bounded, kind, text, where, what)
@@ -169,7 +171,7 @@ def _compile_bounded(kind: str, text: str, where: str, what: str) -> str:
         if not isinstance(schema, (dict, bool)):
             raise GrammarError(f"the JSON schema{where} must be an object, got "
                                f"{type(schema).__name__}", "e.g. {\"type\": \"object\"}")
-        over = bounds.in_schema(schema)
+        over = bounds.in_schema(schema) or bounds.in_text(json.dumps(schema, ensure_ascii=False))
         if over:
             raise GrammarError(f"the JSON schema{where} {over.says()}", LIMITS_HINT,
                                over.limit.key)
