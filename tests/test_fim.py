@@ -184,13 +184,13 @@ def test_completion_prompt_forms():
 def test_texts_cut_before_tokenizing_give_the_same_prompt():
     """serve/prompt.py cuts a FIM request's texts to what its prompt can keep before the
     tokenizer sees them (one SPM word of 1 MB took 70 s): the prompt is unchanged."""
-    from tandem.serve.prompt import Budget, clip_infill
+    from tandem.serve.prompt import PromptBudget, clip_infill
     from tandem.serve.protocol import Infill
 
     fim = Infill(prefix="p" * 3000 + "def f(x):\n    ", suffix="\nprint(f(2))\n" + "s" * 4000,
                  extra=tuple(Chunk(f"chunk {i}\n" * 20, f"f{i}.py") for i in range(60)),
                  prompt="re" * 5)
-    cut = clip_infill(fim, Budget(n_ctx=256, max_token_bytes=1))
+    cut = clip_infill(fim, PromptBudget(n_ctx=256, max_token_bytes=1))
     assert len(cut.prefix) < len(fim.prefix) and len(cut.extra) < len(fim.extra)
     for n_ctx in (256, 200):
         def prompt(f, n_ctx=n_ctx):

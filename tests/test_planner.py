@@ -10,7 +10,7 @@ from hw_fixtures import CPU_ONLY, machine
 from tandem.commands.plan import resolve
 from tandem.machine.fit import plan_for_settings, recommended_pairs
 from tandem.machine.placement import ContextSpec, place, repackable
-from tandem.machine.planner import FITS, NO_FIT, PARTIAL, Budget, GiB, MiB, plan
+from tandem.machine.planner import FITS, NO_FIT, PARTIAL, MemoryBudget, GiB, MiB, plan
 from tandem.machine.shapes import ModelShape, PlanTensor, row_bytes
 from tandem.models.catalog import ModelSpec, load_catalog
 from tandem.models.gguf_meta import read_gguf_header
@@ -145,7 +145,7 @@ def test_repack_only_when_asked_and_never_on_cuda():
 
 def test_draft_goes_first_and_the_target_fills_the_rest():
     target, draft = toy(n_layer=10, layer=1 * GiB), toy(n_layer=4, layer=50 * MiB)
-    budget = Budget(backend="cuda", gpu=6 * GiB, ram=64 * GiB)
+    budget = MemoryBudget(backend="cuda", gpu=6 * GiB, ram=64 * GiB)
     p = plan(target, draft, budget, ContextSpec(n_ctx=2048))
     assert p.draft.on_gpu
     assert p.status == PARTIAL and 0 < p.target.gpu_layers < p.target.max_layers
@@ -159,7 +159,7 @@ def test_draft_goes_first_and_the_target_fills_the_rest():
 def test_advice_names_context_and_kv_quantization():
     target = toy(n_layer=20, layer=100 * MiB)  # 2 GiB of weights, 5 GiB of f16 KV at 16k
     big_kv = replace(target, n_head_kv=(32,) * 20, head_dim_k=128, head_dim_v=128)
-    budget = Budget(backend="cuda", gpu=6 * GiB, ram=64 * GiB)
+    budget = MemoryBudget(backend="cuda", gpu=6 * GiB, ram=64 * GiB)
     p = plan(big_kv, None, budget, ContextSpec(n_ctx=16384))
     assert p.status == PARTIAL
     assert any("smaller context" in a for a in p.advice)
@@ -168,11 +168,11 @@ def test_advice_names_context_and_kv_quantization():
 
 def test_explicit_layers_that_do_not_fit_and_ram():
     target = toy(n_layer=10, layer=1 * GiB)
-    p = plan(target, None, Budget(backend="cuda", gpu=2 * GiB, ram=64 * GiB), ContextSpec(),
+    p = plan(target, None, MemoryBudget(backend="cuda", gpu=2 * GiB, ram=64 * GiB), ContextSpec(),
              target_layers="all")
     assert p.status == NO_FIT and "requested GPU layers" in p.problems[0]
     small = toy(n_layer=2, layer=10 * MiB)
-    p = plan(target, None, Budget(backend="cpu", ram=4 * GiB), ContextSpec(),
+    p = plan(target, None, MemoryBudget(backend="cpu", ram=4 * GiB), ContextSpec(),
              alternatives=[("small-pair", small, None)])
     assert p.status == NO_FIT and not p.fits
     assert any("available" in x for x in p.problems)
@@ -238,7 +238,7 @@ def test_gpu_box_with_cpu_only_binding_plans_for_the_cpu(tmp_path):
     r = resolve({}, env={}, home=tmp_path, hardware=hw)
     assert r.settings.profile == "rtx-4090" and r.backend == "cpu"
     assert any("--backend cuda" in w for w in r.warnings)
-    assert Budget.for_hardware(hw, backend=r.backend).backend == "cpu"
+    assert MemoryBudget.for_hardware(hw, backend=r.backend).backend == "cpu"
 
 
 # --------------------------------------------------------------------------- estimates

@@ -137,7 +137,7 @@ class FakePair:
 
 
 def test_a_prompt_that_cannot_fit_is_refused_before_any_tokenizing():
-    pair, budget = FakePair(), prompt.Budget(n_ctx=100, max_token_bytes=4)
+    pair, budget = FakePair(), prompt.PromptBudget(n_ctx=100, max_token_bytes=4)
     req = Request(kind="text", model=None, prompt="x" * 401)
     with pytest.raises(ContextOverflowError, match="at least 101"):
         prompt.check_size(req, budget)
@@ -146,7 +146,7 @@ def test_a_prompt_that_cannot_fit_is_refused_before_any_tokenizing():
 
 
 def test_a_long_prompt_is_refused_from_its_prefix():
-    pair, budget = FakePair(), prompt.Budget(n_ctx=100, max_token_bytes=1000)
+    pair, budget = FakePair(), prompt.PromptBudget(n_ctx=100, max_token_bytes=1000)
     req = Request(kind="chat", model=None, messages=({"role": "user", "content": "y" * 50000},))
     prompt.check_size(req, budget)  # bytes alone cannot tell
     with pytest.raises(ContextOverflowError, match="more than 100"):
@@ -156,7 +156,7 @@ def test_a_long_prompt_is_refused_from_its_prefix():
 
 
 def test_a_prompt_that_fits_is_tokenized_whole():
-    pair, budget = FakePair(), prompt.Budget(n_ctx=100, max_token_bytes=1000)
+    pair, budget = FakePair(), prompt.PromptBudget(n_ctx=100, max_token_bytes=1000)
     req = Request(kind="chat", model=None, messages=({"role": "user", "content": "hi"},))
     assert prompt.prompt_tokens(pair, req, budget) == template.prompt_tokens(
         pair.target, list(req.messages))

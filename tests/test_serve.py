@@ -428,7 +428,7 @@ def pair(tiny_models, tmp_path_factory):
 
 
 def _run_job(worker, make, on_text=None):
-    from tandem.serve.engine_thread import Job
+    from tandem.serve.engine_thread import GenerationJob
 
     got: list = []
     done = threading.Event()
@@ -440,7 +440,7 @@ def _run_job(worker, make, on_text=None):
         if kind not in ("text", "prefilled"):
             done.set()
 
-    job = Job(make=make, sink=sink)
+    job = GenerationJob(make=make, sink=sink)
     worker.submit(job)
     assert done.wait(120)
     return got
@@ -477,11 +477,12 @@ def test_cancel_stops_within_one_step(pair):
 
 
 def test_queue_is_bounded(pair):
-    from tandem.serve.engine_thread import EngineWorker, Job, QueueFull
+    from tandem.serve.engine_thread import EngineWorker, GenerationJob, QueueFull
 
     worker = EngineWorker(pair, queue_size=2)  # not started: nothing is taken off the queue
     outcomes = []
-    jobs = [Job(make=lambda p: None, sink=lambda k, v: outcomes.append(k)) for _ in range(3)]
+    jobs = [GenerationJob(make=lambda p: None, sink=lambda k, v: outcomes.append(k))
+            for _ in range(3)]
     worker.submit(jobs[0])
     worker.submit(jobs[1])
     with pytest.raises(QueueFull):
@@ -607,7 +608,7 @@ def test_a_bug_is_a_500_json_error_and_the_app_goes_on():
     from tandem.serve.routes import ServeConfig, build_app
     from tandem.serve.engine_thread import Defaults
 
-    from tandem.serve.prompt import Budget
+    from tandem.serve.prompt import PromptBudget
     from tandem.engine.backend.fim import FimTokens
 
     class Broken:
@@ -620,7 +621,7 @@ def test_a_bug_is_a_500_json_error_and_the_app_goes_on():
             raise RuntimeError("boom")
 
     app = build_app(Broken(), ServeConfig(model_id="m", defaults=Defaults(),
-                                          budget=Budget(4096)))
+                                          budget=PromptBudget(4096)))
     body = json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode()
     status, reply = _asgi(app, "POST", "/v1/chat/completions", body)
     assert status == 500

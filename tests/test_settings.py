@@ -14,7 +14,7 @@ from tandem.config.settings import SOURCES
 from tandem.machine.fit import plan_for_settings
 from tandem.errors import UsageError
 from tandem.machine.placement import ContextSpec
-from tandem.machine.planner import Budget, plan
+from tandem.machine.planner import MemoryBudget, plan
 from tandem.config.files import SettingsFileError
 from tandem.machine.profiles import ProfileError, ProfileMismatchError, load_profiles
 
@@ -337,7 +337,7 @@ def test_session_options_take_gpu_layers_from_the_plan(home):
 
     t = ModelShape.estimate("qwen2.5-coder-7b-instruct-q4_k_m", int(4.68e9))
     d = ModelShape.estimate("qwen2.5-coder-0.5b-instruct-q4_k_m", 491400064)
-    p = plan(t, d, Budget.for_hardware(r.hardware, s.gpu_reserve_mb, r.backend),
+    p = plan(t, d, MemoryBudget.for_hardware(r.hardware, s.gpu_reserve_mb, r.backend),
              ContextSpec(n_ctx=s.n_ctx))
     opts = session_options(s, p)
     assert (opts.target_gpu_layers, opts.draft_gpu_layers) == (29, 25)  # all, output included

@@ -566,6 +566,21 @@ def test_module_names_say_what_they_hold():
     assert shared == {}, shared
 
 
+def test_class_names_say_what_they_hold():
+    """No two modules define a class of the same name (two Jobs, two Budgets and two Models
+    once meant a generation and a worker's load, a prompt's size and memory, a loaded model
+    and a reference): a reader finds each by its name alone."""
+    import collections
+
+    by_name = collections.defaultdict(list)
+    for module, tree in _trees():
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                by_name[node.name].append(module)
+    shared = {name: mods for name, mods in by_name.items() if len(mods) > 1}
+    assert shared == {}, shared
+
+
 def test_settings_hold_values_only():
     """Settings carries the resolved values and their sources, typed; the hardware, the
     profile object, the files and the warnings resolving took are commands/plan.py's

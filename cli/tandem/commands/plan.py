@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 from tandem.config.schema import endpoints
 from tandem.config.settings import CONFIG_NAME, Settings, read_sources, resolve_settings
 from tandem.config.tuned import tuned_values
-from tandem.engine.backend.context_params import ContextParams, exact_context
+from tandem.engine.backend.context_params import ROLLBACK_TOKENS, ContextParams, exact_context
 from tandem.engine.remote.rpc import server_info
 from tandem.engine.pair import SessionOptions
 from tandem.engine.drafting.strategies import DraftParams
@@ -123,8 +123,9 @@ def prepare_session(cli: Mapping[str, Any] | None,
 
     `resolve_models(pair_name) -> (target_path, draft_path or None)` finds (or downloads) the
     files of the resolved pair; commands.options.resolve_models fits. `home`: tandem's home
-    (default: $TANDEM_HOME or ~/.tandem), where settings, costs and history are kept. Raises
-    planner.PlanError (exit 3, with what to change) when the pair cannot be loaded at all.
+    (default: $TANDEM_HOME or ~/.local/share/tandem), where settings, costs and history are
+    kept. Raises planner.PlanError (exit 3, with what to change) when the pair cannot be
+    loaded at all.
     """
     home = Path(home) if home is not None else tandem_home()
     r = resolve(cli, resolve_models, hardware=hardware, home=home)
@@ -181,9 +182,11 @@ def session_options(s: Settings, plan: Plan | None = None, *, backend: str = "cp
     from the settings themselves on `backend` (Resolved.backend). `home`: where the session
     keeps costs and history. Threads the user did not fix are the engine's to choose."""
     exact = s.mode == "exact"
+    # a hybrid target undoes drafts from snapshots: as many as the longest draft asks for
     ctx = ContextParams(n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
                         n_threads=s.n_threads, n_threads_batch=s.n_threads_batch,
-                        flash_attn=s.flash_attn, type_k=s.type_k, type_v=s.type_v)
+                        flash_attn=s.flash_attn, type_k=s.type_k, type_v=s.type_v,
+                        rollback=max(ROLLBACK_TOKENS, s.n_max))
     if plan is not None:
         layers = (plan.target.gpu_layers, plan.draft.gpu_layers if plan.draft else 0)
     else:

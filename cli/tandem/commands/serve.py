@@ -94,7 +94,7 @@ def serve(
     from tandem.serve import routes as server  # Starlette and uvicorn: only now
     from tandem.models.vocab import longest_token_bytes
     from tandem.serve.engine_thread import Defaults, EngineWorker
-    from tandem.serve.prompt import UNKNOWN_TOKEN_BYTES, Budget
+    from tandem.serve.prompt import UNKNOWN_TOKEN_BYTES, PromptBudget
 
     sock = listening.bind(host, port)  # before the models load: a busy port fails fast
     if not listening.is_loopback(host) and api_key is None:
@@ -106,7 +106,7 @@ def serve(
                 session.add_context_file(path, text)
             worker = EngineWorker(session, strategy=opts.strategy, draft=opts.draft,
                                   queue_size=queue)
-            budget = Budget(session.n_ctx,
+            budget = PromptBudget(session.n_ctx,
                             longest_token_bytes(target_path) or UNKNOWN_TOKEN_BYTES)
             config = server.ServeConfig(
                 model_id=target_path.stem, api_key=api_key, budget=budget, timeout=timeout,

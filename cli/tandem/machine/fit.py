@@ -9,7 +9,7 @@ from typing import Any
 from tandem.config.schema import MAX_DRAFT
 from tandem.errors import ModelError
 from tandem.machine.placement import ContextSpec
-from tandem.machine.planner import Budget, plan
+from tandem.machine.planner import MemoryBudget, plan
 from tandem.machine.shapes import ModelShape
 from tandem.models.catalog import ModelSpec, load_catalog
 from tandem.models.gguf_meta import read_gguf_header
@@ -66,7 +66,7 @@ def plan_for_settings(settings, target: Any, draft: Any = None, *, hardware, bac
     are suggested when it does not fit."""
     t_shape = _shape_of(target, store, "target")
     d_shape = _shape_of(draft, store, "draft") if draft is not None else None
-    budget = Budget.for_hardware(hardware, settings.gpu_reserve_mb, backend=backend,
+    budget = MemoryBudget.for_hardware(hardware, settings.gpu_reserve_mb, backend=backend,
                                  repack=ENGINE_REPACK[settings.mode])
     same_draft = getattr(draft, "name", None)
     alternatives = _smaller_pairs(t_shape, same_draft) if suggest_pairs else ()

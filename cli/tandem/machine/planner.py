@@ -84,7 +84,7 @@ class Plan:
 
 
 @dataclass(frozen=True)
-class Budget:
+class MemoryBudget:
     """Memory the plan may use, and how the backend places things."""
 
     backend: str = "cpu"  # cpu | cuda | metal
@@ -97,7 +97,7 @@ class Budget:
 
     @classmethod
     def for_hardware(cls, hw, reserve_mb: int = 512, backend: str | None = None,
-                     repack: bool = False) -> Budget:
+                     repack: bool = False) -> MemoryBudget:
         """From tandem.machine.hardware.Hardware; the backend defaults to what the binding can do.
         `repack`: whether the engine loads models with llama.cpp's extra CPU buffer types
         (tandem's engine does not by default: repacked weights are not batch-invariant)."""
@@ -120,7 +120,7 @@ class Budget:
                    repack=repack)
 
 
-def plan(target: ModelShape, draft: ModelShape | None, budget: Budget, ctx: ContextSpec,
+def plan(target: ModelShape, draft: ModelShape | None, budget: MemoryBudget, ctx: ContextSpec,
          draft_ctx: ContextSpec | None = None, *, target_layers: int | str = "auto",
          draft_layers: int | str = "auto",
          alternatives: Sequence[tuple[str, ModelShape, ModelShape | None]] = (),

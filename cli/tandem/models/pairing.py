@@ -28,7 +28,7 @@ _VOCAB_HINT = ("pick a draft from the same model family; "
 
 
 @dataclass(frozen=True)
-class Model:
+class ResolvedModel:
     """A resolved reference: a local file, or a hub file (catalog or not) for the store."""
 
     label: str
@@ -41,26 +41,28 @@ class Model:
         return str(self.path) if self.path else self.spec.key  # type: ignore[union-attr]
 
 
-def resolve(text: str, role: str | None = None, cfg: HubConfig | None = None) -> Model:
-    """A Model for what the user typed; `user/repo:QUANT` lists the repo to pick the file."""
+def resolve(text: str, role: str | None = None, cfg: HubConfig | None = None) -> ResolvedModel:
+    """A ResolvedModel for what the user typed; `user/repo:QUANT` lists the repo to pick the
+    file."""
     ref: ModelRef = parse_ref(text, role)
     if ref.kind == "local":
-        return Model(ref.path.name, path=ref.path)  # type: ignore[union-attr]
+        return ResolvedModel(ref.path.name, path=ref.path)  # type: ignore[union-attr]
     if ref.kind == "hub_quant":
         files = [e.path for e in list_files(ref.repo, ref.revision, cfg)]  # type: ignore[arg-type]
         path = pick_quant(files, ref.quant, ref.repo)  # type: ignore[arg-type]
         spec = hub_spec(ref.repo, path, ref.revision)  # type: ignore[arg-type]
-        return Model(spec.key, spec=spec)
+        return ResolvedModel(spec.key, spec=spec)
     spec = ref.spec
     assert spec is not None
-    return Model(spec.name if ref.kind == "catalog" else spec.key, spec=spec)
+    return ResolvedModel(spec.name if ref.kind == "catalog" else spec.key, spec=spec)
 
 
-def pair_models(pair: PairSpec) -> tuple[Model, Model]:
-    return Model(pair.target.name, spec=pair.target), Model(pair.draft.name, spec=pair.draft)
+def pair_models(pair: PairSpec) -> tuple[ResolvedModel, ResolvedModel]:
+    return (ResolvedModel(pair.target.name, spec=pair.target),
+            ResolvedModel(pair.draft.name, spec=pair.draft))
 
 
-def local_path(model: Model, store: Store) -> Path | None:
+def local_path(model: ResolvedModel, store: Store) -> Path | None:
     """Where the model is on disk now, or None if it must be downloaded."""
     if model.path is not None:
         return model.path
@@ -79,7 +81,7 @@ class HeaderRead:
     bytes_fetched: int = 0
 
 
-def read_header(model: Model, store: Store, cfg: HubConfig | None = None) -> HeaderRead:
+def read_header(model: ResolvedModel, store: Store, cfg: HubConfig | None = None) -> HeaderRead:
     path = local_path(model, store)
     if path is not None:
         header = read_gguf_header(path)
@@ -93,8 +95,8 @@ def read_header(model: Model, store: Store, cfg: HubConfig | None = None) -> Hea
 
 @dataclass(frozen=True)
 class Compat:
-    target: Model
-    draft: Model
+    target: ResolvedModel
+    draft: ResolvedModel
     target_header: HeaderRead
     draft_header: HeaderRead
     problems: tuple[str, ...]
@@ -111,13 +113,14 @@ class Compat:
         )
 
 
-def compare(target: Model, draft: Model, t: HeaderRead, d: HeaderRead) -> Compat:
+def compare(target: ResolvedModel, draft: ResolvedModel, t: HeaderRead, d: HeaderRead) -> Compat:
     problems = tuple(compatibility_problems(VocabInfo.from_header(t.header),
                                             VocabInfo.from_header(d.header)))
     return Compat(target, draft, t, d, problems)
 
 
-def check(target: Model, draft: Model, store: Store, cfg: HubConfig | None = None) -> Compat:
+def check(target: ResolvedModel, draft: ResolvedModel, store: Store,
+          cfg: HubConfig | None = None) -> Compat:
     """Compare the two vocabularies, reading headers locally or over HTTP (no weights)."""
     t = read_header(target, store, cfg)
     d = read_header(draft, store, cfg)
@@ -129,7 +132,7 @@ def check(target: Model, draft: Model, store: Store, cfg: HubConfig | None = Non
 
 @dataclass(frozen=True)
 class Suggestion:
-    draft: Model
+    draft: ResolvedModel
     pairs: tuple[str, ...]  # catalog pairs that use this draft
     problems: tuple[str, ...] = ()
     error: TandemError | None = None  # the draft's header could not be read
@@ -148,7 +151,7 @@ def catalog_drafts() -> list[tuple[ModelSpec, tuple[str, ...]]]:
     return [(spec, tuple(names)) for spec, names in by_key.values()]
 
 
-def suggest(target: Model, store: Store, cfg: HubConfig | None = None,
+def suggest(target: ResolvedModel, store: Store, cfg: HubConfig | None = None,
             workers: int = 4) -> tuple[HeaderRead, list[Suggestion]]:
     """Every catalog draft checked against `target` (header range reads run in parallel)."""
     t = read_header(target, store, cfg)
@@ -157,7 +160,7 @@ def suggest(target: Model, store: Store, cfg: HubConfig | None = None,
 
     def one(item: tuple[ModelSpec, tuple[str, ...]]) -> Suggestion:
         spec, names = item
-        model = Model(spec.name, spec=spec)
+        model = ResolvedModel(spec.name, spec=spec)
         try:
             d = read_header(model, store, cfg)
         except TandemError as exc:
@@ -180,7 +183,7 @@ class PullResult:
     fetched: list[str] = field(default_factory=list)  # labels of models downloaded now
 
 
-def pull(target: Model, draft: Model, store: Store, cfg: HubConfig | None = None, *,
+def pull(target: ResolvedModel, draft: ResolvedModel, store: Store, cfg: HubConfig | None = None, *,
          progress: ProgressFn | None = None, note: NoteFn | None = None,
          precheck: bool = True) -> PullResult:
     """Check the vocabularies from the headers, download what is missing, check again.
@@ -215,8 +218,8 @@ def pull(target: Model, draft: Model, store: Store, cfg: HubConfig | None = None
         paths[role] = path
     after = before
     if before is None or fetched:  # check what will actually be loaded
-        after = check(Model(target.label, path=paths["target"]),
-                      Model(draft.label, path=paths["draft"]), store, cfg)
+        after = check(ResolvedModel(target.label, path=paths["target"]),
+                      ResolvedModel(draft.label, path=paths["draft"]), store, cfg)
         if not after.compatible:
             raise after.error()
     return PullResult(paths["target"], paths["draft"], before is not None, after, fetched)

@@ -23,7 +23,7 @@ from tandem.engine.loop.sampling import SamplingParams
 from tandem.engine.loop.speculative import GenParams
 from tandem.errors import TandemError
 from tandem.serve import prompt
-from tandem.serve.prompt import Budget
+from tandem.serve.prompt import PromptBudget
 
 
 class QueueFull(Exception):
@@ -31,7 +31,7 @@ class QueueFull(Exception):
 
 
 @dataclass
-class Job:
+class GenerationJob:
     """One request's generation. `sink(kind, value)` receives, in order: ("prefilled", n) once
     the prompt is evaluated, ("text", str) per released piece of text, then exactly one of ("done", Answer), ("error", TandemError),
     ("failed", Exception) or ("cancelled", None). It is called from the engine thread."""
@@ -39,7 +39,7 @@ class Job:
     make: Callable[[Pair], tuple[Sequence[int], GenParams]] | None  # see prepare()
     sink: Callable[[str, object], None]
     cancel: threading.Event = field(default_factory=threading.Event)
-    # an editor's stopping rules (serve.native.Limiter): the text passes through it, and the
+    # an editor's stopping rules (serve.llama_api.Limiter): the text passes through it, and the
     # answer ends where it says, as if it had finished ("done", reason "limit")
     limit: object = None
     # instead of an answer, one call on the pair (a remote pair's tokenizer, between
@@ -54,7 +54,8 @@ class EngineWorker:
         self.strategy = strategy
         self.draft = draft
         self.record = record
-        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max(1, queue_size))
+        self._queue: queue.Queue[GenerationJob | None] = queue.Queue(
+            maxsize=max(1, queue_size))
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tandem-engine", daemon=True)
         self.busy = False  # a job is being generated (for /health)
@@ -73,7 +74,7 @@ class EngineWorker:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job: GenerationJob) -> None:
         if self._stopping.is_set():
             raise QueueFull("the server is stopping")
         try:
@@ -113,7 +114,7 @@ class EngineWorker:
             finally:
                 self.busy = False
 
-    def _run(self, job: Job) -> None:
+    def _run(self, job: GenerationJob) -> None:
         if job.cancel.is_set() or self._stopping.is_set():
             self.cancelled += 1
             _deliver(job, "cancelled", None)
@@ -175,7 +176,7 @@ class EngineWorker:
         _deliver(job, *outcome)
 
 
-def _deliver(job: Job, kind: str, value) -> None:
+def _deliver(job: GenerationJob, kind: str, value) -> None:
     try:
         job.sink(kind, value)
     except Exception:  # noqa: BLE001 - a closed event loop (shutdown) must not kill the engine
@@ -209,13 +210,13 @@ def gen_params(req, defaults: Defaults, prediction: Sequence[int] = ()) -> GenPa
 
 
 def prepare(pair: Pair, req, defaults: Defaults,
-            budget: Budget | None = None) -> tuple[list[int], GenParams]:
+            budget: PromptBudget | None = None) -> tuple[list[int], GenParams]:
     """A checked request (serve.protocol.Request) -> prompt tokens and generation parameters,
     in the engine thread: for a pair whose tokenizer is elsewhere (RemotePair's worker, one
     call at a time over its pipe). A local pair's prompt is tokenized by the HTTP side
     beforehand (serve/prompt.py), so that no request's preparation delays the one being
     generated. The prompt goes through the same Pair.prompt_tokens as run and chat."""
-    budget = budget or Budget(pair.n_ctx)
+    budget = budget or PromptBudget(pair.n_ctx)
     local = pair.tokenizes_aside  # a remote pair's worker tokenizes the prompt whole
     tokens, prediction = prompt.request_tokens(pair, req, budget, local=local)
     return tokens, gen_params(req, defaults, prediction)

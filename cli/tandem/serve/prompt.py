@@ -23,7 +23,7 @@ UNKNOWN_TOKEN_BYTES = 1024  # a vocabulary whose longest token could not be read
 
 
 @dataclass(frozen=True)
-class Budget:
+class PromptBudget:
     """What a prompt may hold: the target's context in tokens, and its vocabulary's longest
     token in UTF-8 bytes (models/vocab.py reads it off the GGUF header's token list)."""
 
@@ -62,13 +62,13 @@ def _overflow(n_tokens: int | str, n_ctx: int, param: str | None = None) -> Prom
         param)
 
 
-def check_size(req, budget: Budget) -> None:
+def check_size(req, budget: PromptBudget) -> None:
     """Refuse at once a prompt that cannot fit: more bytes than the context's tokens can
     stand for. No tokenizer is involved; this runs before the request is queued."""
     check_text_size(_texts(req), budget, _param(req))
 
 
-def check_text_size(texts: Sequence[str], budget: Budget, param: str) -> None:
+def check_text_size(texts: Sequence[str], budget: PromptBudget, param: str) -> None:
     """The same check for any texts bound for the tokenizer (/tokenize's content): the
     tokenizer's cost is not linear in every vocabulary (an SPM one: 70 s for 1 MB of one
     word), so text that cannot fit a context is never tokenized."""
@@ -78,7 +78,7 @@ def check_text_size(texts: Sequence[str], budget: Budget, param: str) -> None:
         raise _overflow(f"at least {at_least} ({size} bytes)", budget.n_ctx, param)
 
 
-def clip_infill(fim, budget: Budget):
+def clip_infill(fim, budget: PromptBudget):
     """A fill-in-the-middle's texts cut, before any tokenizing, to what its prompt can keep:
     the prefix's tail, the suffix's head, the extra chunks nearest the cursor (the typed
     `prompt` is kept whole, as llama-server keeps it, and checked as a prompt is). The kept
@@ -95,7 +95,7 @@ def clip_infill(fim, budget: Budget):
                    extra=tuple(reversed(kept)))
 
 
-def prompt_tokens(pair, req, budget: Budget, local: bool = True) -> list[int]:
+def prompt_tokens(pair, req, budget: PromptBudget, local: bool = True) -> list[int]:
     """The request's prompt tokens (the chat template for chat, the raw prompt for
     /v1/completions), refused once they reach the context. Thread-safe for a local
     PairSession (llama_tokenize reads the vocabulary only, as llama-server's HTTP threads use
@@ -115,7 +115,7 @@ def prompt_tokens(pair, req, budget: Budget, local: bool = True) -> list[int]:
     return tokens
 
 
-def request_tokens(pair, req, budget: Budget,
+def request_tokens(pair, req, budget: PromptBudget,
                    local: bool = True) -> tuple[list[int], tuple[int, ...]]:
     """The prompt's tokens (prompt_tokens) and the prediction's (plain text: data). A
     prediction drafts the answer, which the context bounds: of a longer one only the text

@@ -36,12 +36,12 @@ from tandem.serve.protocol import ApiError
 from tandem.serve.engine_thread import (
     Defaults,
     EngineWorker,
-    Job,
+    GenerationJob,
     QueueFull,
     gen_params,
     prepare,
 )
-from tandem.serve.prompt import Budget, request_tokens
+from tandem.serve.prompt import PromptBudget, request_tokens
 from tandem.serve.prompt import check_size as prompt_size_check
 from tandem.serve.prompt import check_text_size as prompt_text_check
 from tandem.serve.request_flow import (
@@ -68,7 +68,7 @@ class ServeConfig:
     defaults: Defaults
     api_key: str | None = None
     max_body: int = MAX_BODY
-    budget: Budget | None = None  # None: the target context's size, the longest token unknown
+    budget: PromptBudget | None = None  # None: the target context's size, the longest token unknown
     timeout: float = REQUEST_TIMEOUT  # s for a request's headers, and again for its body
     quiet: bool = False  # no per-request line on stderr
     cors: tuple[str, ...] = ()  # origins a browser page may call from (--cors)
@@ -102,7 +102,7 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
     one, is a request's whole life (queue, prompt verdict, stream or answer, cancellation),
     which reads best in one place."""
     created = int(time.time())
-    budget = config.budget or Budget(worker.pair.n_ctx)
+    budget = config.budget or PromptBudget(worker.pair.n_ctx)
     # one thread tokenizes prompts while the engine thread generates (serve/prompt.py); the
     # utility routes (/tokenize, /detokenize, /apply-template) have their own, so a client's
     # bulk tokenizing never holds back a completion's prompt
@@ -124,7 +124,7 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
         def sink(what, value):
             loop.call_soon_threadsafe(lambda: done.done() or done.set_result((what, value)))
         try:
-            worker.submit(Job(make=None, sink=sink, call=fn))
+            worker.submit(GenerationJob(make=None, sink=sink, call=fn))
         except QueueFull as exc:
             raise busy(exc) from None
         what, value = await done
@@ -259,7 +259,7 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
                 make = lambda pair: (tokens, gen)  # noqa: E731 - the job's one line
             else:
                 make = partial(prepare, req=req, defaults=config.defaults, budget=budget)
-            job = Job(make=make, sink=sink, limit=limit if limit.active else None)
+            job = GenerationJob(make=make, sink=sink, limit=limit if limit.active else None)
             worker.submit(job)
         except QueueFull as exc:
             raise busy(exc) from None

@@ -41,7 +41,7 @@ BEAT_EVERY = 0.5
 
 
 @dataclass(frozen=True)
-class Job:
+class WorkerSpec:
     """What the worker loads: the pair and the session options (with .rpc)."""
 
     target: Path
@@ -69,7 +69,7 @@ class RemotePair:
         # asked once: the vocabulary does not change
         self._fim: FimTokens | None = None
         self._props: dict | None = None
-        self._job = Job(self.target_path, drafts, options)
+        self._job = WorkerSpec(self.target_path, drafts, options)
         self._dead: RemoteError | None = None
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter, no inherited state
         self._conn, child = ctx.Pipe(duplex=True)
@@ -302,7 +302,7 @@ def _how_it_ended(proc) -> str:
     return f"exited with code {code}"
 
 
-def _failure(job: Job, proc, log_path: str, what: str, stalled: bool = False) -> RemoteError:
+def _failure(job: WorkerSpec, proc, log_path: str, what: str, stalled: bool = False) -> RemoteError:
     """Which endpoint failed: the ones that no longer answer a handshake (after the worker is
     gone, a healthy server is free again), else all of them."""
     from tandem.engine.remote.rpc import broken
@@ -339,7 +339,7 @@ def _llama_said(log_path: str) -> str:
     return ""
 
 
-def _remove_partial_files(job: Job, pid: int | None, started: float) -> None:
+def _remove_partial_files(job: WorkerSpec, pid: int | None, started: float) -> None:
     """A worker killed mid-write leaves its temporary file (never a half-written real one):
     remove those it may have made."""
     if pid is None:
@@ -362,7 +362,7 @@ def _remove_partial_files(job: Job, pid: int | None, started: float) -> None:
 # ------------------------------------------------------------------------------ the worker
 
 
-def _worker_main(conn, job: Job, log_path: str) -> None:
+def _worker_main(conn, job: WorkerSpec, log_path: str) -> None:
     """In the worker process: quiet, no core files, an abort ends it at once."""
     import signal
 
@@ -398,7 +398,7 @@ def _error(exc: BaseException) -> tuple:
                       "rerun with TANDEM_DEBUG=1 and --verbose, and report it", 1))
 
 
-def _serve(conn, job: Job) -> None:
+def _serve(conn, job: WorkerSpec) -> None:
     """Load the pair, then answer calls until "quit" (or the parent's end of the pipe)."""
     from tandem.engine.pair import PairSession
 
