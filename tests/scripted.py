@@ -76,6 +76,7 @@ class ScriptedContext:
         self.params = _Params()
         self.verify_limit = verify_limit or min(MAX_OUTPUTS, n_batch)
         self.notes: list[str] = []
+        self.memory_note = None  # attention memory: drafts are never capped by it
         self.clock = clock
         self.cost = cost or (lambda n: 0.0)
         self.tokens: list[int] = []
@@ -106,6 +107,9 @@ class ScriptedContext:
 
     def truncate(self, n: int) -> None:
         del self.tokens[n:]
+
+    def checkpoint(self) -> None:
+        pass  # attention memory: truncate() goes back anywhere (Context.checkpoint)
 
     def reuse(self, tokens: Sequence[int]) -> int:
         return 0  # a scripted context never moves cached runs (Context.reuse)

@@ -5,7 +5,7 @@ names or compares them imports this module, so it loads without the compiled bin
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from tandem.config.schema import MAX_DRAFT
@@ -22,6 +22,11 @@ MAX_OUTPUTS = MAX_DRAFT + 1
 # on the GPU keeps the profile's draft length, and the run's notes say exactness is unverified.
 EXACT_BATCH = 7
 
+# Tokens of a verify batch a hybrid model's context can undo from llama.cpp's snapshots
+# (n_rs_seq; each costs one more copy of the recurrent state): auto's longest drafts (16
+# tokens, costs.MAX_BATCH - 1); the session asks for more when --draft-max does.
+ROLLBACK_TOKENS = 16
+
 
 @dataclass(frozen=True)
 class ContextParams:
@@ -36,6 +41,10 @@ class ContextParams:
     n_outputs_max: int = MAX_OUTPUTS
     # exact mode: verify batches stay within EXACT_BATCH rows on CPU kernels (see above)
     exact: bool = False
+    # the snapshots a hybrid model's context keeps (ROLLBACK_TOKENS); out of repr, which
+    # names cost files: the timings do not depend on it
+    rollback: int = field(default=ROLLBACK_TOKENS, repr=False)
+
 
 
 def exact_context(ctx: ContextParams) -> ContextParams:

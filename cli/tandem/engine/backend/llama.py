@@ -21,6 +21,8 @@ import numpy as np
 from tandem.engine.backend.context_params import (  # noqa: F401 - re-exported: the backend's API
     EXACT_BATCH, MAX_OUTPUTS, ContextParams, common_prefix, default_threads, exact_context)
 from tandem.engine.backend.fim import FimTokens
+from tandem.engine.backend.memory import (HYBRID, RECURRENT, SLIDING, RollbackPlan, StateCopies,
+                                          keeps_copies, memory_type)
 from tandem.errors import ContextOverflowError, ModelError
 
 try:
@@ -96,6 +98,8 @@ def system_info() -> str:
 _logits_address = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
     ctypes.cast(_lc.llama_get_logits, ctypes.c_void_p).value)
 
+# copies of the recurrent state only: the attention KV of a hybrid is truncated as usual
+_PARTIAL = _lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 
@@ -155,6 +159,10 @@ class Model:
         if self.remote:
             self.fully_on_gpu = False
         self.n_ctx_train = _lc.llama_model_n_ctx_train(ptr)
+        # how a context of this model goes back (engine/backend/memory.py)
+        self.n_swa = _lc.llama_model_n_swa(ptr)
+        self.memory = memory_type(bool(_lc.llama_model_is_hybrid(ptr)),
+                                  bool(_lc.llama_model_is_recurrent(ptr)), self.n_swa)
         self.bos = _lc.llama_vocab_bos(self.vocab)
         self.eos = _lc.llama_vocab_eos(self.vocab)
         self.add_bos = bool(_lc.llama_vocab_get_add_bos(self.vocab))
@@ -299,6 +307,9 @@ class Context:
         cp.type_k = KV_TYPES[params.type_k]
         cp.type_v = KV_TYPES[params.type_v]
         cp.no_perf = False
+        # snapshots of the recurrent state for the last tokens of a batch: llama.cpp clamps
+        # it to 0 for architectures that have none (llm_arch_supports_rs_rollback)
+        cp.n_rs_seq = params.rollback if model.memory == HYBRID else 0
         # the counts decoding uses now (set_threads changes them on the live context)
         self.n_threads, self.n_threads_batch = cp.n_threads, cp.n_threads_batch
         ptr = _lc.llama_init_from_model(model._ptr, cp)
@@ -331,10 +342,25 @@ class Context:
             self.notes.append("exact mode with the target on RPC servers: bit-identity is "
                               "tested with CPU rpc-servers (unrepacked weights there); GPU "
                               "servers' kernels were not measured")
+        elif params.exact and model.memory != "attention":
+            self.notes.append(f"exact mode with a {model.memory} target: verify batches' "
+                              "bit-identity was measured on attention models only (a "
+                              "rollback itself is exact)")
         elif params.exact and model.fully_on_gpu:
             self.notes.append("exact mode on a GPU target: batch invariance of GPU kernels was "
                               "not measured, so greedy output may differ from plain decoding "
                               "at near ties")
+        # a rejected draft is undone from the verify batch's snapshots: drafts no longer
+        # than they reach; a model without any decodes plain (a copy and a second decode of
+        # the accepted tokens every step was not measured to pay)
+        self.rollback = RollbackPlan(model.memory, _lc.llama_n_rs_seq(ptr))
+        self.copies = StateCopies()
+        self._tracks_batches = keeps_copies(model.memory)  # decode() notes where a batch began
+        # why drafts are capped below what the batch allows (generate() says it when they are)
+        self.memory_note: str | None = None
+        if keeps_copies(model.memory) and limit > self.rollback.depth + 1:
+            limit = self.rollback.depth + 1
+            self.memory_note = _memory_note(model, self.rollback.depth)
         self.verify_limit = max(limit, 1)
         self._mem = _lc.llama_get_memory(ptr)
         self._batch = _lc.llama_batch_init(max(self.n_batch, 1), 0, 1)
@@ -400,12 +426,68 @@ class Context:
         return self.model.n_vocab
 
     def truncate(self, n: int) -> None:
-        """Forget KV cache positions n.. (rollback of rejected drafts)."""
-        if n < len(self.tokens):
+        """Forget cache positions n.. (rollback of rejected drafts, a shorter prefix): the KV
+        cache truncated; a hybrid's recurrent state from the last batch's snapshots, else
+        from the nearest saved copy (checkpoint()) with the tokens after it evaluated again."""
+        length = len(self.tokens)
+        if n >= length:
+            return
+        plan = self.rollback
+        if not keeps_copies(plan.kind):
             if not self._seq_rm(self._mem, 0, n, -1):
                 raise ModelError("llama.cpp could not roll back the KV cache",
-                                 "this model's memory type does not support partial removal")
+                                 f"{self.model.path.name} has {plan.kind} memory; run with "
+                                 "--verbose to see llama.cpp's log")
             del self.tokens[n:]
+            if plan.kind == SLIDING and not self._window_holds(n):
+                self._restore(n)
+            return
+        self.copies.drop_after(n)
+        if plan.by_snapshot(n, length) and self._seq_rm(self._mem, 0, n, -1):
+            plan.rolled_back()
+            del self.tokens[n:]
+            return
+        self._restore(n)
+
+    def checkpoint(self) -> None:
+        """Save a copy of the state here when a rollback to here may need one (a hybrid or
+        recurrent model: before decodes that are undone whole, such as a draft model's
+        single-token steps or a timing probe); nothing for attention-only memory."""
+        if not keeps_copies(self.rollback.kind) or not self.tokens:
+            return
+        if self.rollback.pending:  # the copy would read the state before that rollback
+            self._restore(len(self.tokens))
+        size = _lc.llama_state_seq_get_size_ext(self._ptr, 0, _PARTIAL)
+        buf = (ctypes.c_uint8 * size)()
+        if _lc.llama_state_seq_get_data_ext(self._ptr, buf, size, 0, _PARTIAL) != size:
+            raise ModelError("llama.cpp could not copy the recurrent state",
+                             "run with --verbose to see llama.cpp's log")
+        self.copies.keep(len(self.tokens), buf)
+
+    def _restore(self, n: int) -> None:
+        """Go back to position n from the nearest saved copy at or before it (none: from
+        nothing), evaluating the tokens between again."""
+        pos, data = self.copies.nearest(n)
+        again = self.tokens[pos:n]
+        if data is None:
+            ok = self._seq_rm(self._mem, 0, 0, -1)  # removing everything always works
+        else:
+            ok = _lc.llama_state_seq_set_data_ext(self._ptr, data, len(data), 0, _PARTIAL) > 0
+            ok = ok and self._seq_rm(self._mem, 0, pos, -1)  # the attention part past it
+        if not ok:
+            raise ModelError("llama.cpp could not restore the saved state",
+                             "run with --verbose to see llama.cpp's log")
+        del self.tokens[pos:]
+        self.copies.drop_after(pos)
+        self.rollback.restored()
+        for start in range(0, len(again), self.n_batch):
+            self.decode(again[start:start + self.n_batch])
+
+    def _window_holds(self, n: int) -> bool:
+        """Whether a sliding-window cache still holds what position n attends to (llama-server's
+        test: its oldest position within the window of n)."""
+        oldest = _lc.llama_memory_seq_pos_min(self._mem, 0)
+        return oldest <= max(0, n - self.model.n_swa)
 
     def decode(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
         """Evaluate tokens after the cached ones; logits of the last row, or of every row.
@@ -421,6 +503,8 @@ class Context:
                 "shorten the prompt or raise --ctx-size")
         if all_logits and n > self._max_rows:
             raise ValueError("all_logits decode is limited to n_batch and n_outputs_max rows")
+        if self._tracks_batches:
+            self.rollback.decoded(len(self.tokens) + (n - 1) // self.n_batch * self.n_batch)
         if n <= self.n_batch:  # one llama_decode call: the loop's case
             self._fill(tokens, len(self.tokens), all_logits, True)
             rc = self._llama_decode(self._ptr, self._batch)
@@ -522,6 +606,14 @@ class Context:
         data = _lc.llama_perf_context(self._ptr)
         return {"t_p_eval_ms": data.t_p_eval_ms, "t_eval_ms": data.t_eval_ms,
                 "n_p_eval": data.n_p_eval, "n_eval": data.n_eval}
+
+
+def _memory_note(model: Model, depth: int) -> str:
+    if model.memory == RECURRENT or depth == 0:
+        return (f"no drafting: {model.path.name} is a {model.memory} model whose state "
+                "llama.cpp cannot roll back (no snapshots); it decodes plain")
+    return (f"drafts capped at {depth}: {model.path.name} is a hybrid model whose recurrent "
+            f"state llama.cpp rolls back only over its last {depth} tokens (n_rs_seq)")
 
 
 def _decode_failed(rc: int) -> None:

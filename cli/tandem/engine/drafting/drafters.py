@@ -137,6 +137,8 @@ class DraftModelDrafter:
         # the last token is always re-evaluated (a past decode's logits are gone): a draft decode
         logits = self.ctx.decode(tokens[-1:])[0]
         self.last_decodes = 1
+        if k > 1:  # single-token steps follow, which a recurrent state cannot take back alone
+            self.ctx.checkpoint()
         out: list[int] = []
         dists: list[Dist | None] | None = [] if sample else None
         while True:

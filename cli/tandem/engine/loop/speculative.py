@@ -212,6 +212,8 @@ def _observe(drafter: Drafter, step_event: StepEvent) -> None:
 
 
 def _cap_note(target: Context, n_max: int) -> str:
+    if target.memory_note:  # the model's memory rolls back no further
+        return target.memory_note
     if target.verify_limit >= min(target.n_batch, target.params.n_outputs_max):
         return (f"drafts capped at {n_max}: a verify batch of {n_max + 1} tokens fills the "
                 f"batch size (n_batch {target.n_batch})")
@@ -235,6 +237,8 @@ def _prefill(target: Context, drafter: Drafter,
         if done < total:  # the last one waits for the drafter: the prompt phase ends there
             yield PrefillEvent(done, total, len(tokens))
     target.prefill(body)  # an empty body, or one the cache already holds: only truncates
+    if done:  # where a later prompt that shares this one may come back to (a recurrent state)
+        target.checkpoint()
     drafter.prefill(tokens)
     return done
 

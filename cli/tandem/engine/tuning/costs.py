@@ -223,6 +223,7 @@ def disagreement(target, cached: CostModel, tokens: Sequence[int]) -> float:
     if not sizes:
         return 1.0
     target.prefill(tokens)
+    target.checkpoint()  # each timed batch is undone whole (a recurrent state: from a copy)
     base = len(target.tokens)
     filler = list(tokens[-1:]) * max(sizes)
     ratios = []
@@ -250,6 +251,7 @@ def calibrate(target, draft, tokens: Sequence[int], sizes: Sequence[int] = (1, 2
     # decoded with logits on every row, and the curve beyond is extrapolated
     sizes = [n for n in sizes if n <= target.verify_limit] or [1]
     target.prefill(tokens)
+    target.checkpoint()  # each timed batch is undone whole (a recurrent state: from a copy)
     base = len(target.tokens)
     filler = list(tokens[-1:]) * max(sizes)
     target.decode(filler[:1])  # warm-up: the first decode of a context pays for allocations
@@ -269,6 +271,7 @@ def calibrate(target, draft, tokens: Sequence[int], sizes: Sequence[int] = (1, 2
                         if model.verify[n] > 0}
     if draft is not None:
         draft.prefill(tokens)
+        draft.checkpoint()
         dbase = len(draft.tokens)
         n = DRAFT_PROBE_TOKENS  # independent of `sizes`, which may be as short as (1,)
         t0 = time.perf_counter()

@@ -313,6 +313,7 @@ class ThreadControl:
         why, before = self.tuner.due, self.tuner.current
         if not self.tuner.want_probe(others):
             return
+        target.checkpoint()  # each probe's decode is undone whole (a recurrent state: from a copy)
         base = len(target.tokens)
         token = target.tokens[-1] if target.tokens else 0
 
