@@ -662,12 +662,15 @@ def test_bench_serve_report_ratios():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--port", "70000"], "--port must be in 0..65535"),
-    (["--queue", "0"], "--queue must be >= 1"),
-    (["--api-key", " "], "--api-key is empty"),
+    (["--port", "70000"], "port must be in 0..65535, got 70000"),
+    (["--queue", "0"], "queue must be in 1..4096, got 0"),
+    (["--api-key", " "], "the API key (--api-key) is empty"),
+    (["--api-key", " k"], "the API key (--api-key) starts or ends with whitespace"),
+    (["--timeout", "0"], "request timeout (s) must be in 0.1..3600"),
     (["--host", "no-such-host.invalid"], "cannot listen on 'no-such-host.invalid'"),
 ])
 def test_bad_serve_flags(tiny_models, tmp_path, args, message):
+    """Each refused before the models load, in the settings schema's words."""
     out = subprocess.run(
         [sys.executable, "-m", "tandem", "serve", *_models(tiny_models), "--port", "0", *args],
         capture_output=True, text=True, timeout=120,
@@ -675,3 +678,36 @@ def test_bad_serve_flags(tiny_models, tmp_path, args, message):
     assert out.returncode == 2, out.stderr
     assert f"Error: {message}" in out.stderr and "Hint:" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_serve_settings_come_from_the_environment_and_config(tiny_models, tmp_path):
+    """host, port, queue, timeout, cache reuse, CORS and the API key are settings like the
+    others (issue 39): env and config.yaml set them, flags win, and `tandem hw` shows the key
+    only as set."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text("serve:\n  queue: 3\n  timeout: 7\n  api_key: k1\n")
+    env = {**os.environ, "TANDEM_HOME": str(home), "TANDEM_PORT": "70000"}
+    out = subprocess.run([sys.executable, "-m", "tandem", "serve", *_models(tiny_models)],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 2 and "environment variable TANDEM_PORT" in out.stderr
+    env["TANDEM_API_KEY"] = "s3cret"
+    out = subprocess.run([sys.executable, "-m", "tandem", "hw", "--json"], capture_output=True,
+                         text=True, timeout=120, env={**env, "TANDEM_PORT": "0"})
+    settings = json.loads(out.stdout)["settings"]
+    assert settings["queue"] == {"value": 3, "source": "config",
+                                 "origin": f"{home / 'config.yaml'}:2"}
+    assert settings["api_key"]["value"] == "(set)" and "s3cret" not in out.stdout + out.stderr
+    assert settings["port"]["source"] == "env" and settings["host"]["value"] == "127.0.0.1"
+    # a server whose key is in config.yaml wants it; a flag's key wins over the file's
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "config.yaml").write_text("serve:\n  api_key: k1\n")
+    for flags, key in (([], "k1"), (["--api-key", "k2"], "k2")):
+        srv = Server([*_models(tiny_models), "--strategy", "none", *flags], served)
+        try:
+            assert srv.raw("GET", "/v1/models")[0] == 401
+            assert srv.raw("GET", "/v1/models", headers={"Authorization": f"Bearer {key}"})[0] \
+                == 200
+        finally:
+            srv.stop()

@@ -215,7 +215,7 @@ def _render_settings(s, console) -> None:
     st.add_column("Value")
     st.add_column("Source")
     for key, setting in s.sources.items():
-        st.add_row(key, str(setting.value), setting.describe())
+        st.add_row(key, str(setting.shown), setting.describe())
     console.print(st)
     console.print()
 

@@ -21,11 +21,18 @@ from tandem.commands.options import (
     setting_flags,
     shared_options,
 )
-from tandem.config.schema import SERVE_MAX_TOKENS, check_max_tokens
+from tandem.config.schema import FIELDS_BY_KEY, SERVE_MAX_TOKENS, check_max_tokens
 from tandem.errors import UsageError
 
 
 app = typer.Typer()
+
+
+def _said(key: str, text: str) -> str:
+    """A serve flag's help with its default, variable and config key, read from the schema."""
+    f = FIELDS_BY_KEY[key]
+    default = f" Default {f.default}." if f.default not in ("", None) and not f.secret else ""
+    return f"{text}{default} Env {f.env}, config `{f.dotted}`."
 
 
 @app.command()
@@ -33,14 +40,14 @@ app = typer.Typer()
 def serve(
     *,
     pair: Annotated[Optional[str], typer.Argument(help="Catalog pair name (default: the default pair).", show_default=False)] = None,
-    host: Annotated[str, typer.Option("--host", help="Address to listen on. Beyond loopback, set --api-key.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="TCP port (0: any free port; the address is printed on stderr).")] = 8080,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="TANDEM_API_KEY", help="Require 'Authorization: Bearer KEY' (env TANDEM_API_KEY keeps it out of the process list).")] = None,
-    queue: Annotated[int, typer.Option("--queue", help="Requests that may wait while one is generated; beyond, 429 with Retry-After.")] = 8,
+    host: Annotated[Optional[str], typer.Option("--host", help=_said("host", "Address to listen on. Beyond loopback, set --api-key."), show_default=False)] = None,
+    port: Annotated[Optional[int], typer.Option("--port", help=_said("port", "TCP port (0: any free port; the address is printed on stderr)."), show_default=False)] = None,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", help=_said("api_key", "Require 'Authorization: Bearer KEY' (the variable keeps it out of the process list)."), show_default=False)] = None,
+    queue: Annotated[Optional[int], typer.Option("--queue", help=_said("queue", "Requests that may wait while one is generated; beyond, 429 with Retry-After."), show_default=False)] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No line per request on stderr (route, tokens, time, tok/s, acceptance, status).")] = False,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds a client has to send a request's headers, and again its body; beyond, 408 and the connection closed.")] = 30.0,
-    cache_reuse: Annotated[int, typer.Option("--cache-reuse", help="Move cached runs of at least N tokens that a new prompt holds at another position, instead of evaluating them again (llama-server's --cache-reuse; an editor's keystrokes); 0: off. Never in --exact mode.")] = 256,
-    cors: Annotated[Optional[str], typer.Option("--cors", help="Origins whose web pages may call the API from a browser, comma-separated (e.g. http://localhost:3000); off by default.", show_default=False)] = None,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", help=_said("timeout", "Seconds a client has to send a request's headers, and again its body; beyond, 408 and the connection closed."), show_default=False)] = None,
+    cache_reuse: Annotated[Optional[int], typer.Option("--cache-reuse", help=_said("cache_reuse", "Move cached runs of at least N tokens that a new prompt holds at another position, instead of evaluating them again (llama-server's --cache-reuse; an editor's keystrokes); 0: off. Never in --exact mode."), show_default=False)] = None,
+    cors: Annotated[Optional[str], typer.Option("--cors", help=_said("cors", "Origins whose web pages may call the API from a browser, comma-separated (e.g. http://localhost:3000); off by default."), show_default=False)] = None,
     model, model_draft, strategy, n_max, n_min, p_min,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens per answer when a request does not say (max_tokens).")] = SERVE_MAX_TOKENS,
     temp, top_k, top_p, min_p, repeat_penalty, n_ctx, n_threads,
@@ -64,31 +71,22 @@ def serve(
     """
     from tandem.commands.engine import open_pair
 
-    if not 0 <= port <= 65535:
-        raise UsageError(f"--port must be in 0..65535, got {port}", "8080 is the default")
-    if queue < 1:
-        raise UsageError(f"--queue must be >= 1, got {queue}", "8 is the default")
-    if not 0.1 <= timeout <= 3600:
-        raise UsageError(f"--timeout must be in 0.1..3600 seconds, got {timeout:g}",
-                         "30 is the default")
-    if api_key is not None and not api_key.strip():
-        raise UsageError("--api-key is empty", "pass a key, or leave the option out")
-    if api_key is not None and api_key != api_key.strip():
-        raise UsageError("--api-key starts or ends with whitespace, which no client can send "
-                         "(HTTP drops it from the header)", "pass the key without it")
     check_max_tokens(max_tokens)
-    if not 0 <= cache_reuse <= 1 << 20:
-        raise UsageError(f"--cache-reuse must be in 0..{1 << 20} tokens, got {cache_reuse}",
-                         "256 is the default (llama.vscode's advice to llama-server); 0: off")
-    origins = cors_origins(cors, api_key)
+    # the flags checked before any download, and again once env and config.yaml are read
+    cors_origins(cors, checked_key(api_key, "--api-key"))
     sampling = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, None)
     contexts = read_context_files(context_file)
     flags = setting_flags(exact, no_history, strategy=strategy, n_max=n_max, n_min=n_min,
                           p_min=p_min, n_ctx=n_ctx, n_threads=n_threads, rpc=rpc,
-                          rpc_timeout=rpc_timeout)
+                          rpc_timeout=rpc_timeout, host=host, port=port, queue=queue,
+                          timeout=timeout, cache_reuse=cache_reuse, cors=cors, api_key=api_key)
     prepared = prepare_pair(pair, model, model_draft, flags, verbose)
+    s = prepared.settings  # flags > env > config.yaml > profile > the schema's defaults
+    host, port, queue, timeout = s.host, s.port, s.queue, s.timeout
+    api_key = checked_key(s.api_key or None, s.origin("api_key"))
+    origins = cors_origins(s.cors or None, api_key)
     target_path, draft_path, opts = prepared.target, prepared.draft, prepared.options
-    opts = replace(opts, cache_reuse=cache_reuse)
+    opts = replace(opts, cache_reuse=s.cache_reuse)
 
     from tandem.serve import listening
     from tandem.serve import routes as server  # Starlette and uvicorn: only now
@@ -119,6 +117,19 @@ def serve(
             server.serve(worker, config, sock, verbose=verbose)
     finally:
         sock.close()
+
+
+def checked_key(key: str | None, where: str) -> str | None:
+    """The API key, or None; one no client could send is refused."""
+    if key is None:
+        return None
+    if not key.strip():
+        raise UsageError(f"the API key ({where}) is empty", "pass a key, or leave it out")
+    if key != key.strip():
+        raise UsageError(f"the API key ({where}) starts or ends with whitespace, which no "
+                         "client can send (HTTP drops it from the header)",
+                         "pass the key without it")
+    return key
 
 
 def cors_origins(value: str | None, api_key: str | None) -> tuple[str, ...]:

@@ -114,6 +114,7 @@ class Field:
     choices: tuple[str, ...] = ()
     label: str = ""
     flag: str | None = None  # the command-line flag, where there is one
+    secret: bool = False  # shown as "(set)", never its value (`tandem hw`, --json)
 
     @property
     def dotted(self) -> str:
@@ -144,7 +145,9 @@ class Field:
 
     def parse(self, text: str) -> tuple[Any, str | None]:
         """A value written as text (environment, flags): (value, None) or (None, problem)."""
-        return self.check(text.strip(), text=True)
+        # a secret is taken as written: a key with spaces is refused where it is used, not
+        # silently changed into another key
+        return self.check(text if self.secret else text.strip(), text=True)
 
     def check(self, value: Any, *, text: bool = False) -> tuple[Any, str | None]:
         """(normalized value, None) or (None, what is wrong), checked by msgspec against
@@ -355,6 +358,21 @@ SETTING_FIELDS: tuple[Field, ...] = (
       "", label="JSON schema file", flag="--json-schema-file"),
     F("json_object", ("structured", "json_object"), "TANDEM_JSON_OBJECT", "choice", "off",
       choices=ON_OFF, label="any JSON object", flag="--json-object"),
+    # `tandem serve`'s own (docs/serve.md); the others read them and ignore them
+    F("host", ("serve", "host"), "TANDEM_HOST", "text", "127.0.0.1", label="listen address",
+      flag="--host"),
+    F("port", ("serve", "port"), "TANDEM_PORT", "int", 8080, 0, 65535, label="port",
+      flag="--port"),
+    F("queue", ("serve", "queue"), "TANDEM_QUEUE", "int", 8, 1, 4096, label="queue",
+      flag="--queue"),
+    F("timeout", ("serve", "timeout"), "TANDEM_TIMEOUT", "float", 30.0, 0.1, 3600.0,
+      label="request timeout (s)", flag="--timeout"),
+    F("cache_reuse", ("serve", "cache_reuse"), "TANDEM_CACHE_REUSE", "int", 256, 0, 1 << 20,
+      label="cache reuse (tokens)", flag="--cache-reuse"),
+    F("cors", ("serve", "cors"), "TANDEM_CORS", "text", "", label="CORS origins",
+      flag="--cors"),
+    F("api_key", ("serve", "api_key"), "TANDEM_API_KEY", "text", "", label="API key",
+      flag="--api-key", secret=True),
 )
 # the settings that constrain the output, of which one source may give at most one
 CONSTRAINT_KEYS = ("grammar", "grammar_file", "json_schema", "json_schema_file", "json_object")
@@ -367,7 +385,7 @@ OTHER_ENV = ("TANDEM_HOME", "TANDEM_PROFILE", "TANDEM_PAIR", "TANDEM_FORCE_PROFI
              "TANDEM_PROFILES_DIR", "TANDEM_DEBUG", "TANDEM_PIP_ARGS", "TANDEM_CACHE_DIR",
              "TANDEM_LLAMA_SERVER", "TANDEM_SKIP_REAL", "TANDEM_REAL_MODELS_HOME",
              "TANDEM_E2E_CAPTURE", "TANDEM_TEST_FULL", "TANDEM_TEST_READONLY",
-             "TANDEM_TEST_UNREADABLE", "TANDEM_API_KEY")
+             "TANDEM_TEST_UNREADABLE")
 KNOWN_ENV = frozenset(f.env for f in SETTING_FIELDS) | frozenset(OTHER_ENV)
 _FLAG_ONLY = {"TEMP": "--temp", "TEMPERATURE": "--temp", "TOP_P": "--top-p", "TOP_K": "--top-k",
               "MIN_P": "--min-p", "SEED": "--seed", "REPEAT_PENALTY": "--repeat-penalty",

@@ -47,6 +47,13 @@ class Setting:
     def describe(self) -> str:
         return f"{self.source}: {self.origin}" if self.origin else self.source
 
+    @property
+    def shown(self) -> Any:
+        """The value as tandem shows it: a secret (an API key) only as set or not."""
+        if FIELDS_BY_KEY.get(self.key) is not None and FIELDS_BY_KEY[self.key].secret:
+            return "(set)" if self.value else ""
+        return self.value
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -81,6 +88,13 @@ class Settings:
     json_schema: str
     json_schema_file: str
     json_object: str  # on: any JSON object
+    host: str  # tandem serve's: the address, port, queue, timeouts, cache reuse, CORS and key
+    port: int
+    queue: int
+    timeout: float
+    cache_reuse: int
+    cors: str  # origins, comma-separated ("": none)
+    api_key: str  # "": none
     sources: Mapping[str, Setting] = field(repr=False, default_factory=dict)
 
     def source(self, key: str) -> str:
@@ -90,7 +104,7 @@ class Settings:
         return self.sources[key].origin
 
     def to_dict(self) -> dict:
-        return {k: {"value": s.value, "source": s.source, "origin": s.origin}
+        return {k: {"value": s.shown, "source": s.source, "origin": s.origin}
                 for k, s in self.sources.items()}
 
 
