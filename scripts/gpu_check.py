@@ -7,18 +7,21 @@ runs alone wherever tandem's engine imports:
   python scripts/gpu_check.py --shapes tiny --bin-dir BIN --out /tmp/gc.json        # CPU
   python scripts/gpu_check.py --shapes 0.5b,1.5b,7b --bin-dir BIN --ngl 99 --out gc.json
 
-Per shape (scripts/synthetic_gguf.py: Qwen2.5's dimensions, random weights, Q4_K_M): plain
-decode ms/token, the verify-batch cost curve (k = 1..17 tokens, logits on every row), the
-host's argmax and draft_top cost on one row, llama-bench's tg figure, and whether verify
-batches are bit-identical to single-token decoding up to which k, in tandem's exact-mode
-context and with llama.cpp's defaults. For the pair (largest shape as target, smallest as
-draft): where each model's layers went against `tandem hw`'s plan, and tandem's loop against
-llama-completion and llama-speculative-simple with the same settings. Acceptance between
-random models means nothing; costs are what this measures.
+Sections (SECTIONS, in order; each saved as it finishes). Per shape (scripts/synthetic_gguf.py:
+Qwen2.5's dimensions, random weights, Q4_K_M): `shapes`: plain decode ms/token, the
+verify-batch cost curve (k = 1..17 tokens, logits on every row), the host's argmax and
+draft_top cost on one row, llama-bench's tg figure, and whether verify batches are
+bit-identical to single-token decoding up to which k, in tandem's exact-mode context and with
+llama.cpp's defaults; `seq_batch`: one decode of 1, 2, 4, 8 sequences' rows (1, or 1 + n_max
+each) against one sequence's token (scripts/seq_batch_cost.py). For the pair (largest shape as
+target, smallest as draft): `offload`: where each model's layers went against `tandem hw`'s
+plan; `pair`: tandem's loop against llama-completion and llama-speculative-simple with the
+same settings. Acceptance between random models means nothing; costs are what this measures.
 
 Results go to --out after every section (a run cut short keeps what it measured), a summary
-to stdout, progress to stderr. `tandem spec-bench --predict-costs FILE` prices acceptance
-measured elsewhere with these costs.
+to stdout, progress to stderr. A section that erred makes the exit status 1, and is named on
+stderr with its error's first line. `tandem spec-bench --predict-costs FILE` prices
+acceptance measured elsewhere with these costs.
 """
 from __future__ import annotations
 
@@ -32,12 +35,15 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
+
+from seq_batch_cost import measure_seq_batch, seq_batch_line  # noqa: E402 - scripts/ on the path
 
 SCHEMA = 1
 PROMPT_TOKENS = 128  # context before the decode and verify timings (a short chat prompt)
@@ -182,8 +188,9 @@ def planned(target: Path, draft: Path) -> dict:
     res = subprocess.run([sys.executable, "-m", "tandem", "hw", "-m", str(target),
                           "-md", str(draft), "--json"], capture_output=True, text=True,
                          timeout=300)
-    if res.returncode != 0:
-        raise RuntimeError(f"tandem hw failed:\n{res.stderr[-1500:]}")
+    if res.returncode != 0:  # the traceback's last line first: the one a summary shows
+        last = (res.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"tandem hw failed: {last}\n{res.stderr[-1500:]}")
     data = json.loads(res.stdout)
     return {"profile": (data.get("profile") or {}).get("name"), "plan": data["plan"]}
 
@@ -257,40 +264,92 @@ def measure_pair(target: Path, draft: Path, ns) -> dict:
     return out
 
 
+def shape_line(name: str, s: dict) -> str:
+    r = s["verify"]["ratio"]
+    curve = " ".join(f"k={k}:{r[k]:.2f}" for k in ("2", "4", "8", "16") if k in r)
+    ex = s["exactness"]
+    return (f"  {name}: decode {s['decode_ms']:.3f} ms/token"
+            + (f" (llama-bench {s['native_tg_ms']:.3f})" if s.get("native_tg_ms") else "")
+            + f"; verify/plain {curve}; bit-identical up to k={ex['exact']['exact_up_to']}"
+            f" (exact mode), k={ex['fast']['exact_up_to']} (fast); host argmax "
+            f"{s['host_argmax_us']:.1f} us, draft_top {s['host_draft_top_us']:.1f} us")
+
+
+def offload_line(_: str, off: dict) -> str:
+    return (f"  offload ({off['profile']}): " + ", ".join(
+        f"{role} {m['layers_on_gpu']}/{m['layers']} layers on GPU (planned "
+        f"{m['planned_gpu_layers']})" for role, m in off["models"].items())
+        + (" - as planned" if off["as_planned"] else " - NOT as planned"))
+
+
+def pair_line(_: str, pair: dict) -> str:
+    lines = []
+    for name in ("none", "draft"):
+        p = pair[name]
+        ratio = f", {p['ratio']:.3f}x native" if p["ratio"] else ""
+        lines.append(f"  pair {name}: tandem {p['tandem_tok_s']:.1f} tok/s{ratio}, host "
+                     f"{p['host_us_per_token']:.1f} us/token")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Section:
+    """One key of the result, measured and saved on its own, so that a run cut short keeps
+    what finished. per "shape": one entry per shape, result[name][shape], measure(ns, path);
+    per "pair": one entry, result[name], measure(ns, target, draft)."""
+    name: str
+    per: str
+    measure: Callable[..., dict]
+    line: Callable[[str, dict], str]  # the summary of a measured entry
+
+
+# In the order they run. Pending, one entry each once their synthetic models exist (docs/
+# benchmarks.md, section 9): a hybrid model's rollback, an MTP head's cost against its body.
+SECTIONS = (
+    Section("shapes", "shape", lambda ns, path: measure_shape(path, ns), shape_line),
+    Section("seq_batch", "shape", lambda ns, path: measure_seq_batch(path, ns, PROMPT_TOKENS),
+            seq_batch_line),
+    Section("offload", "pair", lambda ns, target, draft: check_offload(target, draft),
+            offload_line),
+    Section("pair", "pair", lambda ns, target, draft: measure_pair(target, draft, ns), pair_line),
+)
+
+
+def entries(result: dict, section: Section) -> list[tuple[str, dict]]:
+    data = result.get(section.name)
+    if section.per == "shape":
+        return list((data or {}).items())
+    return [("", data)] if data is not None else []
+
+
+def first_error(entry: dict) -> str | None:
+    """An entry's error (a native tool's failure in the pair loop counts), its first line."""
+    errors = [entry["error"]] if "error" in entry else list(entry.get("native_errors") or [])
+    return (str(errors[0]).strip().splitlines() or [""])[0] if errors else None
+
+
+def failures(result: dict) -> list[str]:
+    """'section (shape): first error line' for every entry that erred."""
+    out = []
+    for section in SECTIONS:
+        for key, entry in entries(result, section):
+            err = first_error(entry)
+            if err is not None:
+                out.append(f"{section.name}{f' ({key})' if key else ''}: {err}")
+    return out
+
+
 def summary(result: dict) -> str:
     lines = [f"gpu_check ({result['backend']}): {', '.join(result['environment']['gpus']) or 'CPU'}"]
-    for name, s in result["shapes"].items():
-        if "error" in s:
-            lines.append(f"  {name}: error: {s['error']}")
-            continue
-        if "verify" not in s:
-            lines.append(f"  {name}: {s.get('skipped', 'not measured')}")
-            continue
-        r = s["verify"]["ratio"]
-        curve = " ".join(f"k={k}:{r[k]:.2f}" for k in ("2", "4", "8", "16") if k in r)
-        ex = s["exactness"]
-        lines.append(f"  {name}: decode {s['decode_ms']:.3f} ms/token"
-                     + (f" (llama-bench {s['native_tg_ms']:.3f})" if s.get("native_tg_ms") else "")
-                     + f"; verify/plain {curve}; bit-identical up to k={ex['exact']['exact_up_to']}"
-                     f" (exact mode), k={ex['fast']['exact_up_to']} (fast); host argmax "
-                     f"{s['host_argmax_us']:.1f} us, draft_top {s['host_draft_top_us']:.1f} us")
-    off = result.get("offload")
-    if off and "models" in off:
-        lines.append(f"  offload ({off['profile']}): " + ", ".join(
-            f"{role} {m['layers_on_gpu']}/{m['layers']} layers on GPU (planned "
-            f"{m['planned_gpu_layers']})" for role, m in off["models"].items())
-            + (" - as planned" if off["as_planned"] else " - NOT as planned"))
-    elif off:
-        lines.append(f"  offload: {off.get('error') or off.get('skipped')}")
-    pair = result.get("pair")
-    if pair and "none" in pair:
-        for name in ("none", "draft"):
-            p = pair[name]
-            ratio = f", {p['ratio']:.3f}x native" if p["ratio"] else ""
-            lines.append(f"  pair {name}: tandem {p['tandem_tok_s']:.1f} tok/s{ratio}, host "
-                         f"{p['host_us_per_token']:.1f} us/token")
-    elif pair:
-        lines.append(f"  pair: {pair.get('error') or pair.get('skipped')}")
+    for section in SECTIONS:
+        for key, entry in entries(result, section):
+            where = f"{section.name} {key}".strip()
+            if "error" in entry:
+                lines.append(f"  {where}: error: {first_error(entry)}")
+            elif "skipped" in entry:
+                lines.append(f"  {where}: skipped ({entry['skipped']})")
+            else:
+                lines.append(section.line(key, entry))
     return "\n".join(lines)
 
 
@@ -348,8 +407,9 @@ def main(argv: list[str] | None = None) -> int:
         "build": json.loads(ns.build_info.read_text()) if ns.build_info else None,
         "argv": argv if argv is not None else sys.argv[1:],
         "settings": {"ngl": ns.ngl, "threads": ns.threads, "ks": ns.ks,
-                     "contexts": ns.contexts, "reps": ns.reps, "n_decode": ns.n_decode},
-        "models": {}, "shapes": {}, "offload": None, "pair": None}
+                     "contexts": ns.contexts, "reps": ns.reps, "n_decode": ns.n_decode,
+                     "n_max": ns.n_max},
+        "models": {}, **{s.name: {} if s.per == "shape" else None for s in SECTIONS}}
     ns.out.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:
@@ -360,43 +420,47 @@ def main(argv: list[str] | None = None) -> int:
     def late() -> bool:
         return ns.deadline_s > 0 and time.monotonic() - t_start > ns.deadline_s
 
+    def run(section: Section, key: str, *paths: Path) -> dict:
+        """One entry of a section; a failure is kept as its error, the other entries go on."""
+        if late():
+            return {"skipped": "deadline"}
+        log(f"{section.name}: {key or ' + '.join(p.name for p in paths)}")
+        try:
+            return section.measure(ns, *paths)
+        except Exception as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"}
+
     paths = {name: Path(p) for name, p in given.items()}
     result["models"].update({n: {"path": str(p), "given": True} for n, p in given.items()})
     quantize = ns.bin_dir / "llama-quantize" if ns.bin_dir else None
     save()
     want_pair = not ns.no_pair and len(shapes) >= 2
     pair_shapes = ns.pair.split(",") if ns.pair else None
+    by_shape = [s for s in SECTIONS if s.per == "shape"]
 
     def check_pair() -> None:
         t_shape, d_shape = pair_shapes
-        draft, target = paths[d_shape], paths[t_shape]
-        for key, fn in (("offload", lambda: check_offload(target, draft)),
-                        ("pair", lambda: measure_pair(target, draft, ns))):
-            if late():
-                result[key] = {"skipped": "deadline"}
-                continue
-            log(f"{key}: {target.name} + {draft.name}")
-            try:
-                result[key] = {"target_shape": t_shape, "draft_shape": d_shape, **fn()}
-            except Exception as exc:
-                result[key] = {"error": f"{type(exc).__name__}: {exc}"}
+        for section in (s for s in SECTIONS if s.per == "pair"):
+            result[section.name] = {"target_shape": t_shape, "draft_shape": d_shape,
+                                    **run(section, "", paths[t_shape], paths[d_shape])}
             save()
 
     # shape by shape, in the order given: a run cut short keeps whole shapes; a --pair of
     # early shapes is checked as soon as both are measured, before larger shapes are made
     for name in shapes:
-        if late():
-            result["shapes"][name] = {"skipped": "deadline"}
-            continue
-        try:
-            if name not in paths:
+        if name not in paths and not late():
+            try:
                 result["models"].update(make(ns.models_dir, [name], quantize, ns.ftype, log=log))
                 paths[name] = Path(result["models"][name]["path"])
-            log(f"measuring {name}")
-            result["shapes"][name] = measure_shape(paths[name], ns)
-        except Exception as exc:  # one shape's failure must not lose the others' figures
-            result["shapes"][name] = {"error": f"{type(exc).__name__}: {exc}"}
-        save()
+            except Exception as exc:  # no model: each of its sections says why
+                for section in by_shape:
+                    result[section.name][name] = {"error": f"{type(exc).__name__}: {exc}"}
+                save()
+                continue
+        for section in by_shape:
+            result[section.name][name] = (run(section, name, paths[name]) if name in paths
+                                          else {"skipped": "deadline"})
+            save()
         if want_pair and pair_shapes and result["pair"] is None \
                 and all(s in paths for s in pair_shapes):
             check_pair()
@@ -411,7 +475,11 @@ def main(argv: list[str] | None = None) -> int:
     save()
     print(summary(result))
     print(f"wrote {ns.out}", file=sys.stderr)
-    return 0
+    # loud: a section that erred fails the run, named with its error's first line
+    failed = failures(result)
+    for line in failed:
+        print(f"gpu_check: FAILED {line}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

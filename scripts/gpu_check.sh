@@ -106,7 +106,7 @@ else
 fi
 say "llama.cpp tools and libraries: $BIN_DIR"
 
-# ---- venv: the system's numpy/typer/rich/pyyaml/huggingface_hub, llama-cpp-python, tandem
+# ---- venv: the system's packages where they fit, llama-cpp-python, tandem
 VENV="$STATE/venv-$BACKEND"
 # without ensurepip (a distribution's python3 without its venv package) the venv runs the
 # system's pip, which the system site-packages make importable
@@ -120,19 +120,20 @@ if [ -n "$parent" ]; then
   own="$("$VPY" -c 'import site; print(site.getsitepackages()[0])')"
   printf '%s\n' $parent > "$own/gpu_check_parent.pth"
 fi
-pip_get() {  # the bundle's wheels first; PyPI only where there is a network (the CPU path)
-  "$VPY" -m pip install --quiet --no-index --find-links "$BUNDLE/wheels" "$@" >&2 2>/dev/null \
-    || { [ "$BACKEND" = cpu ] && "$VPY" -m pip install --quiet "$@" >&2; }
-}
-# "module to import (and a check where the version matters) | package to install"; setuptools
-# builds tandem's editable install without the `wheel` package from 70.1 on
-for pair in "numpy|numpy" "yaml|pyyaml" "jinja2|jinja2" "diskcache|diskcache" \
-  "typing_extensions|typing_extensions" "typer|typer" "rich|rich" \
-  "huggingface_hub|huggingface_hub" "scikit_build_core|scikit-build-core" \
-  "setuptools; assert tuple(map(int, setuptools.__version__.split('.')[:2])) >= (70, 1)|setuptools>=70.1"; do
-  "$VPY" -c "import ${pair%%|*}" 2>/dev/null || pip_get "${pair#*|}" \
-    || fail "python package ${pair#*|} is missing" "install it on this machine, or add its wheel to $BUNDLE/wheels"
-done
+# what tandem needs, as pyproject.toml lists it (scripts/runtime_deps.py; llama-cpp-python's own
+# dependencies in its place, since it is installed from the sdist below, and the build
+# requirements); the bundle's wheels first, PyPI only where there is a network (the CPU path)
+DEPS=(scripts/runtime_deps.py --sdist "$SDIST" --build)
+mapfile -t REQS < <("$PY" "${DEPS[@]}")
+[ "${#REQS[@]}" -gt 0 ] || fail "scripts/runtime_deps.py listed nothing" "run it to see why"
+if ! "$VPY" "${DEPS[@]}" --check 2>/dev/null; then
+  say "installing ${REQS[*]}"
+  "$VPY" -m pip install --quiet --no-index --find-links "$BUNDLE/wheels" "${REQS[@]}" >&2 \
+    2>/dev/null || { [ "$BACKEND" = cpu ] && "$VPY" -m pip install --quiet "${REQS[@]}" >&2; } \
+    || true  # the check below names what is still missing
+  "$VPY" "${DEPS[@]}" --check || fail "python packages that tandem needs are missing (above)" \
+    "run scripts/trim_sdist.sh where PyPI is reachable and carry .gpu-bundle/ here"
+fi
 LIBKEY="$LLAMA_VERSION|$LIB_DIR"
 if [ "$(cat "$VENV/.llama-libs" 2>/dev/null)" != "$LIBKEY" ]; then
   say "installing llama-cpp-python $LLAMA_VERSION (Python package, libraries from $LIB_DIR)"

@@ -7,6 +7,9 @@ own length (k x draft ratio + verify ratio(k + 1)). Pricing the mean draft lengt
 would be wrong wherever plain and long-draft steps mix, since the verify curve is not linear.
 Always reported as a prediction, never as a measurement. The cost figures come from a
 hardware profile, or from what scripts/gpu_check.py measured on a machine (gpu_check_costs).
+gpu_check's seq_batch curve (N sequences' plain steps in one decode) adds the aggregate
+throughput of N plain sequences; steps of several speculating sequences are not priced: their
+drafts' batched cost and the scheduler's mix of step lengths are not measured yet.
 """
 from __future__ import annotations
 
@@ -72,7 +75,15 @@ def predict(report: Report, cost: Mapping, target: str = "", draft: str = "") ->
         out[cell.config] = round(cell.tokens_per_step / step_cost, 3) if step_cost > 0 else 0.0
     basis = (f"verify ratios {ratios or 'none'}, draft ratio {draft_ratio:.3f}; "
              "hybrid/auto drafts priced as draft-model tokens (an upper bound on their cost)")
-    return {"speedup": out, "basis": basis, "source": cost.get("source", "")}
+    result = {"speedup": out, "basis": basis, "source": cost.get("source", "")}
+    seq = cost.get("seq_plain_ratio") or {}
+    if seq:  # N tokens a step at the cost of one decode of N rows
+        result["concurrency"] = {n: round(n / r, 3) for n, r in sorted(seq.items())}
+        result["basis"] += ("; plain decoding of N sequences at once: aggregate tokens/s "
+                            + ", ".join(f"{g:.2f}x at N={n}" for n, g in
+                                        result["concurrency"].items())
+                            + " (speculating sequences at once are not priced)")
+    return result
 
 
 _GPU_CHECK_HINT = "pass the JSON file that scripts/gpu_check.sh wrote (--out)"
@@ -102,12 +113,42 @@ def _positive(value, what: str, zero_ok: bool = False) -> float:
     return float(value)
 
 
+def _seq_plain(section, shape: str) -> dict[int, float]:
+    """The seq_batch curve of `shape` for plain steps (one row per sequence): {N: the cost of
+    N sequences' rows in one decode, against one sequence's}; {} where the file has none (an
+    older file, or the section erred)."""
+    entry = section.get(shape) if isinstance(section, Mapping) else None
+    ratio = entry.get("ratio") if isinstance(entry, Mapping) else None
+    if not isinstance(ratio, Mapping):
+        return {}
+    plain = ratio.get("1")
+    if not isinstance(plain, Mapping):
+        raise UsageError(f"the costs file's seq_batch of {shape!r} has no plain-step curve",
+                         _GPU_CHECK_HINT)
+    return _curve(plain, "seq_batch ratio", "sequences", 256)
+
+
+def _curve(raw: Mapping, what: str, unit: str, most: int, skip: int = 0) -> dict[int, float]:
+    """{count: figure} of a costs file's curve: each key a whole count 1..most, each figure
+    (for counts above `skip`) a number > 0."""
+    out = {}
+    for k, v in raw.items():
+        n = int(k) if isinstance(k, str) and k.isdigit() else 0
+        if not 1 <= n <= most:
+            raise UsageError(f"the costs file's {what} key {str(k)[:20]!r} is not a count of "
+                             f"{unit} 1..{most}", _GPU_CHECK_HINT)
+        if n > skip:
+            out[n] = _positive(v, f"{what} for {n} {unit}")
+    return out
+
+
 def gpu_check_costs(data: Mapping, target: str = "", draft: str = "") -> dict:
     """The cost figures predict() reads, from scripts/gpu_check.py's JSON: the verify curve of
     the target's shape (k-token batch against one token) and the draft's token cost (its
-    decode plus the host's draft_top, against the target's decode). `target` / `draft`: shape
-    names or model file names (matched by size); default: the pair gpu_check measured. Every
-    figure is checked: the file may be anything a user passes."""
+    decode plus the host's draft_top, against the target's decode), and where the file has
+    it the target shape's seq_batch curve of plain steps (seq_plain_ratio). `target` /
+    `draft`: shape names or model file names (matched by size); default: the pair gpu_check
+    measured. Every figure is checked: the file may be anything a user passes."""
     shapes = data.get("shapes") if isinstance(data, Mapping) else None
     if not isinstance(shapes, Mapping) or data.get("schema") != 1:
         raise UsageError("this is not a scripts/gpu_check.py result (schema 1)", _GPU_CHECK_HINT)
@@ -118,22 +159,16 @@ def gpu_check_costs(data: Mapping, target: str = "", draft: str = "") -> dict:
     raw = ts["verify"].get("ratio") if isinstance(ts["verify"], Mapping) else None
     if not isinstance(raw, Mapping):
         raise UsageError(f"the costs file's shape {t!r} has no verify ratios", _GPU_CHECK_HINT)
-    ratios = {}
-    for k, v in raw.items():
-        n = int(k) if isinstance(k, str) and k.isdigit() else 0
-        if not 1 <= n <= 65:
-            raise UsageError(f"the costs file's verify ratio key {str(k)[:20]!r} is not a batch "
-                             "size 1..65", _GPU_CHECK_HINT)
-        if n > 1:
-            ratios[n] = _positive(v, f"verify ratio for {n} tokens")
+    ratios = _curve(raw, "verify ratio", "tokens", 65, skip=1)  # 1 token: 1.0 by definition
     t_ms = _positive(ts.get("decode_ms"), f"decode_ms of {t}")
     draft_ms = _positive(ds.get("decode_ms"), f"decode_ms of {d}") + _positive(
         ds.get("host_draft_top_us", 0.0), f"host_draft_top_us of {d}", zero_ok=True) / 1000
+    seq = _seq_plain(data.get("seq_batch"), t)
     env = data.get("environment") if isinstance(data.get("environment"), Mapping) else {}
     gpus = env.get("gpus") if isinstance(env.get("gpus"), list) else []
     where = ", ".join(map(str, gpus)) or str(data.get("backend", ""))
     return {"verify_ratio": ratios, "draft_ratio": draft_ms / t_ms,
-            "decode_ms": {t: t_ms, d: ds["decode_ms"]},
+            "decode_ms": {t: t_ms, d: ds["decode_ms"]}, "seq_plain_ratio": seq,
             "source": f"gpu_check on {where}: synthetic {t} target, {d} draft "
                       f"({str(data.get('started', ''))[:40]})"}
 

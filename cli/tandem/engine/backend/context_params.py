@@ -41,6 +41,9 @@ class ContextParams:
     n_outputs_max: int = MAX_OUTPUTS
     # exact mode: verify batches stay within EXACT_BATCH rows on CPU kernels (see above)
     exact: bool = False
+    # sequences one context holds (decode_seqs); out of repr, which names cost files: every
+    # context that is costed holds one
+    n_seq_max: int = field(default=1, repr=False)
     # the snapshots a hybrid model's context keeps (ROLLBACK_TOKENS); out of repr, which
     # names cost files: the timings do not depend on it
     rollback: int = field(default=ROLLBACK_TOKENS, repr=False)

@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -298,7 +298,7 @@ class Context:
         cp.n_ctx = params.n_ctx
         cp.n_batch = params.n_batch
         cp.n_ubatch = min(params.n_ubatch, params.n_batch)
-        cp.n_seq_max = 1
+        cp.n_seq_max = params.n_seq_max
         cp.n_outputs_max = params.n_outputs_max
         threads = params.n_threads or default_threads()
         cp.n_threads = threads
@@ -332,6 +332,8 @@ class Context:
                              "try a smaller --ctx-size, or f16 KV cache types")
         self._ptr = ptr
         self.n_ctx = _lc.llama_n_ctx(ptr)
+        # several sequences split the context: each holds n_ctx_seq positions (decode_seqs)
+        self.n_seq_max, self.n_ctx_seq = _lc.llama_n_seq_max(ptr), _lc.llama_n_ctx_seq(ptr)
         self.n_batch = _lc.llama_n_batch(ptr)  # llama.cpp caps it at the requested n_ctx
         # the largest verify batch generate() may send: one llama_decode call (n_batch) with
         # logits on every row, and within EXACT_BATCH where exact mode runs CPU kernels
@@ -375,6 +377,7 @@ class Context:
         # and llama.cpp keeps its output buffer until it needs a larger one
         self._views: dict[tuple[int, int], np.ndarray] = {}
         self.tokens: list[int] = []  # what the KV cache holds, position i -> tokens[i]
+        self._seq_tokens = {0: self.tokens}  # the same, per sequence (decode_seqs)
         # llama-server's --cache-reuse: cached runs of at least this many tokens that a new
         # prompt holds at another position are moved there (their positions shifted), not
         # evaluated again; 0: off. Not bit-identical to evaluating them, so exact mode keeps 0
@@ -523,6 +526,9 @@ class Context:
         rows = n if all_logits else 1
         if rows > self.max_logit_rows:
             self.max_logit_rows = rows
+        return self._logits_view(rows)
+
+    def _logits_view(self, rows: int) -> np.ndarray:
         key = (self._get_logits(self._ptr), rows)  # the address also synchronises a GPU
         view = self._views.get(key)
         if view is None:
@@ -531,6 +537,57 @@ class Context:
             ptr = ctypes.cast(key[0], ctypes.POINTER(ctypes.c_float))
             view = self._views[key] = np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
         return view
+
+    def decode_seqs(self, tokens_by_seq: Mapping[int, Sequence[int]],
+                    all_logits: bool = True) -> np.ndarray:
+        """One llama_decode over several sequences (a context made with n_seq_max > 1): each
+        sequence's tokens go after the ones it holds. Returns the logits of every row in the
+        mapping's order, or of each sequence's last row; a view, as decode()'s. For attention
+        memory: truncate_seq() rolls a sequence back by removing its positions."""
+        rows = sum(len(t) for t in tokens_by_seq.values())
+        out_rows = rows if all_logits else len(tokens_by_seq)
+        if not 0 < rows <= self.n_batch or out_rows > self._max_rows:
+            raise ValueError("decode_seqs() takes 1 to n_batch tokens, logits on at most "
+                             "n_outputs_max rows")
+        for seq, toks in tokens_by_seq.items():
+            if not 0 <= seq < self.n_seq_max or not toks:
+                raise ValueError(f"sequence {seq}: ids go from 0 to {self.n_seq_max - 1} "
+                                 "(n_seq_max), each with at least one token")
+            if len(self._seq_tokens.get(seq, ())) + len(toks) > self.n_ctx_seq:
+                raise ContextOverflowError(f"sequence {seq} would pass its {self.n_ctx_seq} "
+                                           "positions", "raise the context size")
+        tok, pos, want, seq_id = self._tok, self._pos, self._want, self._batch.seq_id
+        i = 0
+        for seq, toks in tokens_by_seq.items():
+            start = len(self._seq_tokens.get(seq, ()))
+            for j, t in enumerate(toks):
+                tok[i], pos[i], seq_id[i][0] = t, start + j, seq
+                want[i] = 1 if all_logits or j == len(toks) - 1 else 0
+                i += 1
+        self._batch.n_tokens = rows
+        try:
+            rc = self._llama_decode(self._ptr, self._batch)
+        finally:
+            for i in range(rows):  # decode() writes tokens and positions only: sequence 0's
+                seq_id[i][0] = 0
+        if rc != 0:
+            _decode_failed(rc)
+        for seq, toks in tokens_by_seq.items():
+            self._seq_tokens.setdefault(seq, []).extend(toks)
+        self.n_decoded += rows
+        return self._logits_view(out_rows)
+
+    def truncate_seq(self, seq: int, n: int) -> None:
+        """Forget positions n.. of one sequence (sequence 0: truncate())."""
+        if seq == 0:
+            self.truncate(n)
+            return
+        held = self._seq_tokens.get(seq, [])
+        if n < len(held):
+            if not self._seq_rm(self._mem, seq, n, -1):
+                raise ModelError("llama.cpp could not roll back the KV cache",
+                                 "this model's memory type does not support partial removal")
+            del held[n:]
 
     def _fill(self, chunk: Sequence[int], pos0: int, all_logits: bool, last_chunk: bool) -> None:
         tok, pos, want = self._tok, self._pos, self._want

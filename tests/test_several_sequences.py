@@ -1,0 +1,84 @@
+"""The backend's several-sequence decode (Context.decode_seqs, truncate_seq): rows of several
+sequences in one llama_decode, each sequence's logits those it gets alone, each rolled back
+on its own; a context of one sequence is made as before."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tandem.engine.backend.llama import Context, ContextParams, Model
+from tandem.errors import ContextOverflowError
+
+PROMPTS = {0: [5, 17, 99, 3, 42, 7], 1: [8, 8, 8, 120, 64], 2: [200, 2, 41, 41, 9, 10, 11]}
+STEP = {0: [12, 13], 1: [77], 2: [4, 5, 6]}
+
+
+@pytest.fixture(scope="module")
+def model(tiny_models):
+    m = Model(tiny_models["target"])
+    yield m
+    m.close()
+
+
+def alone(model, tokens) -> np.ndarray:
+    """Every row's logits of `tokens`' last len(STEP) rows, decoded on their own."""
+    ctx = Context(model, ContextParams(n_ctx=256, n_threads=1))
+    try:
+        return np.array(ctx.decode(tokens, all_logits=True))
+    finally:
+        ctx.close()
+
+
+def test_rows_of_several_sequences_match_each_sequence_decoded_alone(model):
+    ctx = Context(model, ContextParams(n_ctx=1024, n_threads=1, n_seq_max=4))
+    try:
+        assert ctx.n_seq_max == 4 and ctx.n_ctx_seq * 4 <= ctx.n_ctx
+        last = np.array(ctx.decode_seqs(PROMPTS, all_logits=False))
+        assert last.shape == (3, model.n_vocab)
+        rows = np.array(ctx.decode_seqs(STEP))
+        assert rows.shape == (sum(map(len, STEP.values())), model.n_vocab)
+        at = 0
+        for seq, step in STEP.items():
+            want = alone(model, PROMPTS[seq] + step)
+            np.testing.assert_allclose(last[seq], want[len(PROMPTS[seq]) - 1], atol=1e-3)
+            np.testing.assert_allclose(rows[at:at + len(step)], want[len(PROMPTS[seq]):],
+                                       atol=1e-3)
+            at += len(step)
+        # one sequence rolled back and decoded again; the others keep what they hold
+        ctx.truncate_seq(2, len(PROMPTS[2]))
+        again = np.array(ctx.decode_seqs({2: STEP[2][:1], 1: [78]}))
+        np.testing.assert_allclose(again[0], alone(model, PROMPTS[2] + STEP[2][:1])[-1],
+                                   atol=1e-3)
+        np.testing.assert_allclose(again[1], alone(model, PROMPTS[1] + STEP[1] + [78])[-1],
+                                   atol=1e-3)
+        assert ctx.tokens == PROMPTS[0] + STEP[0]  # sequence 0 is the context's own
+        ctx.truncate_seq(0, 2)
+        assert ctx.tokens == PROMPTS[0][:2]
+    finally:
+        ctx.close()
+
+
+def test_bad_sequence_ids_and_overflow_are_refused_before_decoding(model):
+    ctx = Context(model, ContextParams(n_ctx=512, n_threads=1, n_seq_max=2))
+    try:
+        with pytest.raises(ValueError, match="ids go from 0 to 1"):
+            ctx.decode_seqs({2: [1]})
+        with pytest.raises(ValueError, match="at least one token"):
+            ctx.decode_seqs({0: [1], 1: []})
+        with pytest.raises(ContextOverflowError):
+            ctx.decode_seqs({1: [7] * (ctx.n_ctx_seq + 1)}, all_logits=False)
+        assert ctx.n_decoded == 0
+        ctx.decode_seqs({1: [7, 8]})  # the refusals left the batch's sequence ids as they were
+        assert ctx.decode([9]).shape == (1, model.n_vocab) and ctx.tokens == [9]
+    finally:
+        ctx.close()
+
+
+def test_one_sequence_is_the_default_and_keeps_cost_file_names(model):
+    params = ContextParams(n_ctx=256, n_threads=1)
+    assert "n_seq_max" not in repr(params)  # pricing.py names cost files by this repr
+    ctx = Context(model, params)
+    try:
+        assert ctx.n_seq_max == 1 and ctx.n_ctx_seq == ctx.n_ctx
+    finally:
+        ctx.close()
