@@ -88,7 +88,8 @@ class ScriptedContext:
     def n_vocab(self) -> int:
         return self.model.n_vocab
 
-    def decode(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
+    def decode(self, tokens: Sequence[int], all_logits: bool = False,
+               checkpoint: bool = False) -> np.ndarray:
         n = len(tokens)
         if len(self.tokens) + n > self.n_ctx:
             raise ContextOverflowError("scripted context overflow", None)

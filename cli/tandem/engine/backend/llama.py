@@ -492,8 +492,11 @@ class Context:
         oldest = _lc.llama_memory_seq_pos_min(self._mem, 0)
         return oldest <= max(0, n - self.model.n_swa)
 
-    def decode(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
+    def decode(self, tokens: Sequence[int], all_logits: bool = False,
+               checkpoint: bool = False) -> np.ndarray:
         """Evaluate tokens after the cached ones; logits of the last row, or of every row.
+        `checkpoint`: then save a copy of the state (checkpoint()), for decodes that follow
+        one token at a time and may be undone (a draft model's steps).
 
         Returns a (rows, n_vocab) float32 view into llama.cpp's buffer (no copy).
         """
@@ -526,6 +529,8 @@ class Context:
         rows = n if all_logits else 1
         if rows > self.max_logit_rows:
             self.max_logit_rows = rows
+        if checkpoint:
+            self.checkpoint()
         return self._logits_view(rows)
 
     def _logits_view(self, rows: int) -> np.ndarray:

@@ -125,8 +125,7 @@ class DraftModelDrafter:
 
     def draft(self, tokens, k, sampling, rng, sample) -> Draft:
         """Up to k tokens, whatever n_max says: a HybridDrafter chooses k by its own policy."""
-        self.last_sync_tokens, self.last_sync_s = 0, 0.0
-        self.last_decodes, self.last_decode_s = 0, 0.0
+        self.last_sync_tokens, self.last_sync_s, self.last_decodes, self.last_decode_s = 0, 0.0, 0, 0.0
         # the draft evaluates tokens + d1..d(k-1), all of which must fit its context
         k = min(k, self.ctx.n_ctx - len(tokens) + 1)
         if k <= 0 or k < self.n_min:
@@ -135,10 +134,8 @@ class DraftModelDrafter:
         self.last_sync_tokens = self.ctx.prefill(tokens[:-1])
         t1 = time.perf_counter()
         # the last token is always re-evaluated (a past decode's logits are gone): a draft decode
-        logits = self.ctx.decode(tokens[-1:])[0]
+        logits = self.ctx.decode(tokens[-1:], checkpoint=k > 1)[0]  # single-token steps follow
         self.last_decodes = 1
-        if k > 1:  # single-token steps follow, which a recurrent state cannot take back alone
-            self.ctx.checkpoint()
         out: list[int] = []
         dists: list[Dist | None] | None = [] if sample else None
         while True:
