@@ -291,3 +291,41 @@ def test_sampled_drafts_keep_the_hybrid_targets_distribution(models):
             assert pvalue > 0.01, f"{kind} position {pos}: p={pvalue:.4f}\n{table}"
     target.close()
     draft.close()
+
+
+# ----- `tandem serve` on the hybrid pair: a prefix shared across requests
+
+
+def test_serve_answers_a_second_turn_that_shares_the_first_ones_prefix(tiny_models, tmp_path):
+    """It once answered 500 ("could not roll back the KV cache") from the second request on.
+    Now: 200, the same greedy answer as a fresh server's, and only the new part of the
+    conversation evaluated."""
+    from serve_helpers import Server
+
+    args = ["-m", str(tiny_models["hybrid"]), "-md", str(tiny_models["hybrid_draft"]),
+            "--strategy", "draft", "--draft-p-min", "0", "--no-history"]
+
+    def ask(server, messages):
+        status, body, _ = server.raw("POST", "/v1/chat/completions", json.dumps(
+            {"messages": messages, "max_tokens": 40, "temperature": 0}))
+        assert status == 200, body
+        return body
+
+    first = [{"role": "user", "content": "hello there, how are you"}]
+    server = Server(args, tmp_path / "home")
+    try:
+        answer = ask(server, first)["choices"][0]["message"]["content"]
+        second = first + [{"role": "assistant", "content": answer},
+                          {"role": "user", "content": "and then?"}]
+        reply = ask(server, second)
+        assert 0 < reply["timings"]["prompt_n"] < reply["usage"]["prompt_tokens"]
+        assert reply["timings"]["draft_n"] > reply["timings"]["draft_n_accepted"]
+        assert ask(server, first)["choices"][0]["message"]["content"] == answer  # shorter again
+    finally:
+        server.stop()
+    fresh = Server(args, tmp_path / "home2")
+    try:
+        assert (ask(fresh, second)["choices"][0]["message"]["content"]
+                == reply["choices"][0]["message"]["content"])
+    finally:
+        fresh.stop()
