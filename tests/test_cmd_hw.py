@@ -75,6 +75,18 @@ def test_hw_with_gguf_files_is_exact(home, monkeypatch, tiny_models):
         _data_offset(tiny_models["target"])
 
 
+def test_hw_names_each_models_memory_type(home, monkeypatch, tiny_models):
+    res = run_hw(monkeypatch, "cpu-box", "--json", "-m", str(tiny_models["hybrid"]),
+                 "-md", str(tiny_models["target"]))
+    assert res.exit_code == 0, res.output
+    memory = json.loads(res.stdout)["memory"]
+    assert memory["target"]["type"] == "hybrid" and "snapshots" in memory["target"]["rollback"]
+    assert memory["draft"] == {"type": "attention",
+                               "rollback": "drafts rolled back by truncating the KV cache"}
+    res = run_hw(monkeypatch, "cpu-box", "-m", str(tiny_models["recurrent"]))
+    assert "Memory of the target: recurrent" in res.stdout
+
+
 def _data_offset(path):
     from tandem.models.gguf_meta import read_gguf_header
 

@@ -204,6 +204,21 @@ def test_pairs_check_local_files_needs_no_network(cli, home, tiny_models):
     assert code == 0 and "on disk" in out and out.rstrip().endswith("can draft for target.gguf")
 
 
+def test_pairs_check_names_each_models_memory_type(cli, home, tiny_models):
+    code, out, _ = cli("pairs", "check", str(tiny_models["hybrid"]),
+                       str(tiny_models["recurrent"]))
+    lines = out.splitlines()
+    assert code == 0 and lines[1].split(":")[0].strip() == "hybrid memory"
+    assert "snapshots of the last batch" in lines[1]
+    assert lines[3].strip().startswith("recurrent memory: its steps undone from a saved copy")
+    code, out, _ = cli("pairs", "check", str(tiny_models["recurrent"]),
+                       str(tiny_models["target"]), "--json")
+    doc = json.loads(out)
+    assert doc["target"]["memory"]["type"] == "recurrent"
+    assert "decodes plain" in doc["target"]["memory"]["rollback"]
+    assert doc["draft"]["memory"]["type"] == "attention"
+
+
 def test_pairs_check_hostile_header(cli, home, tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (2**62).to_bytes(8, "little") * 2)

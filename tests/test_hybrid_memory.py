@@ -329,3 +329,12 @@ def test_serve_answers_a_second_turn_that_shares_the_first_ones_prefix(tiny_mode
                 == reply["choices"][0]["message"]["content"])
     finally:
         fresh.stop()
+
+
+def test_the_header_tells_the_memory_type_llama_cpp_reports(models, tiny_models):
+    from tandem.models.gguf_meta import read_gguf_header
+    from tandem.models.memory_type import describe
+
+    for name in ("target", "hybrid", "recurrent"):
+        kind, _ = describe(read_gguf_header(tiny_models[name]))
+        assert kind == models[name].memory, name

@@ -80,7 +80,8 @@ def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size
             spec = catalog.get_pair(pair_name)
             chosen.update(name=spec.name, target=spec.target, draft=spec.draft,
                           label=(spec.target.name, spec.draft.name))
-        return files_on_disk(store, chosen["target"], chosen["draft"])
+        chosen["paths"] = files_on_disk(store, chosen["target"], chosen["draft"])
+        return chosen["paths"]
 
     resolved = resolve({"profile": profile, "pair": pair, "n_ctx": ctx_size, "rpc": rpc,
                         "force_profile": force_profile or None}, files, hardware=hw)
@@ -97,8 +98,18 @@ def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size
         servers = [server_info(ep) for ep in endpoints(settings.rpc)]
         remote = remote_plan_for_settings(settings, target, servers, store=store)
     return {"hardware": hw, "resolved": resolved, "pair": pair_name, "labels": label,
-            "plan": plan, "remote": remote,
+            "plan": plan, "remote": remote, "memory": _memory_types(chosen.get("paths")),
             "recommended": recommended_pairs(settings, resolved.profile, store=store, **machine)}
+
+
+def _memory_types(paths) -> dict:
+    """Each model's memory type and how its drafts go back, from the headers of the files
+    on disk (models/memory_type.py); {} when they are not there yet."""
+    from tandem.models.gguf_meta import read_gguf_header
+    from tandem.models.memory_type import describe
+
+    return {role: dict(zip(("type", "rollback"), describe(read_gguf_header(p), role)))
+            for role, p in zip(("target", "draft"), paths or ()) if p is not None}
 
 
 def report_json(r: dict) -> dict:
@@ -115,6 +126,7 @@ def report_json(r: dict) -> dict:
         "pair": r["pair"],
         "plan": plan.to_dict(),
         "remote_target": r["remote"].to_dict() if r.get("remote") else None,
+        "memory": r.get("memory", {}),
         "recommended_pairs": [{"name": a.name, "status": a.status, "note": a.note,
                                "exact": a.exact,
                                "total": _needs(a.plan)}
@@ -256,6 +268,8 @@ def _render_plan(r: dict, console) -> None:
     status = {"fits": "[green]fits[/green]", "partial": "[yellow]partial offload[/yellow]",
               "does-not-fit": "[red]does not fit[/red]"}[plan.status]
     console.print(f"Status: {status}")
+    for role, m in r.get("memory", {}).items():
+        console.print(f"Memory of the {role}: {m['type']}; {m['rollback']}")
     for p in plan.problems:
         console.print(f"  - {p}")
     if plan.advice:

@@ -16,7 +16,7 @@ from rich.table import Table
 from tandem.commands.progress import stderr_console
 from tandem.errors import EXIT_MODEL, VocabMismatchError
 from tandem.fsutil import fmt_bytes
-from tandem.models import catalog
+from tandem.models import catalog, memory_type
 from tandem.models.store import Store
 from tandem.models.vocab import VocabInfo
 
@@ -211,15 +211,19 @@ def check_pair(
     if as_json:
         print_json({
             "compatible": compat.compatible, "problems": list(compat.problems),
-            "target": _header_json(t, compat.target_header),
-            "draft": _header_json(d, compat.draft_header),
+            "target": _header_json(t, compat.target_header, "target"),
+            "draft": _header_json(d, compat.draft_header, "draft"),
         })
         if not compat.compatible:
             raise typer.Exit(EXIT_MODEL)
         return
     out = _out()
     for role, model, h in (("target", t, compat.target_header), ("draft", d, compat.draft_header)):
-        out.print(f"{role:<7} {model.ref}  [{_vocab_summary(h)}; {_header_source(h)}]")
+        kind, rollback = memory_type.describe(h.header, role)
+        out.print(f"{role:<7} {model.ref}  [{_vocab_summary(h)}; {kind} memory; "
+                  f"{_header_source(h)}]")
+        if kind != memory_type.ATTENTION:  # the usual case needs no words
+            out.print(f"        {kind} memory: {rollback}")
     if not compat.compatible:
         raise compat.error()
     out.print(f"compatible: {d.label} can draft for {t.label}")
@@ -237,11 +241,12 @@ def _header_source(h: Any) -> str:
     return f"hub: {fmt_bytes(h.bytes_fetched, decimal=True)} of {_size(h.size)} read in {h.requests} requests"
 
 
-def _header_json(model: Any, h: Any) -> dict[str, Any]:
+def _header_json(model: Any, h: Any, role: str) -> dict[str, Any]:
     v = VocabInfo.from_header(h.header)
     return {
         "ref": model.ref, "architecture": h.header.architecture, "name": h.header.name,
         "vocab_type": v.type_name, "n_tokens": v.n_tokens, "where": h.where,
+        "memory": dict(zip(("type", "rollback"), memory_type.describe(h.header, role))),
         "size": h.size, "bytes_fetched": h.bytes_fetched, "requests": h.requests,
     }
 
@@ -270,7 +275,7 @@ def suggest(
     failed = [(s, s.error) for s in results if s.error is not None]
     if as_json:
         print_json({
-            "target": _header_json(t, t_header),
+            "target": _header_json(t, t_header, "target"),
             "drafts": [{"name": s.draft.label, "ref": s.draft.ref, "pairs": list(s.pairs),
                         "compatible": s.compatible, "problems": list(s.problems),
                         "error": s.error.message if s.error else None} for s in results],

@@ -307,8 +307,7 @@ class Context:
         cp.type_k = KV_TYPES[params.type_k]
         cp.type_v = KV_TYPES[params.type_v]
         cp.no_perf = False
-        # snapshots of the recurrent state for the last tokens of a batch: llama.cpp clamps
-        # it to 0 for architectures that have none (llm_arch_supports_rs_rollback)
+        # snapshots of a batch's last recurrent states (0 where the architecture has none)
         cp.n_rs_seq = params.rollback if model.memory == HYBRID else 0
         # the counts decoding uses now (set_threads changes them on the live context)
         self.n_threads, self.n_threads_batch = cp.n_threads, cp.n_threads_batch
@@ -344,26 +343,11 @@ class Context:
             self.notes.append("exact mode with the target on RPC servers: bit-identity is "
                               "tested with CPU rpc-servers (unrepacked weights there); GPU "
                               "servers' kernels were not measured")
-        elif params.exact and model.memory != "attention":
-            self.notes.append(f"exact mode with a {model.memory} target: verify batches' "
-                              "bit-identity was measured on attention models only (a "
-                              "rollback itself is exact)")
         elif params.exact and model.fully_on_gpu:
             self.notes.append("exact mode on a GPU target: batch invariance of GPU kernels was "
                               "not measured, so greedy output may differ from plain decoding "
                               "at near ties")
-        # a rejected draft is undone from the verify batch's snapshots: drafts no longer
-        # than they reach; a model without any decodes plain (a copy and a second decode of
-        # the accepted tokens every step was not measured to pay)
-        self.rollback = RollbackPlan(model.memory, _lc.llama_n_rs_seq(ptr))
-        self.copies = StateCopies()
-        self._tracks_batches = keeps_copies(model.memory)  # decode() notes where a batch began
-        # why drafts are capped below what the batch allows (generate() says it when they are)
-        self.memory_note: str | None = None
-        if keeps_copies(model.memory) and limit > self.rollback.depth + 1:
-            limit = self.rollback.depth + 1
-            self.memory_note = _memory_note(model, self.rollback.depth)
-        self.verify_limit = max(limit, 1)
+        self.verify_limit = max(self._plan_rollback(model, ptr, limit), 1)
         self._mem = _lc.llama_get_memory(ptr)
         self._batch = _lc.llama_batch_init(max(self.n_batch, 1), 0, 1)
         for i in range(self.n_batch):
@@ -387,6 +371,25 @@ class Context:
         self.n_decoded = 0  # tokens evaluated since creation (prompt + generated)
         self.t_llama = 0.0  # seconds inside llama.cpp's loop calls, while time_llama() is on
         self.time_llama(False)
+
+    def _plan_rollback(self, model: Model, ptr, limit: int) -> int:
+        """How this context goes back (engine/backend/memory.py), and the verify batch it
+        allows: a rejected draft is undone from the verify batch's snapshots, so drafts are
+        no longer than they reach; a model without any decodes plain (a copy and a second
+        decode of the accepted tokens every step was not measured to pay)."""
+        self.rollback = RollbackPlan(model.memory, _lc.llama_n_rs_seq(ptr))
+        self.copies = StateCopies()
+        self._tracks_batches = keeps_copies(model.memory)  # decode() notes where a batch began
+        # why drafts are capped below what the batch allows (generate() says it when they are)
+        self.memory_note: str | None = None
+        if keeps_copies(model.memory) and limit > self.rollback.depth + 1:
+            limit = self.rollback.depth + 1
+            self.memory_note = _memory_note(model, self.rollback.depth)
+        if self.params.exact and keeps_copies(model.memory):
+            self.notes.append(f"exact mode with a {model.memory} target: verify batches' "
+                              "bit-identity was measured on attention models only (a "
+                              "rollback itself is exact)")
+        return limit
 
     def time_llama(self, on: bool = True) -> None:
         """Opt-in: add the time spent inside llama.cpp's decode, logits and KV-removal calls to

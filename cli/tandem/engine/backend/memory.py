@@ -10,24 +10,16 @@ hybrid          recurrent layers beside attention ones (LFM2, Qwen3.5, Nemotron-
 recurrent       Mamba, RWKV: no snapshots; only saved copies.
 
 engine/backend/llama.py makes the calls; this module decides which one a rollback takes
-(RollbackPlan) and keeps the copies (StateCopies)."""
+(RollbackPlan) and keeps the copies (StateCopies). The type names and their words are
+models/memory_type.py's, which tells them from a GGUF header before a model loads."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.models.memory_type import ATTENTION, HYBRID, RECURRENT, SLIDING
+
 Buffer = Any  # the bytes llama.cpp wrote (a ctypes array, handed back as it is)
-
-ATTENTION, SLIDING, HYBRID, RECURRENT = "attention", "sliding window", "hybrid", "recurrent"
-MEMORY_TYPES = (ATTENTION, SLIDING, HYBRID, RECURRENT)
-
-# how each type goes back, in the words `tandem hw`, `pairs check` and the docs use
-ROLLBACK_WORDS = {
-    ATTENTION: "KV cache truncated",
-    SLIDING: "KV cache truncated (a prefix older than the window is evaluated again)",
-    HYBRID: "snapshots inside the last batch (n_rs_seq), else a saved state copy",
-    RECURRENT: "saved state copies only: decodes plain (no speculation)",
-}
 
 # copies of the recurrent state a context keeps (llama-server's --ctx-checkpoints, whose
 # default is 32; these are per context and the oldest go first)
