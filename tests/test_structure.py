@@ -611,6 +611,25 @@ def test_code_references_in_the_docs_resolve():
     assert seen >= 10 and broken == [], broken
 
 
+def test_settings_flags_are_declared_from_the_schema():
+    """A command's option for a settings key is made by options.setting_flag from the schema
+    (its flag, type, variable and config key), never spelled again by hand: `--draft-max`
+    was once written in the schema and again in options.py (issue 39). rpc-server's --host,
+    --port and --threads are llama.cpp rpc-server's own, another program's flags."""
+    from tandem.config.schema import SETTING_FIELDS
+
+    flags = {f.flag for f in SETTING_FIELDS if f.flag}
+    by_hand = []
+    for path in sorted((PKG / "commands").glob("*.py")):
+        if path.name == "rpc_server.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "Option":
+                spelled = {a.value for a in node.args if isinstance(a, ast.Constant)}
+                by_hand += [(path.name, node.lineno, flag) for flag in spelled & flags]
+    assert by_hand == [], by_hand
+
+
 def test_class_names_say_what_they_hold():
     """No two modules define a class of the same name (two Jobs, two Budgets and two Models
     once meant a generation and a worker's load, a prompt's size and memory, a loaded model

@@ -8,6 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from tandem.commands.options import setting_flag
+
 
 app = typer.Typer()
 
@@ -18,10 +20,10 @@ def hw(
     pair: Annotated[Optional[str], typer.Option("--pair", help="Plan for this catalog pair (default: the configured or default pair).")] = None,
     model: Annotated[Optional[Path], typer.Option("--model", "-m", readable=False, help="Plan for this target GGUF instead of a pair.")] = None,
     model_draft: Annotated[Optional[Path], typer.Option("--model-draft", "-md", readable=False, help="Draft GGUF (with --model).")] = None,
-    ctx_size: Annotated[Optional[int], typer.Option("--ctx-size", "-c", help="Plan for this context size.")] = None,
+    ctx_size: setting_flag("n_ctx", "-c", help="Plan for this context size.") = None,
     force_profile: Annotated[bool, typer.Option("--force-profile", help="Use --profile even if it does not match this machine.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
-    rpc: Annotated[Optional[str], typer.Option("--rpc", help="Also plan the target over these llama.cpp RPC servers, HOST:PORT[,HOST:PORT...] (asks each for its free memory).")] = None,
+    rpc: setting_flag("rpc", help="Also plan the target over these llama.cpp RPC servers, HOST:PORT[,HOST:PORT...] (asks each for its free memory).") = None,
 ):
     """Show the detected hardware, the chosen profile and the offload/memory plan.
 

@@ -7,12 +7,30 @@ import re
 import stat
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
+from tandem.config.schema import FIELDS_BY_KEY
 from tandem.errors import ModelError, TandemError, UsageError
 from tandem.fsutil import decode_text, fmt_bytes, read_stream
+
+_KIND_TYPES = {"int": int, "float": float}
+
+
+def setting_flag(key: str, *spellings: str, help: str, type_: Any = None,
+                 default: bool = False, **option: Any) -> Any:
+    """The command-line option of a settings key: its flag as the settings schema spells it
+    (config/schema.py), llama.cpp's other `spellings`, and `help` followed by the variable and
+    config key that set it too (and the schema's default, with `default`). None (False for a
+    bool) means not given: the settings decide. Typed as the schema's kind unless `type_`."""
+    f = FIELDS_BY_KEY[key]
+    more = f" Default {f.default}." if default and f.default not in ("", None) else ""
+    text = f"{help}{more} Env {f.env}, config `{f.dotted}`."
+    kind = type_ or _KIND_TYPES.get(f.kind, str)
+    return Annotated[kind if kind is bool else Optional[kind],
+                     typer.Option(f.flag, *spellings, help=text, show_default=False, **option)]
+
 
 # The options run, chat, serve and spec-bench share (spelled as llama.cpp spells them), with
 # their defaults: {parameter name: (type with its typer.Option, default)}. A command names each
@@ -22,10 +40,10 @@ SHARED = {
     "system": (Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.")], None),
     "model": (Annotated[Optional[Path], typer.Option("--model", "-m", readable=False, help="Target GGUF path (instead of a pair name).")], None),
     "model_draft": (Annotated[Optional[Path], typer.Option("--model-draft", "-md", "--spec-draft-model", readable=False, help="Draft GGUF path.")], None),
-    "strategy": (Annotated[Optional[str], typer.Option("--strategy", help="none | draft | ngram | hybrid | auto.")], None),
-    "n_max": (Annotated[Optional[int], typer.Option("--draft-max", "--spec-draft-n-max", help="Most tokens drafted per step.")], None),
-    "n_min": (Annotated[Optional[int], typer.Option("--draft-min", "--spec-draft-n-min", help="Drafts shorter than this are dropped.")], None),
-    "p_min": (Annotated[Optional[float], typer.Option("--draft-p-min", "--spec-draft-p-min", help="Stop drafting below this draft probability.")], None),
+    "strategy": (setting_flag("strategy", help="none | draft | ngram | hybrid | auto."), None),
+    "n_max": (setting_flag("n_max", "--spec-draft-n-max", help="Most tokens drafted per step."), None),
+    "n_min": (setting_flag("n_min", "--spec-draft-n-min", help="Drafts shorter than this are dropped."), None),
+    "p_min": (setting_flag("p_min", "--spec-draft-p-min", help="Stop drafting below this draft probability."), None),
     "temp": (Annotated[float, typer.Option("--temp", help="Temperature; 0 is greedy.")], 0.0),
     "top_k": (Annotated[int, typer.Option("--top-k", help="Top-k (0: off).")], 40),
     "top_p": (Annotated[float, typer.Option("--top-p", help="Top-p (1: off).")], 1.0),
@@ -33,20 +51,20 @@ SHARED = {
     "repeat_penalty": (Annotated[float, typer.Option("--repeat-penalty", help="Repetition penalty (1: off).")], 1.0),
     "seed": (Annotated[Optional[int], typer.Option("--seed", help="Random seed for sampling. none, draft, ngram and hybrid then reproduce their text exactly; auto's draft lengths follow measured timings, so at temperature > 0 its text is reproducible only in distribution.")], None),
     # run/chat/serve: unset means "from the profile, tuned settings or config" (`tandem hw`)
-    "n_ctx": (Annotated[Optional[int], typer.Option("--ctx-size", "-c", help="Context size in tokens (default: from the hardware profile).")], None),
-    "n_threads": (Annotated[Optional[int], typer.Option("--threads", "-t", help="CPU threads (0: all cores; default: from the profile).")], None),
-    "exact": (Annotated[bool, typer.Option("--exact", help="Exact mode: output bit-identical to plain decoding (unrepacked weights, q8_0 KV, verify batches of <= 7 tokens on a CPU; slower). Default (fast): llama.cpp's own kernels, greedy output equal to plain decoding up to floating-point rounding (a near-tie may flip).")], False),
+    "n_ctx": (setting_flag("n_ctx", "-c", help="Context size in tokens (default: from the hardware profile)."), None),
+    "n_threads": (setting_flag("n_threads", "-t", help="CPU threads (0: all cores; default: from the profile)."), None),
+    "exact": (setting_flag("mode", type_=bool, help="Exact mode: output bit-identical to plain decoding (unrepacked weights, q8_0 KV, verify batches of <= 7 tokens on a CPU; slower). Default (fast): llama.cpp's own kernels, greedy output equal to plain decoding up to floating-point rounding (a near-tie may flip)."), False),
     "context_file": (Annotated[Optional[list[Path]], typer.Option("--context-file", readable=False, help="A text file auto may draft from (repeatable): code or notes the answer will quote.")], None),
-    "no_history": (Annotated[bool, typer.Option("--no-history", help="Do not draft from earlier answers kept on disk, nor keep this one (config: `history: off`, env TANDEM_HISTORY=off).")], False),
-    "rpc": (Annotated[Optional[str], typer.Option("--rpc", help="llama.cpp RPC servers for the target's layers, HOST:PORT[,HOST:PORT...] (start one with `tandem rpc-server`); the draft stays on this machine. Config `rpc:`, env TANDEM_RPC.")], None),
-    "rpc_timeout": (Annotated[Optional[float], typer.Option("--rpc-timeout", help="Seconds without progress over --rpc before the request ends with exit 6 (default 60; config `rpc_timeout:`, env TANDEM_RPC_TIMEOUT).")], None),
+    "no_history": (setting_flag("history", type_=bool, help="Do not draft from earlier answers kept on disk, nor keep this one (`history: off`)."), False),
+    "rpc": (setting_flag("rpc", help="llama.cpp RPC servers for the target's layers, HOST:PORT[,HOST:PORT...] (start one with `tandem rpc-server`); the draft stays on this machine."), None),
+    "rpc_timeout": (setting_flag("rpc_timeout", default=True, help="Seconds without progress over --rpc before the request ends with exit 6."), None),
     # what the output must match, spelled as llama.cpp spells them (at most one; config
     # `structured:`, env TANDEM_GRAMMAR, TANDEM_JSON_SCHEMA...; docs/structured.md)
-    "grammar": (Annotated[Optional[str], typer.Option("--grammar", help="A GBNF grammar the output must match (llama.cpp's syntax).", show_default=False)], None),
-    "grammar_file": (Annotated[Optional[Path], typer.Option("--grammar-file", readable=False, help="A file holding the GBNF grammar.", show_default=False)], None),
-    "json_schema": (Annotated[Optional[str], typer.Option("--json-schema", "-j", help="A JSON schema the output must follow; '{}' for any JSON value.", show_default=False)], None),
-    "json_schema_file": (Annotated[Optional[Path], typer.Option("--json-schema-file", "-jf", readable=False, help="A file holding the JSON schema.", show_default=False)], None),
-    "json_object": (Annotated[bool, typer.Option("--json-object", help="The output is one JSON object (any keys).")], False),
+    "grammar": (setting_flag("grammar", help="A GBNF grammar the output must match (llama.cpp's syntax)."), None),
+    "grammar_file": (setting_flag("grammar_file", type_=Path, readable=False, help="A file holding the GBNF grammar."), None),
+    "json_schema": (setting_flag("json_schema", "-j", help="A JSON schema the output must follow; '{}' for any JSON value."), None),
+    "json_schema_file": (setting_flag("json_schema_file", "-jf", type_=Path, readable=False, help="A file holding the JSON schema."), None),
+    "json_object": (setting_flag("json_object", type_=bool, help="The output is one JSON object (any keys)."), False),
     "verbose": (Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log on stderr.")], False),
     "yes": (Annotated[bool, typer.Option("--yes", "-y", help="Download a pair that is not on disk without asking, whatever its size (without it, a download over 2 GB asks at a terminal and is refused elsewhere).")], False),
 }

@@ -18,21 +18,15 @@ from tandem.commands.options import (
     prepare_pair,
     read_context_files,
     sampling_params,
+    setting_flag,
     setting_flags,
     shared_options,
 )
-from tandem.config.schema import FIELDS_BY_KEY, SERVE_MAX_TOKENS, check_max_tokens
+from tandem.config.schema import SERVE_MAX_TOKENS, check_max_tokens
 from tandem.errors import UsageError
 
 
 app = typer.Typer()
-
-
-def _said(key: str, text: str) -> str:
-    """A serve flag's help with its default, variable and config key, read from the schema."""
-    f = FIELDS_BY_KEY[key]
-    default = f" Default {f.default}." if f.default not in ("", None) and not f.secret else ""
-    return f"{text}{default} Env {f.env}, config `{f.dotted}`."
 
 
 @app.command()
@@ -40,14 +34,14 @@ def _said(key: str, text: str) -> str:
 def serve(
     *,
     pair: Annotated[Optional[str], typer.Argument(help="Catalog pair name (default: the default pair).", show_default=False)] = None,
-    host: Annotated[Optional[str], typer.Option("--host", help=_said("host", "Address to listen on. Beyond loopback, set --api-key."), show_default=False)] = None,
-    port: Annotated[Optional[int], typer.Option("--port", help=_said("port", "TCP port (0: any free port; the address is printed on stderr)."), show_default=False)] = None,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", help=_said("api_key", "Require 'Authorization: Bearer KEY' (the variable keeps it out of the process list)."), show_default=False)] = None,
-    queue: Annotated[Optional[int], typer.Option("--queue", help=_said("queue", "Requests that may wait while one is generated; beyond, 429 with Retry-After."), show_default=False)] = None,
+    host: setting_flag("host", default=True, help="Address to listen on. Beyond loopback, set --api-key.") = None,
+    port: setting_flag("port", default=True, help="TCP port (0: any free port; the address is printed on stderr).") = None,
+    api_key: setting_flag("api_key", help="Require 'Authorization: Bearer KEY' (the variable keeps it out of the process list).") = None,
+    queue: setting_flag("queue", default=True, help="Requests that may wait while one is generated; beyond, 429 with Retry-After.") = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No line per request on stderr (route, tokens, time, tok/s, acceptance, status).")] = False,
-    timeout: Annotated[Optional[float], typer.Option("--timeout", help=_said("timeout", "Seconds a client has to send a request's headers, and again its body; beyond, 408 and the connection closed."), show_default=False)] = None,
-    cache_reuse: Annotated[Optional[int], typer.Option("--cache-reuse", help=_said("cache_reuse", "Move cached runs of at least N tokens that a new prompt holds at another position, instead of evaluating them again (llama-server's --cache-reuse; an editor's keystrokes); 0: off. Never in --exact mode."), show_default=False)] = None,
-    cors: Annotated[Optional[str], typer.Option("--cors", help=_said("cors", "Origins whose web pages may call the API from a browser, comma-separated (e.g. http://localhost:3000); off by default."), show_default=False)] = None,
+    timeout: setting_flag("timeout", default=True, help="Seconds a client has to send a request's headers, and again its body; beyond, 408 and the connection closed.") = None,
+    cache_reuse: setting_flag("cache_reuse", default=True, help="Move cached runs of at least N tokens that a new prompt holds at another position, instead of evaluating them again (llama-server's --cache-reuse; an editor's keystrokes); 0: off. Never in --exact mode.") = None,
+    cors: setting_flag("cors", help="Origins whose web pages may call the API from a browser, comma-separated (e.g. http://localhost:3000); off by default.") = None,
     model, model_draft, strategy, n_max, n_min, p_min,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens per answer when a request does not say (max_tokens).")] = SERVE_MAX_TOKENS,
     temp, top_k, top_p, min_p, repeat_penalty, n_ctx, n_threads,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence
 
-from tandem.config.schema import check_strategy
+from tandem.config.schema import FIELDS_BY_KEY, check_strategy
 from tandem.engine.backend import template
 from tandem.engine.backend.fim import Chunk, FimTokens, infill_prompt
 from tandem.engine.drafting.auto import BUCKETS, ORDER, AutoDrafter
@@ -57,7 +57,8 @@ class SessionOptions:
     # llama.cpp RPC servers (HOST:PORT) that hold the target's layers; the draft stays on
     # this machine. Attaching aborts the process on a bad server: engine/remote/worker.py runs it.
     rpc: tuple[str, ...] = ()
-    rpc_timeout: float = 60.0  # seconds without progress before a remote request is stalled
+    # seconds without progress before a remote request is stalled (the schema's default)
+    rpc_timeout: float = FIELDS_BY_KEY["rpc_timeout"].default
     # the directory tandem keeps its files in (the app's home, passed in by the command):
     # costs/ (calibrations and kept knowledge) and history/; None: nothing is read or written
     home: Path | None = None
