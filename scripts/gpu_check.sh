@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One call on a CUDA machine without network: build llama.cpp with CUDA from the trimmed
 # llama-cpp-python sdist (.gpu-bundle/, made by scripts/trim_sdist.sh), install
-# llama-cpp-python on those libraries and tandem into a venv that sees the system's packages,
-# then make shape-matched synthetic models and measure them (scripts/gpu_check.py): one JSON.
+# llama-cpp-python on those libraries, tandem's dependencies (scripts/runtime_deps.py: those of
+# pyproject.toml) from the bundle's wheels and tandem into a venv that sees the system's
+# packages, then make shape-matched synthetic models and measure them (scripts/gpu_check.py):
+# one JSON. Exit status 1 when a package is missing or a section erred (each named on stderr).
 #
 #   scripts/gpu_check.sh --out "$OUT/gpu_check.json"              # CUDA, shapes 0.5b,1.5b,7b
 #   scripts/gpu_check.sh --cpu --shapes tiny --out /tmp/gc.json   # CPU: cached native build

@@ -44,7 +44,7 @@ def read_pyproject(source: Path) -> dict:
         source = source / "pyproject.toml"
     if source.name.endswith((".tar.gz", ".tgz")):
         with tarfile.open(source) as tar:
-            member = next((m for m in tar.getmembers()
+            member = next((m for m in tar  # stops reading at the file
                            if m.name.count("/") == 1 and m.name.endswith("/pyproject.toml")), None)
             if member is None:
                 raise FileNotFoundError(f"{source} holds no top-level pyproject.toml")
