@@ -135,9 +135,8 @@ def spec_bench(
     grid = parse_sweep(sweep or [])
     # the same settings chain as run and chat (flags > env > config > tuned > profile)
     prepared = options.prepare_pair(
-        pair, model, model_draft, options.setting_flags(
-            exact, strategy="none", n_max=n_max, n_min=n_min, p_min=p_min, n_ctx=n_ctx,
-            n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout, **structured), verbose, yes)
+        pair, model, model_draft, options.setting_flags(  # its strategies are its own
+            locals(), **structured, strategy="none"), verbose, yes)
     target_path, draft_path, planned = prepared.target, prepared.draft, prepared.options
     request = replace(request, constraint=_bench_constraint(prepared.settings, tasks is not None))
     draft_paths = ([_fetch(ref, yes) for ref in drafts] if drafts

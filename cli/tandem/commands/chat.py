@@ -66,9 +66,8 @@ def chat(
     view = ChatView(make_console(), show_draft=show_draft)
     # no spinner here: a download on the way draws its own progress on stderr
     prepared = options.prepare_pair(
-        pair, model, model_draft, options.setting_flags(
-            exact, no_history, strategy=strategy, n_max=n_max, n_min=n_min, p_min=p_min, n_ctx=n_ctx,
-            n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout, **structured), verbose, yes)
+        pair, model, model_draft, options.setting_flags(locals(), **structured),
+        verbose, yes)
     target_path, draft_path, opts = prepared.target, prepared.draft, prepared.options
     # every answer follows the constraint (the flags' or config.yaml's)
     gen = GenParams(max_tokens=max_tokens, sampling=sampling,

@@ -7,7 +7,7 @@ import re
 import stat
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Mapping, Optional
 
 import typer
 
@@ -325,10 +325,16 @@ def prepare_pair(pair, model, model_draft, flags: dict, verbose: bool, yes: bool
     return prepared
 
 
-def setting_flags(exact: bool = False, no_history: bool = False, **flags) -> dict:
-    """The settings flags of a command, whose parameters are named as the settings keys
-    (None: not given); --exact is the mode, --no-history the history."""
-    return {**flags, "mode": "exact" if exact else None, "history": "off" if no_history else None}
+def setting_flags(params: Mapping[str, Any], **given: Any) -> dict:
+    """The settings a command's flags give, collected by the schema's keys: each parameter
+    named as a settings key (None: not given), --exact as the mode and --no-history as the
+    history; then `given`, values the command computed (the checked constraint flags)."""
+    flags = {k: v for k, v in params.items() if k in FIELDS_BY_KEY}
+    if "exact" in params:
+        flags["mode"] = "exact" if params["exact"] else None
+    if "no_history" in params:
+        flags["history"] = "off" if params["no_history"] else None
+    return {**flags, **given}
 
 
 # under <home>/history/: the first answer kept for drafting has been announced (`tandem

@@ -81,9 +81,7 @@ def run(
     expected = read_context_files([prediction] if prediction else [])
     structured = constraint_flags(grammar, grammar_file, json_schema, json_schema_file,
                                   json_object)
-    flags = setting_flags(exact, no_history, strategy=strategy, n_max=n_max, n_min=n_min, p_min=p_min,
-                          n_ctx=n_ctx, n_threads=n_threads, rpc=rpc, rpc_timeout=rpc_timeout,
-                          **structured)
+    flags = setting_flags(locals(), **structured)
     prepared = prepare_pair(pair, model, model_draft, flags, verbose, yes)
     gen = GenParams(max_tokens=max_tokens, sampling=sampling, stop=tuple(stop or ()),
                     constraint=settings_constraint(prepared.settings))

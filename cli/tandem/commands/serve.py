@@ -70,10 +70,7 @@ def serve(
     cors_origins(cors, checked_key(api_key, "--api-key"))
     sampling = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, None)
     contexts = read_context_files(context_file)
-    flags = setting_flags(exact, no_history, strategy=strategy, n_max=n_max, n_min=n_min,
-                          p_min=p_min, n_ctx=n_ctx, n_threads=n_threads, rpc=rpc,
-                          rpc_timeout=rpc_timeout, host=host, port=port, queue=queue,
-                          timeout=timeout, cache_reuse=cache_reuse, cors=cors, api_key=api_key)
+    flags = setting_flags(locals())
     prepared = prepare_pair(pair, model, model_draft, flags, verbose)
     s = prepared.settings  # flags > env > config.yaml > profile > the schema's defaults
     host, port, queue, timeout = s.host, s.port, s.queue, s.timeout
