@@ -4,6 +4,7 @@ hybrid.gguf: LFM2 (short-convolution, attention, short-convolution layers): llam
 its recurrent state back only inside the last batch, and only with n_rs_seq > 0.
 hybrid_draft.gguf: the same weights with noise, a draft that agrees with it most of the time.
 recurrent.gguf: Mamba, which llama.cpp cannot roll back at all (no snapshots).
+sliding.gguf: Gemma 3 with a window of SLIDING_WINDOW tokens on every layer.
 All use make_tiny_models' SPM vocabulary and chat template, so they pair with each other and
 with target.gguf. Tensor names and keys are llama.cpp's (src/llama-arch.cpp,
 src/models/lfm2.cpp, src/models/mamba.cpp of the vendored source).
@@ -27,8 +28,12 @@ L_CACHE = 3  # the short convolution's width (lfm2.shortconv.l_cache)
 MAMBA_LAYERS = 2
 D_CONV, D_STATE, DT_RANK = 4, 16, 8
 
+GEMMA_LAYERS = 2  # both within the window (llama.cpp's default pattern: every sixth is full)
+SLIDING_WINDOW = 8
+
 HYBRID_SEED = 2468
 RECURRENT_SEED = 1357
+SLIDING_SEED = 8642
 
 
 def _mat(rng: np.random.Generator, rows: int, cols: int, gain: float) -> np.ndarray:
@@ -97,6 +102,29 @@ def mamba_weights(n_vocab: int, printable: np.ndarray, seed: int) -> dict[str, n
     return w
 
 
+def gemma3_weights(n_vocab: int, printable: np.ndarray, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    head = N_EMBD // N_HEAD
+    w: dict[str, np.ndarray] = {
+        "token_embd.weight": rng.standard_normal((n_vocab, N_EMBD)).astype(np.float32)}
+    for i in range(GEMMA_LAYERS):
+        p = f"blk.{i}."
+        for norm in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"):
+            w[p + norm + ".weight"] = np.ones(N_EMBD, dtype=np.float32)
+        w[p + "attn_q_norm.weight"] = np.ones(head, dtype=np.float32)
+        w[p + "attn_k_norm.weight"] = np.ones(head, dtype=np.float32)
+        w[p + "attn_q.weight"] = _mat(rng, N_EMBD, N_EMBD, 2.0)
+        w[p + "attn_k.weight"] = _mat(rng, N_EMBD, N_EMBD, 2.0)
+        w[p + "attn_v.weight"] = _mat(rng, N_EMBD, N_EMBD, 1.0)
+        w[p + "attn_output.weight"] = _mat(rng, N_EMBD, N_EMBD, 1.5)
+        w[p + "ffn_gate.weight"] = _mat(rng, N_FF, N_EMBD, 1.0)
+        w[p + "ffn_up.weight"] = _mat(rng, N_FF, N_EMBD, 1.0)
+        w[p + "ffn_down.weight"] = _mat(rng, N_EMBD, N_FF, 1.5)
+    w["output_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
+    _output(rng, w, n_vocab, printable)
+    return w
+
+
 def _write(path: Path, arch: str, name: str, weights: dict[str, np.ndarray], hparams) -> Path:
     import gguf  # test-only dependency
 
@@ -147,8 +175,18 @@ def _mamba_hparams(writer) -> None:
     writer.add_ssm_time_step_rank(DT_RANK)
 
 
+def _gemma3_hparams(writer) -> None:
+    writer.add_block_count(GEMMA_LAYERS)
+    writer.add_feed_forward_length(N_FF)
+    writer.add_head_count(N_HEAD)
+    writer.add_head_count_kv(N_HEAD)
+    writer.add_key_length(N_EMBD // N_HEAD)
+    writer.add_value_length(N_EMBD // N_HEAD)
+    writer.add_sliding_window(SLIDING_WINDOW)
+
+
 def make_recurrent_models(outdir: Path) -> dict[str, Path]:
-    """Write hybrid.gguf, hybrid_draft.gguf and recurrent.gguf into outdir."""
+    """Write hybrid.gguf, hybrid_draft.gguf, recurrent.gguf and sliding.gguf into outdir."""
     vocab = spm_vocab()
     printable = _printable_mask(vocab[0])
     hybrid = lfm2_weights(len(vocab[0]), printable, HYBRID_SEED)
@@ -159,4 +197,7 @@ def make_recurrent_models(outdir: Path) -> dict[str, Path]:
         "recurrent": _write(outdir / "recurrent.gguf", "mamba", "tiny-recurrent",
                             mamba_weights(len(vocab[0]), printable, RECURRENT_SEED),
                             _mamba_hparams),
+        "sliding": _write(outdir / "sliding.gguf", "gemma3", "tiny-sliding",
+                          gemma3_weights(len(vocab[0]), printable, SLIDING_SEED),
+                          _gemma3_hparams),
     }

@@ -55,7 +55,8 @@ def parse(data: bytes, **kw):
 # --- real files -------------------------------------------------------------------------
 
 
-RECURRENT_ARCHS = {"hybrid": "lfm2", "hybrid_draft": "lfm2", "recurrent": "mamba"}
+RECURRENT_ARCHS = {"hybrid": "lfm2", "hybrid_draft": "lfm2", "recurrent": "mamba",
+                   "sliding": "gemma3"}
 
 
 def test_reads_tiny_models(tiny_models):

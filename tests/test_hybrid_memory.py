@@ -37,8 +37,9 @@ def ctx(model, **kw):
     return Context(model, ContextParams(n_ctx=512, n_threads=1, **kw))
 
 
-def test_each_model_names_its_memory_type(models):
+def test_each_model_names_its_memory_type(models, tiny_models):
     assert models["target"].memory == "attention"
+    assert Model(tiny_models["sliding"]).memory == "sliding window"
     assert models["hybrid"].memory == "hybrid"
     assert models["recurrent"].memory == "recurrent"
 
@@ -335,6 +336,42 @@ def test_the_header_tells_the_memory_type_llama_cpp_reports(models, tiny_models)
     from tandem.models.gguf_meta import read_gguf_header
     from tandem.models.memory_type import describe
 
-    for name in ("target", "hybrid", "recurrent"):
+    for name in ("target", "hybrid", "recurrent", "sliding"):
         kind, _ = describe(read_gguf_header(tiny_models[name]))
-        assert kind == models[name].memory, name
+        assert kind == (models[name].memory if name in models
+                        else Model(tiny_models[name]).memory), name
+
+
+def test_a_sliding_window_model_goes_back_far_past_its_window(tiny_models):
+    """llama.cpp's default cache for a sliding window is full-size: a rollback 200 tokens
+    back, 25 windows, leaves a fresh run's state."""
+    model = Model(tiny_models["sliding"])
+    seq = model.tokenize(TEXT * 8, add_special=True)
+    params = ContextParams(n_ctx=512, n_batch=16, n_ubatch=16, n_threads=1)
+    c, fresh = Context(model, params), Context(model, params)
+    for t in seq[:300]:
+        c.decode([t])
+    c.truncate(100)
+    for t in seq[:100]:
+        fresh.decode([t])
+    assert np.array_equal(np.array(c.decode(seq[100:110])[0]),
+                          np.array(fresh.decode(seq[100:110])[0]))
+    c.close()
+    fresh.close()
+    model.close()
+
+
+def test_a_prompt_seen_before_comes_back_from_its_copy(models):
+    """The prompt's end is kept (generate() checkpoints it): asking again after an answer
+    evaluates nothing of the prompt, where without the copy all of it would be; a prompt
+    that shares less says how much it evaluated again."""
+    c = ctx(models["hybrid"])
+    prompt = models["hybrid"].tokenize(TEXT * 2, add_special=True)
+    first, _ = run(c, prompt, NoDrafter(), max_tokens=20, ignore_eos=True)
+    assert first.stats.n_prompt_eval == len(prompt)
+    again, _ = run(c, prompt, NoDrafter(), max_tokens=20, ignore_eos=True)
+    assert again.stats.n_prompt_eval == 1 and again.tokens == first.tokens
+    shorter = prompt[:len(prompt) // 2] + prompt[:3]  # a copy at no position it can use
+    done, _ = run(c, shorter, NoDrafter(), max_tokens=5, ignore_eos=True)
+    assert done.stats.n_prompt_eval == len(shorter)  # honest: the shared part evaluated again
+    c.close()

@@ -66,7 +66,8 @@ def test_draft_agreement_rates(tiny_models):
 
 
 @pytest.mark.parametrize("name,hybrid,recurrent", [
-    ("hybrid", True, False), ("hybrid_draft", True, False), ("recurrent", False, True)])
+    ("hybrid", True, False), ("hybrid_draft", True, False), ("recurrent", False, True),
+    ("sliding", False, False)])
 def test_recurrent_models_load_with_their_memory_type(tiny_models, name, hybrid, recurrent):
     llm = load(tiny_models[name], logits_all=True)
     assert llama_cpp.llama_model_is_hybrid(llm.model) is hybrid

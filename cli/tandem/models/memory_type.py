@@ -23,8 +23,7 @@ SNAPSHOT_ARCHS = frozenset({
 # how each goes back, in the words `tandem hw`, `pairs check` and the docs use
 ROLLBACK_WORDS = {
     ATTENTION: "drafts rolled back by truncating the KV cache",
-    SLIDING: "drafts rolled back by truncating the KV cache (a prefix older than the window "
-             "is evaluated again)",
+    SLIDING: "drafts rolled back by truncating the KV cache (full-size, as llama.cpp's default)",
     HYBRID: "drafts rolled back from llama.cpp's snapshots of the last batch, elsewhere from "
             "a saved copy of the recurrent state",
     RECURRENT: "no rollback in llama.cpp: decodes plain (no speculation)",

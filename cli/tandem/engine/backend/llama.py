@@ -21,7 +21,7 @@ import numpy as np
 from tandem.engine.backend.context_params import (  # noqa: F401 - re-exported: the backend's API
     EXACT_BATCH, MAX_OUTPUTS, ContextParams, common_prefix, default_threads, exact_context)
 from tandem.engine.backend.fim import FimTokens
-from tandem.engine.backend.memory import (HYBRID, RECURRENT, SLIDING, RollbackPlan, StateCopies,
+from tandem.engine.backend.memory import (HYBRID, RECURRENT, RollbackPlan, StateCopies,
                                           keeps_copies, memory_type)
 from tandem.errors import ContextOverflowError, ModelError
 
@@ -444,9 +444,7 @@ class Context:
                 raise ModelError("llama.cpp could not roll back the KV cache",
                                  f"{self.model.path.name} has {plan.kind} memory; run with "
                                  "--verbose to see llama.cpp's log")
-            del self.tokens[n:]
-            if plan.kind == SLIDING and not self._window_holds(n):
-                self._restore(n)
+            del self.tokens[n:]  # a sliding window's cache is full-size (swa_full): the same
             return
         self.copies.drop_after(n)
         if plan.by_snapshot(n, length) and self._seq_rm(self._mem, 0, n, -1):
@@ -488,12 +486,6 @@ class Context:
         self.rollback.restored()
         for start in range(0, len(again), self.n_batch):
             self.decode(again[start:start + self.n_batch])
-
-    def _window_holds(self, n: int) -> bool:
-        """Whether a sliding-window cache still holds what position n attends to (llama-server's
-        test: its oldest position within the window of n)."""
-        oldest = _lc.llama_memory_seq_pos_min(self._mem, 0)
-        return oldest <= max(0, n - self.model.n_swa)
 
     def decode(self, tokens: Sequence[int], all_logits: bool = False,
                checkpoint: bool = False) -> np.ndarray:
@@ -644,8 +636,10 @@ class Context:
         """Make the cache hold exactly `tokens`, reusing the common prefix (and moved runs,
         reuse()); no logits needed.
 
-        Returns how many tokens were evaluated (0 when the cache already held them all).
+        Returns how many tokens were evaluated (0 when the cache already held them all),
+        those a recurrent state restored from a copy evaluated again included.
         """
+        before = self.n_decoded
         self.reuse(tokens)
         keep = common_prefix(self.tokens, tokens)
         self.truncate(keep)
@@ -655,7 +649,7 @@ class Context:
             self.decode(chunk)
             if progress is not None:
                 progress(start + len(chunk), len(todo))
-        return len(todo)
+        return self.n_decoded - before
 
     def sync(self, tokens: Sequence[int]) -> np.ndarray:
         """Make the cache hold exactly `tokens` and return the last one's logits.

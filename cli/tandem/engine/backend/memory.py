@@ -1,7 +1,8 @@
 """How a context's memory goes back to an earlier position, by its type, without llama.cpp.
 
 attention       the KV cache drops the positions (llama_memory_seq_rm), anywhere.
-sliding window  the same, while the window still holds what the position needs.
+sliding window  the same: llama.cpp's default cache for it is full-size (swa_full), so it
+                still holds what a position far back attends to (measured).
 hybrid          recurrent layers beside attention ones (LFM2, Qwen3.5, Nemotron-H): llama.cpp
                 keeps snapshots of the recurrent state for the last tokens of the LAST batch
                 only (n_rs_seq), and a removal outside them fails or, after single-token
