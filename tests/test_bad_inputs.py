@@ -696,7 +696,7 @@ def test_an_answer_cut_at_the_context_end_says_so(sandbox, tiny_models):
 
 
 def test_swapped_pair_warning(tmp_path):
-    from tandem.commands.plan import pair_warnings
+    from tandem.commands.compose import pair_warnings
 
     small, big = tmp_path / "small.gguf", tmp_path / "big.gguf"
     small.write_bytes(b"x" * 10)

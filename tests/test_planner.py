@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 from hw_fixtures import CPU_ONLY, machine
-from tandem.commands.plan import resolve
+from tandem.commands.compose import resolve
 from tandem.machine.fit import plan_for_settings, recommended_pairs
 from tandem.machine.placement import ContextSpec, place, repackable
 from tandem.machine.planner import FITS, NO_FIT, PARTIAL, MemoryBudget, GiB, MiB, plan

@@ -39,7 +39,7 @@ def session(real_pair):
 def shipped(real_pair, tmp_path_factory):
     """The session `tandem run --exact` builds on this machine: profile, settings chain and
     all (CPU profile: auto, q8_0 KV, flash attention, unrepacked target, drafts <= 6)."""
-    from tandem.commands.plan import resolve, session_options
+    from tandem.commands.compose import resolve, session_options
 
     home = tmp_path_factory.mktemp("home")
     resolved = resolve({"mode": "exact", "n_ctx": 2048}, env={}, home=home)

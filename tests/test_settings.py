@@ -8,7 +8,7 @@ import textwrap
 import pytest
 from hw_fixtures import machine
 from tandem.config import tuned as tuned_file
-from tandem.commands.plan import resolve, session_options
+from tandem.commands.compose import resolve, session_options
 from tandem.engine.pair import SessionOptions
 from tandem.config.settings import SOURCES
 from tandem.machine.fit import plan_for_settings
@@ -64,7 +64,7 @@ def write_tuned(home, models, spec=None, **ctx):
 
 
 def settings_of(cli, models=None, **kw):
-    """The Settings that commands/plan.py's resolve() merges for `cli` (and `models`' files)."""
+    """The Settings that commands/compose.py's resolve() merges for `cli` (and `models`' files)."""
     return resolve(cli, models, **kw).settings
 
 
@@ -347,7 +347,7 @@ def test_session_options_take_gpu_layers_from_the_plan(home):
 
 def test_planned_options_load_and_run_a_session(home, tiny_models):
     """What `tandem run` does once wired: settings -> plan -> SessionOptions -> PairSession."""
-    from tandem.commands.plan import prepare_session
+    from tandem.commands.compose import prepare_session
     from tandem.engine.loop.events import DoneEvent
     from tandem.engine.pair import PairSession
     from tandem.engine.loop.speculative import GenParams
@@ -366,7 +366,7 @@ def test_planned_options_load_and_run_a_session(home, tiny_models):
 
 
 def test_a_pair_that_does_not_fit_is_refused_with_what_to_change(home):
-    from tandem.commands.plan import prepare_session
+    from tandem.commands.compose import prepare_session
     from tandem.machine.planner import PlanError
     from tandem.models.catalog import ModelSpec
 

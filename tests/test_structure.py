@@ -241,7 +241,7 @@ def _main(monkeypatch, capsys, *argv: str) -> int:
 
 
 def test_settings_are_resolved_once_per_command(monkeypatch, capsys, tmp_path, tiny_models):
-    from tandem.commands import plan as prepare
+    from tandem.commands import compose as prepare
     from tandem.config import settings
 
     calls = []
@@ -404,7 +404,7 @@ def test_config_imports_nothing_above_it():
     """config is the bottom layer: it reads the settings' sources and merges them, and imports
     only errors, fsutil and itself. Choosing the profile (machine.profiles.choose_profile),
     the catalog's default pair, the home and the pair's files are the caller's
-    (commands/plan.py: resolve), so no exception is left."""
+    (commands/compose.py: resolve), so no exception is left."""
     graph = _imports()
     config = {m: deps for m, deps in graph.items()
               if m == "tandem.config" or m.startswith("tandem.config.")}
@@ -647,7 +647,7 @@ def test_class_names_say_what_they_hold():
 
 def test_settings_hold_values_only():
     """Settings carries the resolved values and their sources, typed; the hardware, the
-    profile object, the files and the warnings resolving took are commands/plan.py's
+    profile object, the files and the warnings resolving took are commands/compose.py's
     Resolved (no Any-typed passengers)."""
     import typing
 

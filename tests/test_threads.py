@@ -351,7 +351,7 @@ def test_load_text():
 # ------------------------------------------------------------------ settings and session
 
 def _session_options(cli: dict):
-    from tandem.commands.plan import session_options
+    from tandem.commands.compose import session_options
     from tandem.config.settings import read_sources, resolve_settings
 
     sources = read_sources(cli, {}, __import__("pathlib").Path("/nonexistent/config.yaml"),

@@ -48,7 +48,7 @@ def chat(
     from tandem.commands.constraint import constraint_flags, settings_constraint
     from tandem.chat.tui import ChatView, make_console, plain_banner
     from tandem.config.schema import check_max_tokens
-    from tandem.commands.engine import open_pair
+    from tandem.commands.compose import open_pair
     from tandem.engine.loop.speculative import GenParams
 
     options.check_pair_or_files(pair, model, model_draft)

@@ -55,7 +55,7 @@ def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size
                  force_profile=False, hardware=None, rpc=None) -> dict:
     """Everything `tandem hw` shows, as objects (the renderers only format)."""
     from tandem.commands.options import check_model_path, check_pair_or_files
-    from tandem.commands.plan import files_on_disk, resolve
+    from tandem.commands.compose import files_on_disk, resolve
     from tandem.errors import UsageError
     from tandem.machine import hardware as hwmod
     from tandem.machine.fit import plan_for_settings, recommended_pairs
@@ -142,7 +142,7 @@ def report_json(r: dict) -> dict:
 
 
 def _needs(plan) -> int | None:
-    from tandem.commands.plan import needs
+    from tandem.commands.compose import needs
 
     return needs(plan)
 

@@ -295,14 +295,14 @@ def check_pair_or_files(pair: str | None, model: Path | None, model_draft: Path 
 
 
 def prepare_pair(pair, model, model_draft, flags: dict, verbose: bool, yes: bool | None = None):
-    """The command's pair prepared to load (commands.plan.Prepared): settings (flags > env >
+    """The command's pair prepared to load (commands.compose.Prepared): settings (flags > env >
     config > tuned > profile > defaults) -> model files -> memory plan -> SessionOptions;
     warnings go to stderr. `flags`: {settings key: value or None}. A lone -m runs plain
     decoding, so its Prepared has no draft. Shared by run, chat, serve and spec-bench.
     `yes`: the command's --yes for a large download (None: it has no such flag)."""
     from dataclasses import replace
 
-    from tandem.commands.plan import prepare_session
+    from tandem.commands.compose import prepare_session
 
     check_pair_or_files(pair, model, model_draft)
     _finite(flags.get("p_min"), "--draft-p-min")

@@ -123,9 +123,9 @@ def list_pairs(
 
 def _memory(pairs: dict[str, catalog.PairSpec], store: Store) -> dict[str, tuple[Any, bool]]:
     """{pair: (bytes or None, estimated)}: the planner's figure, the one `tandem hw` shows
-    (commands.plan.pair_plan). Settings that cannot be resolved (a broken config.yaml) leave
+    (commands.compose.pair_plan). Settings that cannot be resolved (a broken config.yaml) leave
     it unknown, said once on stderr: the catalog is still worth listing."""
-    from tandem.commands.plan import needs, pair_plan
+    from tandem.commands.compose import needs, pair_plan
     from tandem.errors import TandemError
     from tandem.machine.hardware import detect
     from tandem.machine.profiles import load_profiles

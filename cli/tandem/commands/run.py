@@ -143,7 +143,7 @@ def _events(target_path, draft_path, opts, contexts, messages, gen, raw, predict
     """generate()'s events: in this process, or, with --rpc, from a supervised worker
     process (llama.cpp aborts the process that holds a broken RPC connection; see
     engine/remote/worker.py). `prediction`: the expected answer's text."""
-    from tandem.commands.engine import open_pair
+    from tandem.commands.compose import open_pair
 
     session = open_pair(target_path, draft_path, opts)
     with session:

@@ -63,7 +63,7 @@ def serve(
 
     Then point a client at http://127.0.0.1:8080/v1 (any API key unless --api-key is set).
     """
-    from tandem.commands.engine import open_pair
+    from tandem.commands.compose import open_pair
 
     check_max_tokens(max_tokens)
     # the flags checked before any download, and again once env and config.yaml are read

@@ -11,7 +11,7 @@ it came from. Precedence, highest first:
 Two steps, so that a bad flag fails before anything is downloaded: read_sources() reads and
 checks the flags, the environment and the config file, and names the pair (cli > env > config
 > the catalog's default, which the caller passes in) and the profile if one was named; the
-caller (commands/plan.py) then chooses the profile (machine.profiles.choose_profile), finds
+caller (commands/compose.py) then chooses the profile (machine.profiles.choose_profile), finds
 the pair's files and reads their tuned values, and resolve_settings() merges it all. Of two
 values that break a rule across keys (config.schema.RULES), the one from the weaker source
 yields, with a warning.
@@ -60,7 +60,7 @@ class Settings:
     """Resolved settings: one attribute per key of the schema (config.schema.SETTING_FIELDS)
     plus pair and profile; `source(key)` and `origin(key)` say where each came from. Values
     only: the hardware, the profile object and the pair's files that resolving them took are
-    the caller's (commands/plan.py: Resolved)."""
+    the caller's (commands/compose.py: Resolved)."""
 
     pair: str
     profile: str

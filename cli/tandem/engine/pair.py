@@ -64,7 +64,7 @@ class SessionOptions:
     home: Path | None = None
     # choose the thread count that is fastest now (engine/tuning/threads.py) for contexts without a
     # count of their own (ContextParams.n_threads 0); off: llama.cpp's count, as given.
-    # commands/plan.py turns it off when the user set -t / threads
+    # commands/compose.py turns it off when the user set -t / threads
     adapt_threads: bool = False
     # move cached runs of at least this many tokens that a new prompt holds elsewhere
     # (llama-server's --cache-reuse; Context.reuse): a server's editors; 0 off, and exact

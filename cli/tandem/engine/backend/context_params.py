@@ -49,7 +49,6 @@ class ContextParams:
     rollback: int = field(default=ROLLBACK_TOKENS, repr=False)
 
 
-
 def exact_context(ctx: ContextParams) -> ContextParams:
     """What exact mode needs of the target's context on llama.cpp's CPU kernels: flash
     attention on (without it, 2+ rows take other matmul kernels) and a q8_0 KV cache (with

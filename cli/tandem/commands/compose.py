@@ -1,8 +1,10 @@
 """From the command's flags to what the engine loads: the settings resolved with this
 machine's profile and the pair's files (resolve -> Resolved), the memory plan, the engine's
 SessionOptions (session_options). `run`, `chat`, `serve` and `spec-bench` prepare a session
-here (prepare_session -> Prepared), `hw` resolves here: the composition of the config, machine,
-models and engine layers belongs above them, beside the commands."""
+here (prepare_session -> Prepared) and open it (open_pair: in this process, or, with the
+target on RPC servers, in a supervised worker: llama.cpp aborts the process that holds a
+broken RPC connection), `hw` resolves here: the composition of the config, machine, models
+and engine layers belongs above them, beside the commands."""
 from __future__ import annotations
 
 import os
@@ -15,7 +17,7 @@ from tandem.config.settings import CONFIG_NAME, Settings, read_sources, resolve_
 from tandem.config.tuned import tuned_values
 from tandem.engine.backend.context_params import ROLLBACK_TOKENS, ContextParams, exact_context
 from tandem.engine.remote.rpc import server_info
-from tandem.engine.pair import SessionOptions
+from tandem.engine.pair import Pair, SessionOptions
 from tandem.engine.drafting.strategies import DraftParams
 from tandem.machine.fit import plan_for_settings, remote_plan_for_settings
 from tandem.fsutil import fmt_bytes
@@ -246,3 +248,14 @@ def require_remote_fit(local, remote) -> None:
         raise PlanError("the target does not fit over these RPC servers: " + "; ".join(problems),
                         "add a server to --rpc, lower --ctx-size, or choose a smaller pair; "
                         "`tandem hw --rpc ...` shows the plan")
+
+
+def open_pair(target_path: Path, draft_path: Path | None, opts: SessionOptions) -> Pair:
+    """A PairSession, or a RemotePair (the same Pair) when `opts.rpc` is set."""
+    if opts.rpc:
+        from tandem.engine.remote.worker import RemotePair
+
+        return RemotePair(target_path, draft_path, opts)
+    from tandem.engine.pair import PairSession
+
+    return PairSession(target_path, draft_path, opts)
