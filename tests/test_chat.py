@@ -407,3 +407,27 @@ def test_switching_to_auto_keeps_the_kv_prefix(before, cached_costs, tiny_models
         assert d2.stats.n_prompt == len(prompt2)
         assert d2.stats.n_prompt_eval <= new + 1, (d2.stats.n_prompt_eval, new)
         assert d2.stats.n_prompt_eval < d2.stats.n_prompt / 5
+
+
+def test_a_hybrid_models_second_turn_evaluates_only_what_is_new(tiny_models):
+    """Issue 40: on a hybrid target (recurrent layers beside attention) the second turn starts
+    from the copy of the state kept at the first turn's end, not from the whole conversation,
+    and answers as a fresh session given the same conversation does (greedy)."""
+    def hybrid_pair():
+        opts = SessionOptions(strategy="draft",
+                              target_ctx=ContextParams(n_ctx=2048, n_threads=1))
+        return PairSession(tiny_models["hybrid"], tiny_models["hybrid_draft"], opts)
+
+    question = "Explain the following code in detail: " + "def f(x): return x * 2; " * 10
+    with hybrid_pair() as p:
+        chat = ChatSession(p, system="Be brief.", gen=GenParams(max_tokens=16))
+        answer(chat, question)
+        d2, _ = answer(chat, "Thanks. Shorter?")
+        assert d2.stats.n_prompt_eval < d2.stats.n_prompt / 2
+        turns = [(t.user, t.assistant) for t in chat.turns]
+    with hybrid_pair() as p:
+        fresh = ChatSession(p, system="Be brief.", gen=GenParams(max_tokens=16))
+        fresh.turns = chat.turns[:1]
+        again, _ = answer(fresh, "Thanks. Shorter?")
+        assert again.stats.n_prompt_eval == again.stats.n_prompt  # nothing cached
+    assert again.text == turns[1][1]

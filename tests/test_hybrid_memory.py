@@ -54,6 +54,22 @@ def test_a_hybrid_context_keeps_snapshots_for_its_longest_draft(models):
     plain.close()
 
 
+def test_ctx_checkpoints_bounds_the_copies_and_a_rollback_past_them_is_exact(models):
+    m = models["hybrid"]
+    prompt = m.tokenize(TEXT, add_special=True)
+    c = ctx(m, checkpoints=2)
+    for i in range(1, len(prompt) + 1):  # one token at a time, a copy after each
+        c.decode(prompt[i - 1:i], checkpoint=True)
+    assert sorted(c.copies.by_pos) == [len(prompt) - 1, len(prompt)]  # the two newest
+    c.truncate(3)  # before every copy kept: from nothing, the three tokens again
+    got = c.decode(prompt[3:], all_logits=True)[-1].copy()
+    fresh = ctx(m)
+    want = fresh.decode(prompt, all_logits=True)[-1].copy()
+    assert np.array_equal(got, want)
+    c.close()
+    fresh.close()
+
+
 def test_a_recurrent_model_decodes_plain_and_says_why(models):
     c = ctx(models["recurrent"])
     assert c.verify_limit == 1 and "decodes plain" in c.memory_note

@@ -322,6 +322,10 @@ def test_session_options_from_settings_and_plan(home, profiles, tiny_models):
                                                                          "on")
     assert opts.draft_ctx is None  # the draft uses the target's context settings
     assert (opts.target_gpu_layers, opts.draft_gpu_layers) == (0, 0)  # cpu backend, auto
+    assert c.checkpoints == 8  # the schema's default
+    s = settings_of({"ctx_checkpoints": 3}, env={}, home=home, hardware=CPU_BOX,
+                    profiles=profiles)
+    assert session_options(s).target_ctx.checkpoints == 3
 
     p = plan_for_settings(s, tiny_models["target"], tiny_models["draft"], hardware=CPU_BOX,
                           backend="cpu")

@@ -26,7 +26,7 @@ def chat(
     temp, top_k, top_p, min_p, repeat_penalty, seed, n_ctx, n_threads,
     show_draft: Annotated[bool, typer.Option("--show-draft", help="Colour the tokens the target accepted from the draft.")] = False,
     plain_probe: Annotated[int, typer.Option("--plain-probe", help="Tokens of plain decoding measured at start for the speedup figure (0: off; plain turns also count).")] = 16,
-    exact, context_file, no_history, rpc, rpc_timeout,
+    exact, context_file, no_history, rpc, rpc_timeout, ctx_checkpoints,
     grammar, grammar_file, json_schema, json_schema_file, json_object, verbose, yes,
 ):
     """Chat in the terminal, with live tokens/s, draft acceptance and speedup.

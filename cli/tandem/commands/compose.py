@@ -188,7 +188,7 @@ def session_options(s: Settings, plan: Plan | None = None, *, backend: str = "cp
     ctx = ContextParams(n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
                         n_threads=s.n_threads, n_threads_batch=s.n_threads_batch,
                         flash_attn=s.flash_attn, type_k=s.type_k, type_v=s.type_v,
-                        rollback=max(ROLLBACK_TOKENS, s.n_max))
+                        rollback=max(ROLLBACK_TOKENS, s.n_max), checkpoints=s.ctx_checkpoints)
     if plan is not None:
         layers = (plan.target.gpu_layers, plan.draft.gpu_layers if plan.draft else 0)
     else:

@@ -58,6 +58,7 @@ SHARED = {
     "no_history": (setting_flag("history", type_=bool, help="Do not draft from earlier answers kept on disk, nor keep this one (`history: off`)."), False),
     "rpc": (setting_flag("rpc", help="llama.cpp RPC servers for the target's layers, HOST:PORT[,HOST:PORT...] (start one with `tandem rpc-server`); the draft stays on this machine."), None),
     "rpc_timeout": (setting_flag("rpc_timeout", default=True, help="Seconds without progress over --rpc before the request ends with exit 6."), None),
+    "ctx_checkpoints": (setting_flag("ctx_checkpoints", default=True, help="Copies of a hybrid or recurrent model's state kept to go back to (llama-server's --ctx-checkpoints): a draft model's steps and a shorter prompt restore the nearest."), None),
     # what the output must match, spelled as llama.cpp spells them (at most one; config
     # `structured:`, env TANDEM_GRAMMAR, TANDEM_JSON_SCHEMA...; docs/structured.md)
     "grammar": (setting_flag("grammar", help="A GBNF grammar the output must match (llama.cpp's syntax)."), None),

@@ -42,7 +42,7 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with text and statistics.")] = False,
     no_stream: Annotated[bool, typer.Option("--no-stream", help="Print the text once it is complete.")] = False,
     stats: Annotated[Optional[bool], typer.Option("--stats/--no-stats", help="Statistics on stderr (default: when stderr is a terminal).")] = None,
-    exact, context_file, no_history, rpc, rpc_timeout,
+    exact, context_file, no_history, rpc, rpc_timeout, ctx_checkpoints,
     grammar, grammar_file, json_schema, json_schema_file, json_object, verbose, yes,
     prediction: Annotated[Optional[Path], typer.Option("--prediction", readable=False, help="A file holding the answer you expect (an edit's current code): auto drafts from it; the output is the model's own either way.", show_default=False)] = None,
 ):

@@ -45,7 +45,7 @@ def serve(
     model, model_draft, strategy, n_max, n_min, p_min,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens per answer when a request does not say (max_tokens).")] = SERVE_MAX_TOKENS,
     temp, top_k, top_p, min_p, repeat_penalty, n_ctx, n_threads,
-    exact, context_file, no_history, rpc, rpc_timeout, verbose,
+    exact, context_file, no_history, rpc, rpc_timeout, ctx_checkpoints, verbose,
 ):
     """Serve the OpenAI API (chat/completions, completions, models) on the local pair.
 

@@ -358,6 +358,10 @@ SETTING_FIELDS: tuple[Field, ...] = (
       "", label="JSON schema file", flag="--json-schema-file"),
     F("json_object", ("structured", "json_object"), "TANDEM_JSON_OBJECT", "choice", "off",
       choices=ON_OFF, label="any JSON object", flag="--json-object"),
+    # copies of a hybrid or recurrent model's state kept to go back to (llama-server's
+    # --ctx-checkpoints): a draft's single-token steps and a shorter prefix restore one
+    F("ctx_checkpoints", ("ctx_checkpoints",), "TANDEM_CTX_CHECKPOINTS", "int", 8, 1, 1024,
+      label="context checkpoints", flag="--ctx-checkpoints"),
     # `tandem serve`'s own (docs/serve.md); the others read them and ignore them
     F("host", ("serve", "host"), "TANDEM_HOST", "text", "127.0.0.1", label="listen address",
       flag="--host"),

@@ -88,6 +88,7 @@ class Settings:
     json_schema: str
     json_schema_file: str
     json_object: str  # on: any JSON object
+    ctx_checkpoints: int  # saved copies of a hybrid or recurrent model's state
     host: str  # tandem serve's: the address, port, queue, timeouts, cache reuse, CORS and key
     port: int
     queue: int

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from tandem.config.schema import MAX_DRAFT
+from tandem.engine.backend.memory import MAX_COPIES
 
 # Rows of logits one decode may ask for: a verify batch of up to 64 drafts + the last token.
 # llama.cpp reserves compute memory for n_outputs_max rows (default: n_batch, ~300 MiB with
@@ -47,6 +48,8 @@ class ContextParams:
     # the snapshots a hybrid model's context keeps (ROLLBACK_TOKENS); out of repr, which
     # names cost files: the timings do not depend on it
     rollback: int = field(default=ROLLBACK_TOKENS, repr=False)
+    # saved copies of a hybrid or recurrent model's state (--ctx-checkpoints); out of repr
+    checkpoints: int = field(default=MAX_COPIES, repr=False)
 
 
 def exact_context(ctx: ContextParams) -> ContextParams:

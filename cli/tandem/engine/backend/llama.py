@@ -378,7 +378,7 @@ class Context:
         no longer than they reach; a model without any decodes plain (a copy and a second
         decode of the accepted tokens every step was not measured to pay)."""
         self.rollback = RollbackPlan(model.memory, _lc.llama_n_rs_seq(ptr))
-        self.copies = StateCopies()
+        self.copies = StateCopies(max(1, self.params.checkpoints))
         self._tracks_batches = keeps_copies(model.memory)  # decode() notes where a batch began
         # why drafts are capped below what the batch allows (generate() says it when they are)
         self.memory_note: str | None = None

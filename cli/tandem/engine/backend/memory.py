@@ -18,13 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.config.schema import FIELDS_BY_KEY
 from tandem.models.memory_type import ATTENTION, HYBRID, RECURRENT, SLIDING
 
 Buffer = Any  # the bytes llama.cpp wrote (a ctypes array, handed back as it is)
 
-# copies of the recurrent state a context keeps (llama-server's --ctx-checkpoints, whose
-# default is 32; these are per context and the oldest go first)
-MAX_COPIES = 8
+# copies of the recurrent state a context keeps by default (the setting ctx_checkpoints,
+# llama-server's --ctx-checkpoints, whose default is 32; per context, the oldest go first)
+MAX_COPIES = FIELDS_BY_KEY["ctx_checkpoints"].default
 
 
 def memory_type(is_hybrid: bool, is_recurrent: bool, n_swa: int) -> str:
