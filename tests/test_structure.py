@@ -630,6 +630,16 @@ def test_settings_flags_are_declared_from_the_schema():
     assert by_hand == [], by_hand
 
 
+def test_every_script_says_what_it_is_for():
+    """scripts/README.md names each script (what, when, output): one-off measurements sit
+    beside the product's tools, and a reader tells them apart there (issue 39)."""
+    scripts = ROOT / "scripts"
+    page = (scripts / "README.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`([\w.-]+\.(?:py|sh))`", page))
+    present = {p.name for p in scripts.iterdir() if p.suffix in (".py", ".sh")}
+    assert present - named == set() and named - present == set()
+
+
 def test_class_names_say_what_they_hold():
     """No two modules define a class of the same name (two Jobs, two Budgets and two Models
     once meant a generation and a worker's load, a prompt's size and memory, a loaded model
