@@ -141,20 +141,32 @@ def write_model(
     weights: dict[str, np.ndarray],
     vocab: tuple[list[str], list[float], list[int]],
 ) -> Path:
-    import gguf  # test-only dependency; imported late so `--help` works without it
+    return write_gguf(path, "llama", name, weights, vocab, _llama_hparams)
 
-    tokens, scores, types = vocab
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name(name)
-    writer.add_context_length(CONTEXT_LENGTH)
-    writer.add_embedding_length(N_EMBD)
+
+def _llama_hparams(writer) -> None:
     writer.add_block_count(N_LAYER)
     writer.add_feed_forward_length(N_FF)
     writer.add_head_count(N_HEAD)
     writer.add_head_count_kv(N_HEAD)
-    writer.add_layer_norm_rms_eps(RMS_EPS)
     writer.add_rope_dimension_count(N_EMBD // N_HEAD)
+
+
+def write_gguf(path: Path, arch: str, name: str, weights: dict[str, np.ndarray],
+               vocab: tuple[list[str], list[float], list[int]], hparams) -> Path:
+    """A tiny model of architecture `arch`: the shared keys, `hparams(writer)`'s own, the SPM
+    vocabulary with the chat template (and FIM tokens where the vocabulary has them), the
+    tensors."""
+    import gguf  # test-only dependency; imported late so `--help` works without it
+
+    tokens, scores, types = vocab
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(name)
+    writer.add_context_length(CONTEXT_LENGTH)
+    writer.add_embedding_length(N_EMBD)
+    writer.add_layer_norm_rms_eps(RMS_EPS)
     writer.add_file_type(0)  # ALL_F32
+    hparams(writer)
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)

@@ -15,12 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from make_tiny_models import (CHAT_TEMPLATE, CONTEXT_LENGTH, DRAFT_NOISE, DRAFT_SEED, RMS_EPS,
-                              _printable_mask, add_noise, spm_vocab)
+from make_tiny_models import (DRAFT_NOISE, DRAFT_SEED, N_EMBD, N_FF, N_HEAD, _printable_mask,
+                              add_noise, spm_vocab, write_gguf)
 
-N_EMBD = 64
-N_HEAD = 4
-N_FF = 128
 # LFM2: which layers attend (the others are short convolutions); their head_count_kv is 0
 LFM2_ATTENTION = (False, True, False)
 L_CACHE = 3  # the short convolution's width (lfm2.shortconv.l_cache)
@@ -126,34 +123,7 @@ def gemma3_weights(n_vocab: int, printable: np.ndarray, seed: int) -> dict[str, 
 
 
 def _write(path: Path, arch: str, name: str, weights: dict[str, np.ndarray], hparams) -> Path:
-    import gguf  # test-only dependency
-
-    tokens, scores, types = spm_vocab()
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_name(name)
-    writer.add_context_length(CONTEXT_LENGTH)
-    writer.add_embedding_length(N_EMBD)
-    writer.add_layer_norm_rms_eps(RMS_EPS)
-    writer.add_file_type(0)  # ALL_F32
-    hparams(writer)
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_unk_token_id(0)
-    writer.add_add_bos_token(True)
-    writer.add_add_eos_token(False)
-    writer.add_add_space_prefix(False)
-    writer.add_chat_template(CHAT_TEMPLATE)
-    for tensor_name, array in weights.items():
-        writer.add_tensor(tensor_name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return write_gguf(path, arch, name, weights, spm_vocab(), hparams)
 
 
 def _lfm2_hparams(writer) -> None:

@@ -52,3 +52,19 @@ def assert_same_as_plain(model, prompt, plain_tokens, spec_tokens, tol=1e-3, par
 
 def drafter_for(ctx, n_min=0, p_min=0.0, n_max=4):
     return DraftModelDrafter(ctx, n_max, n_min, p_min) if ctx is not None else NoDrafter()
+
+
+def assert_same_first_tokens(plain, spec, label: str, positions=(0, 1)) -> None:
+    """The tokens at `positions` of sampled runs (lists of token lists), plain against
+    speculative, are drawn from one distribution: chi-square per position, categories seen at
+    least 10 times, p > 0.01."""
+    from scipy.stats import chi2_contingency
+
+    for pos in positions:
+        a, b = [t[pos] for t in plain], [t[pos] for t in spec]
+        cats = sorted(set(a) | set(b))
+        table = np.array([[a.count(c) for c in cats], [b.count(c) for c in cats]])
+        table = table[:, table.sum(axis=0) >= 10]
+        assert table.shape[1] >= 2, "a degenerate distribution tests nothing"
+        pvalue = chi2_contingency(table)[1]
+        assert pvalue > 0.01, f"{label} position {pos}: p={pvalue:.4f}\n{table}"

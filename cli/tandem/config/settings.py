@@ -50,7 +50,7 @@ class Setting:
     @property
     def shown(self) -> Any:
         """The value as tandem shows it: a secret (an API key) only as set or not."""
-        if FIELDS_BY_KEY.get(self.key) is not None and FIELDS_BY_KEY[self.key].secret:
+        if getattr(FIELDS_BY_KEY.get(self.key), "secret", False):
             return "(set)" if self.value else ""
         return self.value
 

@@ -39,10 +39,10 @@ def kind_of(value) -> str:
             type(None): "null"}.get(type(value), "a number")
 
 
-def too_deep(exc: bounded_json.TooDeep, param: str | None) -> ApiError:
+def too_deep(path: str, limit: int, param: str | None) -> ApiError:
     """A JSON value nested past the limit: named by its path, refused by the field."""
-    return bad(f"{clip(exc.path or 'the request body', 120)} is nested more than {exc.limit} "
-               "levels deep (tandem's JSON depth limit, docs/serve.md)", param, "too_deep")
+    return bad(f"{clip(path or 'the request body', 120)} is nested more than {limit} levels "
+               "deep (tandem's JSON depth limit, docs/serve.md)", param, "too_deep")
 
 
 def loads_field(text: str, param: str):
@@ -51,7 +51,7 @@ def loads_field(text: str, param: str):
     try:
         return bounded_json.loads(text)
     except bounded_json.TooDeep as exc:
-        raise too_deep(bounded_json.TooDeep(param, exc.limit), param) from None
+        raise too_deep(param, exc.limit, param) from None
     except ValueError as exc:
         raise bad(f"'{param}' is not valid JSON: {clip(str(exc))}", param,
                   "invalid_value") from None

@@ -88,7 +88,8 @@ def parse_json(raw: bytes) -> dict:
     except UnicodeDecodeError:
         raise bad("the request body is not UTF-8", code="invalid_json") from None
     except bounded_json.TooDeep as exc:
-        raise too_deep(exc, exc.path.split(".")[0].split("[")[0] or None) from None
+        raise too_deep(exc.path, exc.limit, exc.path.split(".")[0].split("[")[0] or None) \
+            from None
     except ValueError as exc:
         raise bad(f"the request body is not valid JSON: {clip(str(exc))}",
                   code="invalid_json") from None
