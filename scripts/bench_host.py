@@ -156,13 +156,13 @@ class Tandem:
         self.ns = ns
 
     def run(self, strategy: str) -> dict:
-        from tandem.engine.drafting.drafters import NgramDrafter, NoDrafter
+        from tandem.engine.drafting.drafters import DraftParams, NgramDrafter, NoDrafter
         from tandem.engine.loop.events import DoneEvent, PrefillEvent
         from tandem.engine.loop.speculative import GenParams, generate
 
         ns = self.ns
         # each drafter owns its draft length; generate() only bounds a step by the room left
-        drafter = {"none": NoDrafter, "ngram": lambda: NgramDrafter(n_max=ns.n_max),
+        drafter = {"none": NoDrafter, "ngram": lambda: NgramDrafter(DraftParams(n_max=ns.n_max)),
                    "draft": self._model, "auto": self._auto}[strategy]()
         params = GenParams(max_tokens=ns.n, ignore_eos=True)
         self.tctx.truncate(0)
@@ -191,15 +191,18 @@ class Tandem:
         controllers and guard, on GPU-like costs (a verify batch as cheap as a step, a draft
         token a twentieth of one) so that it drafts and its per-step work shows."""
         from tandem.engine.drafting.auto import AutoDrafter
-        from tandem.engine.tuning.costs import CostModel
+        from tandem.engine.drafting.drafters import DraftParams
+        from tandem.engine.tuning.costs import MAX_BATCH, CostModel
 
         costs = CostModel({n: 1e-3 * (1 + 0.01 * n) for n in (1, 2, 4, 8, 17)}, 5e-5)
-        return AutoDrafter(self._model(), costs, n_max=self.ns.n_max)
+        return AutoDrafter(self._model(), DraftParams(n_max=self.ns.n_max), costs,
+                           verify_limit=MAX_BATCH, calibrated=None, notes=(), library=None,
+                           knowledge=None)
 
     def _model(self):
-        from tandem.engine.drafting.drafters import DraftModelDrafter
+        from tandem.engine.drafting.drafters import DraftModelDrafter, DraftParams
 
-        return DraftModelDrafter(self.dctx, self.ns.n_max, 0, self.ns.p_min)
+        return DraftModelDrafter(self.dctx, DraftParams(self.ns.n_max, 0, self.ns.p_min))
 
     def _llama(self) -> float:
         return self.tctx.t_llama + self.dctx.t_llama

@@ -101,7 +101,7 @@ def main() -> int:
     from tandem.engine.loop.events import DoneEvent
     from tandem.engine.backend.llama import ContextParams
     from tandem.engine.pair import PairSession, SessionOptions
-    from tandem.engine.drafting.strategies import DraftParams
+    from tandem.engine.drafting.drafters import DraftParams
     from tandem.engine.loop.speculative import GenParams
 
     if ns.target is None:

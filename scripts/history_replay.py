@@ -110,19 +110,22 @@ class Oracle:
 
 def policy(name: str, costs, history: list[list[int]]):
     from tandem.engine.drafting.auto import AutoDrafter
-    from tandem.engine.tuning.costs import CostModel
-    from tandem.engine.drafting.drafters import HybridDrafter
+    from tandem.engine.drafting.drafters import DraftParams
+    from tandem.engine.drafting.hybrid import HybridDrafter, HybridPolicy
     from tandem.engine.drafting.history import Library
+    from tandem.engine.tuning.costs import CostModel
 
     costs = CostModel(dict(costs.verify), 0.0)
+    draft = DraftParams(n_max=4, n_min=0)
     if name == "ngram":  # auto's n-gram drafting before the suffix index
-        d = HybridDrafter(None, ngram_match=2, costs=costs, n_max=4, adaptive=True,
-                          guard=False, name="auto", ngram_cap=16, ngram_n=8)
-        return d
+        policy = HybridPolicy(name="auto", ngram_match=2, ngram_n=8, ngram_cap=16,
+                              adaptive=True, guard=False)
+        return HybridDrafter(None, draft, costs, policy, sources=None, budget=None)
     library = Library(None, remember=False)
     if name in ("auto", "oracle"):
         library.history.add_many(history)
-    d = AutoDrafter(None, costs, n_max=4, verify_limit=17, library=library)
+    d = AutoDrafter(None, draft, costs, verify_limit=17, calibrated=None, notes=(),
+                    library=library, knowledge=None)
     d.guard = None  # the replay has no wall clock to fall back on
     return d
 

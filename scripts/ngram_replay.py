@@ -74,10 +74,13 @@ def main() -> int:
     if not ns.replay:
         return 0
 
-    from tandem.engine.drafting.auto import AutoDrafter
-    from tandem.engine.tuning.costs import CostModel
-    from tandem.engine.drafting.drafters import NgramDrafter
     from tandem.engine.backend.llama import EXACT_BATCH
+    from tandem.engine.drafting.auto import AutoDrafter
+    from tandem.engine.drafting.drafters import DraftParams, NgramDrafter
+    from tandem.engine.tuning.costs import MAX_BATCH, CostModel
+
+    class WideNgram(NgramDrafter):  # the oracle's n-grams: up to 8 tokens long
+        SIZES = (2, 8)
 
     costs = CostModel.load(ns.costs) if ns.costs else None
     if costs is None or not costs.verify:
@@ -86,11 +89,14 @@ def main() -> int:
     items = json.loads(ns.replay.read_text())
 
     def auto():
-        return AutoDrafter(None, CostModel(dict(costs.verify)), n_max=3)
+        return AutoDrafter(None, DraftParams(n_max=3), CostModel(dict(costs.verify)),
+                           verify_limit=MAX_BATCH, calibrated=None, notes=(), library=None,
+                           knowledge=None)
 
     cap = EXACT_BATCH - 1
-    policies = {"ngram (n_max 4)": (lambda: NgramDrafter(4), False), "auto": (auto, False),
-                f"oracle bound (n_max {cap})": (lambda: NgramDrafter(cap, (2, 8)), True)}
+    policies = {"ngram (n_max 4)": (lambda: NgramDrafter(DraftParams(n_max=4)), False),
+                "auto": (auto, False),
+                f"oracle bound (n_max {cap})": (lambda: WideNgram(DraftParams(n_max=cap)), True)}
     cats = sorted({i["cat"] for i in items})
     print("| policy | " + " | ".join(cats) + " | overall |")
     print("|---" * (len(cats) + 2) + "|")

@@ -4,10 +4,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
-from tandem.engine.drafting.drafters import DraftModelDrafter, NoDrafter
-from tandem.engine.loop.events import DoneEvent, StepEvent
 from tandem.engine.backend.llama import Context, ContextParams, Model
+from tandem.engine.drafting.auto import AutoDrafter
+from tandem.engine.drafting.drafters import DraftModelDrafter, DraftParams, NgramDrafter, NoDrafter
+from tandem.engine.drafting.hybrid import HybridDrafter, HybridPolicy
+from tandem.engine.loop.events import DoneEvent, StepEvent
 from tandem.engine.loop.speculative import GenParams, generate
+from tandem.engine.tuning.costs import MAX_BATCH, CostModel
 
 
 def run(ctx, prompt, drafter, **kw):
@@ -51,7 +54,30 @@ def assert_same_as_plain(model, prompt, plain_tokens, spec_tokens, tol=1e-3, par
 
 
 def drafter_for(ctx, n_min=0, p_min=0.0, n_max=4):
-    return DraftModelDrafter(ctx, n_max, n_min, p_min) if ctx is not None else NoDrafter()
+    return draft_model(ctx, n_max, n_min, p_min) if ctx is not None else NoDrafter()
+
+
+# The drafters with the lengths a test names and the rest fixed here: the product's
+# constructors take every value (a DraftParams from the settings), these shorten the tests.
+def draft_model(ctx, n_max=4, n_min=0, p_min=0.0) -> DraftModelDrafter:
+    return DraftModelDrafter(ctx, DraftParams(n_max, n_min, p_min))
+
+
+def ngram_drafter(n_max=4) -> NgramDrafter:
+    return NgramDrafter(DraftParams(n_max=n_max))
+
+
+def hybrid(model, *, n_max=8, n_min=0, costs=None, sources=None, budget=None,
+           **policy) -> HybridDrafter:
+    return HybridDrafter(model, DraftParams(n_max, n_min), costs or CostModel(),
+                         HybridPolicy(**policy), sources=sources, budget=budget)
+
+
+def auto_drafter(model, costs, *, n_max=4, n_min=0, verify_limit=MAX_BATCH, calibrated=None,
+                 notes=(), library=None, knowledge=None) -> AutoDrafter:
+    return AutoDrafter(model, DraftParams(n_max, n_min), costs, verify_limit=verify_limit,
+                       calibrated=calibrated, notes=notes, library=library,
+                       knowledge=knowledge)
 
 
 def assert_same_first_tokens(plain, spec, label: str, positions=(0, 1)) -> None:

@@ -3,16 +3,16 @@ n-gram acceptance is learnt per match length."""
 from __future__ import annotations
 
 import numpy as np
-from tandem.engine.drafting.adaptive import model_draft_gain
-from tandem.engine.tuning.costs import CostModel
-from tandem.engine.drafting.drafters import HybridDrafter
-from tandem.engine.loop.events import DoneEvent, PrefillEvent, StepEvent
+from engine_helpers import hybrid  # noqa: E402
 from tandem.engine.backend.llama import ContextParams
-from tandem.engine.loop.sampling import SamplingParams
+from tandem.engine.drafting.adaptive import model_draft_gain
 from tandem.engine.drafting.auto import AUTO_MODEL_GAIN
-from tandem.engine.pair import PairSession, SessionOptions
-from tandem.engine.drafting.strategies import DraftParams
+from tandem.engine.drafting.drafters import DraftParams
+from tandem.engine.loop.events import DoneEvent, PrefillEvent, StepEvent
+from tandem.engine.loop.sampling import SamplingParams
 from tandem.engine.loop.speculative import GenParams
+from tandem.engine.pair import PairSession, SessionOptions
+from tandem.engine.tuning.costs import CostModel
 
 # this CPU's calibrated figures (docs/benchmarks.md): a 0.5B draft token costs 0.43 of a plain step
 CPU = CostModel({1: 0.086, 2: 0.123, 3: 0.149, 4: 0.182, 5: 0.211, 8: 0.272, 17: 0.389}, 0.0368)
@@ -78,7 +78,7 @@ def test_auto_keeps_the_draft_model_where_it_pays(tiny_models, tmp_path, monkeyp
 
 
 def test_ngram_acceptance_is_learnt_per_match_length():
-    d = HybridDrafter(None, ngram_match=2, costs=CPU, adaptive=True, ngram_n=4, ngram_cap=8)
+    d = hybrid(None, ngram_match=2, costs=CPU, adaptive=True, ngram_n=4, ngram_cap=8)
     sp, rng = SamplingParams(temperature=0.0), np.random.default_rng(0)
     # "5 6" recurs (a 2-token match) but is followed by something else each time
     tokens = [1, 5, 6, 7, 2, 5, 6, 8, 3, 5, 6]

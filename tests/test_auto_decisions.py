@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from engine_helpers import auto_drafter  # noqa: E402
 from tandem.bench.replay import replay
 from tandem.engine.drafting.adaptive import PROBE_ACCEPT, LengthController
 from tandem.engine.drafting.auto import AutoDrafter
@@ -110,7 +111,7 @@ def simulate(shape, pattern: list[Match | None], knowledge: Knowledge | None = N
     replay (bench/replay.py) of an n-token answer, each step charged its batch's expected cost
     and observed at a point of the batch's measured range."""
     calib = calibrated(shape)
-    auto = AutoDrafter(None, calib.copy(), n_max=4, calibrated=calib, knowledge=knowledge)
+    auto = auto_drafter(None, calib.copy(), n_max=4, calibrated=calib, knowledge=knowledge)
     lo, hi = _curve(shape, 0), _curve(shape, 1)
     noise = itertools.cycle((0.0, 1.0, 0.5, 0.25, 0.75))
     prompt = [0]

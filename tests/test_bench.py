@@ -4,23 +4,23 @@ configurations, the interleaved plan, run_bench against a scripted session, and 
 from __future__ import annotations
 
 import csv
-from dataclasses import replace
 import io
 import json
 import shutil
 import xml.dom.minidom
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from tandem.bench import report as rep
 from tandem.bench import tune, workloads
-from tandem.config import tuned as tuned_file
 from tandem.bench.runner import BenchConfig, RunResult, plan, run_bench
 from tandem.bench.sweep import SWEEP_KEYS, build_configs, parse_sweep
 from tandem.bench.workloads import Prompt
-from tandem.engine.loop.events import DoneEvent
+from tandem.config import tuned as tuned_file
 from tandem.engine.backend.llama import ContextParams
-from tandem.engine.drafting.strategies import DraftParams
+from tandem.engine.drafting.drafters import DraftParams
+from tandem.engine.loop.events import DoneEvent
 from tandem.engine.loop.speculative import GenParams
 from tandem.engine.loop.stats import GenStats
 from tandem.errors import UsageError

@@ -61,7 +61,7 @@ def test_length_controller_picks_the_rate_maximising_length():
 def test_length_controller_probes_after_a_run_of_plain_choices():
     cpu = _costs({1: 0.084, 2: 0.123, 4: 0.127, 8: 0.211}, draft=0.035)
     cpu.spread = {n: 0.02 for n in cpu.verify}
-    ctl = LengthController(cpu, n_max=8, probe_every=3, probe_len=2,
+    ctl = LengthController(cpu, n_min=0, n_max=8, probe_every=3, probe_len=2,
                            tracker=AcceptanceTracker(8, prior=0.2))
     # probes that keep confirming plain decoding back off: after 3, then 6 plain choices;
     # each drafts the length with the best rate at 90% acceptance (3: 14.8 tok/s against 13.9

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from engine_helpers import draft_model, hybrid, ngram_drafter  # noqa: E402
 
 pytest.importorskip("llama_cpp")
 
 from engine_helpers import assert_same_as_plain, assert_same_first_tokens, drafter_for, run  # noqa: E402
-from tandem.engine.drafting.drafters import NoDrafter  # noqa: E402
 from tandem.engine.backend.llama import Context, ContextParams, Model  # noqa: E402
+from tandem.engine.drafting.drafters import NoDrafter  # noqa: E402
 from tandem.engine.loop.sampling import SamplingParams  # noqa: E402
 from tandem.errors import ContextOverflowError, UsageError  # noqa: E402
 
@@ -238,7 +239,7 @@ def test_max_tokens_zero_evaluates_the_prompt_only(models, ctxs):
 
 
 def test_invalid_draft_max():
-    from tandem.engine.drafting.strategies import DraftParams
+    from tandem.engine.drafting.drafters import DraftParams
 
     for n_max in (-1, 65):  # the draft length's one carrier refuses it
         with pytest.raises(UsageError, match="draft max"):
@@ -253,16 +254,15 @@ def test_empty_prompt(ctxs):
 @pytest.mark.parametrize("strategy", ["ngram", "hybrid", "auto"])
 def test_every_strategy_keeps_greedy_output(models, ctxs, strategy, tmp_path, monkeypatch):
     from tandem.engine.tuning.costs import CostModel
-    from tandem.engine.drafting.drafters import DraftModelDrafter, HybridDrafter, NgramDrafter
 
     target = models["target"]
     costs = CostModel(verify={1: 0.01, 2: 0.011, 9: 0.013}, draft_token=0.001)
     for text in PROMPTS:
         prompt = toks(target, text * 3)  # repetition gives the n-gram drafter matches
         if strategy == "ngram":
-            drafter = NgramDrafter(n_max=6)
+            drafter = ngram_drafter(n_max=6)
         else:
-            drafter = HybridDrafter(DraftModelDrafter(ctxs["draft"], n_min=0, p_min=0.3),
+            drafter = hybrid(draft_model(ctxs["draft"], n_min=0, p_min=0.3),
                                     costs=costs, n_max=6, adaptive=strategy == "auto",
                                     guard=strategy == "auto", name=strategy)
         plain, _ = run(ctxs["target"], prompt, NoDrafter(), max_tokens=40, ignore_eos=True)
@@ -274,7 +274,6 @@ def test_every_strategy_keeps_greedy_output(models, ctxs, strategy, tmp_path, mo
 def test_hybrid_sampling_with_ngram_tokens_keeps_the_distribution(models, ctxs):
     """Deterministic (n-gram) draft tokens are verified as point masses at temperature > 0."""
     from scipy.stats import chi2_contingency
-    from tandem.engine.drafting.drafters import NgramDrafter
 
     prompt = toks(models["target"], "abcabcabcabcabc")
     sp = dict(temperature=1.0, top_k=6)
@@ -282,7 +281,7 @@ def test_hybrid_sampling_with_ngram_tokens_keeps_the_distribution(models, ctxs):
     for seed in range(1200):
         p, _ = run(ctxs["target"], prompt, NoDrafter(), max_tokens=3, ignore_eos=True,
                    sampling=SamplingParams(seed=seed, **sp))
-        s, _ = run(ctxs["target"], prompt, NgramDrafter(n_max=4), max_tokens=3, ignore_eos=True,
+        s, _ = run(ctxs["target"], prompt, ngram_drafter(n_max=4), max_tokens=3, ignore_eos=True,
                    sampling=SamplingParams(seed=10_000 + seed, **sp))
         plain.append(p.tokens[1])
         spec.append(s.tokens[1])
@@ -294,16 +293,15 @@ def test_hybrid_sampling_with_ngram_tokens_keeps_the_distribution(models, ctxs):
 
 def _tiny_drafter(kind, ctxs):
     from tandem.engine.tuning.costs import CostModel
-    from tandem.engine.drafting.drafters import DraftModelDrafter, HybridDrafter
 
-    model = DraftModelDrafter(ctxs["draft"], n_max=4, n_min=2, p_min=0.75)
+    model = draft_model(ctxs["draft"], n_max=4, n_min=2, p_min=0.75)
     if kind == "draft":
         return model
     if kind == "hybrid":
-        return HybridDrafter(model, n_min=2, n_max=4)
+        return hybrid(model, n_min=2, n_max=4)
     # auto with the draft model forced on: costs that make drafting pay from the first step
     costs = CostModel(verify={n: 0.01 for n in range(1, 8)}, draft_token=0.0005)
-    auto = HybridDrafter(model, ngram_match=2, costs=costs, n_min=2, n_max=4, adaptive=True,
+    auto = hybrid(model, ngram_match=2, costs=costs, n_min=2, n_max=4, adaptive=True,
                          guard=True, name="auto", ngram_cap=6, ngram_n=8)
     auto.budget.balance = 1.0  # as if earned: the first step's draft is a probe paid from it
     return auto

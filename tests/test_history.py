@@ -7,9 +7,7 @@ import os
 
 import numpy as np
 import pytest
-from tandem.engine.drafting.auto import AutoDrafter
-from tandem.engine.tuning.costs import CostModel
-from tandem.engine.loop.events import DoneEvent, StepEvent
+from engine_helpers import auto_drafter  # noqa: E402
 from tandem.engine.drafting.history import (
     HistoryStore,
     Library,
@@ -17,8 +15,10 @@ from tandem.engine.drafting.history import (
     list_histories,
     read_context_file,
 )
-from tandem.engine.loop.sampling import SamplingParams
 from tandem.engine.drafting.suffix import SuffixIndex
+from tandem.engine.loop.events import DoneEvent, StepEvent
+from tandem.engine.loop.sampling import SamplingParams
+from tandem.engine.tuning.costs import CostModel
 from tandem.errors import UsageError
 
 # ------------------------------------------------------------------ the index
@@ -180,7 +180,7 @@ def _flat_costs():
 def test_auto_drafts_from_history_and_says_so():
     lib = Library(None, remember=False)
     lib.history.add([5, 6, 7, 8, 9, 10, 11, 12])
-    auto = AutoDrafter(None, _flat_costs(), n_max=4, library=lib)
+    auto = auto_drafter(None, _flat_costs(), n_max=4, library=lib)
     sp, rng = SamplingParams(), np.random.default_rng(0)
     auto.prefill([1, 5, 6, 7])
     d = auto.propose([1, 5, 6, 7], 8, sp, rng, False)
@@ -194,10 +194,10 @@ def test_auto_drafts_from_history_and_says_so():
 
 def test_pair_session_records_answers_reports_sources_and_opt_out_writes_nothing(
         tiny_models, tmp_path, monkeypatch):
-    from tandem.engine.drafting.adaptive import LengthController
     from tandem.engine.backend.llama import ContextParams
-    from tandem.engine.pair import PairSession, SessionOptions
+    from tandem.engine.drafting.adaptive import LengthController
     from tandem.engine.loop.speculative import GenParams
+    from tandem.engine.pair import PairSession, SessionOptions
 
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
     ctx = ContextParams(n_ctx=256, n_threads=1)
@@ -228,8 +228,8 @@ def test_pair_session_records_answers_reports_sources_and_opt_out_writes_nothing
 
 def test_opt_out_reads_and_writes_nothing(tiny_models, tmp_path, monkeypatch):
     from tandem.engine.backend.llama import ContextParams
-    from tandem.engine.pair import PairSession, SessionOptions
     from tandem.engine.loop.speculative import GenParams
+    from tandem.engine.pair import PairSession, SessionOptions
 
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
     opts = SessionOptions(strategy="auto", target_ctx=ContextParams(n_ctx=256, n_threads=1),
@@ -272,7 +272,7 @@ def test_cli_run_no_history_and_history_commands(tiny_models, tmp_path):
 def test_auto_drafts_a_prediction_from_the_answers_first_step():
     """Predicted Outputs: the expected answer is drafted from the very first step (it is
     indexed behind the prompt's last tokens), and wins a tie in match length."""
-    auto = AutoDrafter(None, _flat_costs(), n_max=4)
+    auto = auto_drafter(None, _flat_costs(), n_max=4)
     sp, rng = SamplingParams(), np.random.default_rng(0)
     prompt, prediction = [1, 30, 31, 32], [40, 41, 42, 43, 44, 45, 46, 47, 48]
     auto.expect(prediction)
@@ -285,6 +285,6 @@ def test_auto_drafts_a_prediction_from_the_answers_first_step():
     d = auto.propose(prompt + [40, 41, 99, 43, 44, 45], 8, sp, rng, False)
     assert d.source == "prediction" and d.tokens[:2] == [46, 47]
     # without one, nothing of it remains (a drafter is per request)
-    fresh = AutoDrafter(None, _flat_costs(), n_max=4)
+    fresh = auto_drafter(None, _flat_costs(), n_max=4)
     fresh.prefill(prompt)
     assert fresh.propose(prompt, 8, sp, rng, False).source != "prediction"

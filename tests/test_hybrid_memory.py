@@ -11,13 +11,14 @@ import sys
 
 import numpy as np
 import pytest
+from engine_helpers import draft_model, hybrid, ngram_drafter  # noqa: E402
 
 pytest.importorskip("llama_cpp")
 
 from engine_helpers import assert_same_first_tokens, run  # noqa: E402
 from tandem.engine.backend.context_params import ContextParams  # noqa: E402
 from tandem.engine.backend.llama import Context, Model  # noqa: E402
-from tandem.engine.drafting.drafters import DraftModelDrafter, HybridDrafter, NoDrafter  # noqa: E402
+from tandem.engine.drafting.drafters import NoDrafter  # noqa: E402
 from tandem.engine.loop.sampling import SamplingParams  # noqa: E402
 from tandem.engine.tuning.costs import CostModel, calibrate, disagreement  # noqa: E402
 
@@ -75,9 +76,8 @@ def test_a_recurrent_model_decodes_plain_and_says_why(models):
     assert c.verify_limit == 1 and "decodes plain" in c.memory_note
     prompt = models["recurrent"].tokenize(TEXT, add_special=True)
     plain, _ = run(c, prompt, NoDrafter(), max_tokens=24, ignore_eos=True)
-    from tandem.engine.drafting.drafters import NgramDrafter
 
-    spec, _ = run(c, prompt, NgramDrafter(n_max=4), max_tokens=24, ignore_eos=True)
+    spec, _ = run(c, prompt, ngram_drafter(n_max=4), max_tokens=24, ignore_eos=True)
     assert spec.tokens == plain.tokens and spec.stats.drafted == 0
     assert any("decodes plain" in n for n in spec.stats.notes)
     c.close()
@@ -263,12 +263,12 @@ def test_auto_with_its_drafts_forced_on_rejects_and_keeps_greedy_output(models, 
 
 
 def _drafter(kind, draft_ctx, p_min=0.75):
-    model = DraftModelDrafter(draft_ctx, n_max=4, n_min=2, p_min=p_min)
+    model = draft_model(draft_ctx, n_max=4, n_min=2, p_min=p_min)
     if kind == "draft":
         return model
     # auto with the draft model forced on: costs that make drafting pay from the first step
     costs = CostModel(verify={n: 0.01 for n in range(1, 8)}, draft_token=0.0005)
-    auto = HybridDrafter(model, ngram_match=2, costs=costs, n_min=2, n_max=4, adaptive=True,
+    auto = hybrid(model, ngram_match=2, costs=costs, n_min=2, n_max=4, adaptive=True,
                          guard=True, name="auto", ngram_cap=6, ngram_n=8)
     auto.budget.balance = 1.0  # as if earned: the first step's draft is a probe paid from it
     return auto

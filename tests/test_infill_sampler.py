@@ -8,10 +8,9 @@ import math
 
 import numpy as np
 import pytest
-
-from engine_helpers import run
+from engine_helpers import draft_model, ngram_drafter, run  # noqa: E402
 from scripted import ScriptedContext, ScriptedModel
-from tandem.engine.drafting.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
+from tandem.engine.drafting.drafters import NoDrafter
 from tandem.engine.loop.sampling import SamplingParams, infill_pick
 from tandem.serve.api_errors import ApiError
 from tandem.serve.llama_api import parse_infill as infill_request
@@ -84,8 +83,8 @@ def test_speculation_under_the_infill_rule_equals_plain_decoding_under_it(kind):
     argmax, _ = run(ScriptedContext(model, _target), [2], NoDrafter(), max_tokens=30)
     assert plain.reason == "eos" and argmax.reason == "length"
     assert 0 in plain.tokens and 0 not in argmax.tokens
-    drafter = (DraftModelDrafter(ScriptedContext(model, _draft), n_max=3) if kind == "draft"
-               else NgramDrafter(n_max=3))
+    drafter = (draft_model(ScriptedContext(model, _draft), n_max=3) if kind == "draft"
+               else ngram_drafter(n_max=3))
     spec, steps = run(ScriptedContext(model, _target), [2], drafter, max_tokens=30,
                       sampling=INFILL)
     assert spec.tokens == plain.tokens and spec.reason == "eos"

@@ -8,19 +8,20 @@ import time
 
 import numpy as np
 import pytest
+from engine_helpers import auto_drafter  # noqa: E402
 from tandem.engine.drafting.auto import BUCKETS, ORDER, AutoDrafter
-from tandem.engine.tuning.costs import CostModel
 from tandem.engine.loop.events import DoneEvent, StepEvent
+from tandem.engine.loop.sampling import SamplingParams
+from tandem.engine.tuning.costs import CostModel
 from tandem.engine.tuning.knowledge import MAX_BYTES, VERSION, Knowledge
 from tandem.errors import TandemWarning
-from tandem.engine.loop.sampling import SamplingParams
 
 # a batch of n tokens costs 10% more per extra token: drafts are not free, probes have a price
 GENTLE = CostModel({n: 0.1 * (1 + 0.1 * (n - 1)) for n in range(1, 18)}, spread={1: 0.02})
 
 
 def _auto(knowledge=None):
-    return AutoDrafter(None, GENTLE.copy(), n_max=4, knowledge=knowledge)
+    return auto_drafter(None, GENTLE.copy(), n_max=4, knowledge=knowledge)
 
 
 def _copying_request(auto: AutoDrafter, steps: int = 6) -> None:
@@ -170,10 +171,10 @@ def test_the_file_is_written_atomically_and_bounded(tmp_path):
 
 
 def test_a_second_session_starts_from_the_first_ones_file(tiny_models, tmp_path, monkeypatch):
-    from tandem.engine.tuning import pricing
     from tandem.engine.backend.llama import ContextParams
-    from tandem.engine.pair import PairSession, SessionOptions
     from tandem.engine.loop.speculative import GenParams
+    from tandem.engine.pair import PairSession, SessionOptions
+    from tandem.engine.tuning import pricing
 
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
     monkeypatch.setattr(pricing, "disagreement", lambda *a: 1.0)

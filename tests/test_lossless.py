@@ -8,12 +8,14 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from engine_helpers import run
+from engine_helpers import auto_drafter, draft_model, hybrid, ngram_drafter, run  # noqa: E402
 from scripted import FakeClock, ScriptedContext, ScriptedModel, logits_of, one_hot
 from tandem.engine.drafting.adaptive import FallbackGuard
-from tandem.engine.tuning.costs import CostModel
-from tandem.engine.drafting.drafters import DraftModelDrafter, HybridDrafter, NgramDrafter, NoDrafter
+from tandem.engine.drafting.drafters import (
+    NoDrafter,
+)
 from tandem.engine.loop.sampling import SamplingParams, distribution
+from tandem.engine.tuning.costs import CostModel
 
 V = 6
 BOS = 5
@@ -70,16 +72,16 @@ def _assert_distribution(samples: list[tuple[int, int]], expected: dict, label: 
 
 
 def _drafter(kind: str, dctx, clock):
-    model = DraftModelDrafter(dctx, n_max=3, n_min=2, p_min=0.75) if kind != "pmin" else \
-        DraftModelDrafter(dctx, n_max=3, n_min=0, p_min=0.75)
+    model = draft_model(dctx, n_max=3, n_min=2, p_min=0.75) if kind != "pmin" else \
+        draft_model(dctx, n_max=3, n_min=0, p_min=0.75)
     if kind in ("pmin", "draft"):
         return model
     if kind == "hybrid":
-        return HybridDrafter(model, n_min=2, n_max=3)
+        return hybrid(model, n_min=2, n_max=3)
     # auto with the draft model forced on; cheap draft tokens on the simulated clock so the
     # adaptive length keeps drafting
     costs = CostModel(verify={1: 0.1, 2: 0.1, 3: 0.1, 4: 0.1}, draft_token=0.001)
-    auto = HybridDrafter(model, ngram_match=2, costs=costs, n_min=2, n_max=3, adaptive=True,
+    auto = hybrid(model, ngram_match=2, costs=costs, n_min=2, n_max=3, adaptive=True,
                          guard=True, name="auto", ngram_cap=6, ngram_n=8)
     auto.budget.balance = 1.0  # as if earned: the first step's draft is a probe paid from it
     return auto
@@ -118,7 +120,7 @@ def test_sampled_draft_is_never_shorter_than_n_min():
     lengths = Counter()
     for _ in range(300):
         dctx = ScriptedContext(model, _draft_fn)
-        d = DraftModelDrafter(dctx, n_min=2, p_min=0.75).propose([BOS], 3, sp, rng, True)
+        d = draft_model(dctx, n_min=2, p_min=0.75).propose([BOS], 3, sp, rng, True)
         lengths[len(d.tokens)] += 1
         assert d.dists is not None and len(d.dists) == len(d.tokens)
     assert set(lengths) <= {2, 3} and lengths[2] > 0 and lengths[3] > 0
@@ -139,7 +141,7 @@ def test_speculation_stops_at_the_context_end_like_plain_decoding(n_max):
         if drafter_kind == "none":
             drafter = NoDrafter()
         else:
-            drafter = DraftModelDrafter(ScriptedContext(model, _cycle_fn, n_ctx=40), n_max)
+            drafter = draft_model(ScriptedContext(model, _cycle_fn, n_ctx=40), n_max)
         done, _ = run(tctx, [0, 1, 2], drafter, max_tokens=500, ignore_eos=True)
         assert done.reason == "context"
         outs.append(done)
@@ -155,7 +157,7 @@ def test_draft_length_respects_n_batch():
     model = ScriptedModel(V)
     tctx = ScriptedContext(model, _cycle_fn, n_batch=4)
     prompt = [0, 1, 2, 3, 4] * 6  # repetitive: the n-gram drafter finds long matches
-    done, steps = run(tctx, prompt, NgramDrafter(n_max=16), max_tokens=60, ignore_eos=True)
+    done, steps = run(tctx, prompt, ngram_drafter(n_max=16), max_tokens=60, ignore_eos=True)
     assert done.stats.n_generated == 60
     assert max(s.drafted for s in steps) == 3  # one row for the last token, three drafts
     assert max(b for b in tctx.batches[1:]) <= 4
@@ -164,8 +166,8 @@ def test_draft_length_respects_n_batch():
 
 def test_calibration_measures_only_batches_that_fit(tiny_models):
     pytest.importorskip("llama_cpp")
-    from tandem.engine.tuning.costs import calibrate
     from tandem.engine.backend.llama import Context, ContextParams, Model
+    from tandem.engine.tuning.costs import calibrate
 
     m = Model(tiny_models["target"])
     ctx = Context(m, ContextParams(n_ctx=256, n_batch=4, n_ubatch=4, n_threads=1))
@@ -194,7 +196,7 @@ def _costed(model, fn, clock, target: bool):
 def _auto(dctx):
     # GPU-like flat verify; at the prior acceptance (0.7) drafting does not pay, at 0.8 it does
     costs = CostModel(verify={n: VERIFY_S for n in range(1, 10)}, draft_token=DRAFT_S)
-    return HybridDrafter(DraftModelDrafter(dctx), ngram_match=99, costs=costs, n_min=0,
+    return hybrid(draft_model(dctx), ngram_match=99, costs=costs, n_min=0,
                          n_max=4, adaptive=True, guard=True, name="auto", ngram_n=4)
 
 
@@ -250,7 +252,7 @@ def test_guard_counts_model_steps_that_proposed_nothing_as_speculation(monkeypat
     tctx = _costed(model, _cycle_fn, clock, True)
     # an unsure draft: top probability 0.4 < p_min, so it never proposes, yet it costs time
     dctx = _costed(model, lambda p: logits_of([0.4, 0.3, 0.3], V), clock, False)
-    drafter = HybridDrafter(DraftModelDrafter(dctx, p_min=0.5), ngram_match=99, n_max=4,
+    drafter = hybrid(draft_model(dctx, p_min=0.5), ngram_match=99, n_max=4,
                             guard=True)
     done, steps = run(tctx, [0, 1, 2], drafter, max_tokens=30, ignore_eos=True)
     assert done.stats.drafted == 0
@@ -291,14 +293,14 @@ def test_stats_do_not_count_accepted_drafts_cut_by_eos_or_a_stop_string():
         return one_hot(min(prefix[-1] + 1, eos) if prefix[-1] != BOS else 0, V)
 
     tctx = ScriptedContext(model, fn)
-    done, steps = run(tctx, [BOS], DraftModelDrafter(ScriptedContext(model, fn), n_max=8),
+    done, steps = run(tctx, [BOS], draft_model(ScriptedContext(model, fn), n_max=8),
                       max_tokens=20)
     assert done.reason == "eos" and done.tokens == (0, 1, 2, 3)
     # the draft proposed 0 1 2 3 <eos> 4 4 4, all accepted; only the first four reached the output
     assert steps[0].accepted == 8
     assert done.stats.accepted == 4 and done.stats.n_generated == 4
     tctx = ScriptedContext(model, fn)
-    done, _ = run(tctx, [BOS], DraftModelDrafter(ScriptedContext(model, fn), n_max=8),
+    done, _ = run(tctx, [BOS], draft_model(ScriptedContext(model, fn), n_max=8),
                   max_tokens=20, stop=("bc",))
     assert done.reason == "stop" and done.text == "a"
     assert done.stats.accepted == 3  # "a", "b", "c" were emitted; the stop string ends there
@@ -310,7 +312,7 @@ def test_draft_strategy_is_reproducible_with_a_seed():
     for _ in range(3):
         tctx = ScriptedContext(model, _target_fn)
         dctx = ScriptedContext(model, _draft_fn)
-        done, _ = run(tctx, [BOS], DraftModelDrafter(dctx, n_max=3, n_min=2, p_min=0.75),
+        done, _ = run(tctx, [BOS], draft_model(dctx, n_max=3, n_min=2, p_min=0.75),
                       max_tokens=2, ignore_eos=True,
                       sampling=SamplingParams(temperature=1.0, seed=7))
         outs.add(done.tokens)
@@ -353,7 +355,7 @@ def _simulated_rate(clock, costs: CostModel, check: bool, monkeypatch,
     tctx = ScriptedContext(model, lambda p: one_hot(seq[len(p)] if len(p) < len(seq) else 0, 13),
                            clock=clock, cost=true.verify_cost)
     drafter = (NoDrafter() if costs is None else
-               HybridDrafter(None, ngram_match=2, costs=costs, n_max=3, adaptive=True,
+               hybrid(None, ngram_match=2, costs=costs, n_max=3, adaptive=True,
                              guard=True, name="auto", ngram_cap=16, ngram_n=8))
     if not check and costs is not None:
         monkeypatch.setattr(drafter, "CHECK_STEPS", 0)
@@ -406,7 +408,6 @@ def _hist_target_fn(prefix):
 
 
 def _history_auto(source: str):
-    from tandem.engine.drafting.auto import AutoDrafter
     from tandem.engine.drafting.history import Library
 
     lib = Library(None, remember=False)
@@ -415,7 +416,7 @@ def _history_auto(source: str):
     for doc in ([BOS, 2, 3, 1, 1, 4], [BOS, 2, 3, 0, 0, 4]):
         (lib.history if source == "history" else lib.files).add(doc)
     costs = CostModel(verify={n: 0.1 for n in range(1, 18)})
-    auto = AutoDrafter(None, costs, n_max=3, library=lib)
+    auto = auto_drafter(None, costs, n_max=3, library=lib)
     auto.guard = None  # never fall back to plain: every request must draft
     return auto
 
@@ -448,12 +449,11 @@ def test_history_drafts_keep_the_target_distribution(source, monkeypatch):
 
 def test_greedy_with_history_is_identical_to_plain_in_exact_mode(tiny_models, monkeypatch):
     """Exact mode, greedy: auto drafting from history and files gives plain decoding's tokens."""
+    from tandem.engine.backend.llama import ContextParams, exact_context
     from tandem.engine.drafting.adaptive import LengthController
     from tandem.engine.loop.events import DoneEvent
-    from tandem.engine.backend.llama import ContextParams
-    from tandem.engine.backend.llama import exact_context
-    from tandem.engine.pair import PairSession, SessionOptions
     from tandem.engine.loop.speculative import GenParams
+    from tandem.engine.pair import PairSession, SessionOptions
 
     ctx = exact_context(ContextParams(n_ctx=512, n_threads=1))
     opts = SessionOptions(strategy="auto", target_ctx=ctx, repack=False)

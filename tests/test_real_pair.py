@@ -5,11 +5,11 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from tandem.engine.loop.events import DoneEvent  # noqa: E402
 from tandem.engine.backend.llama import ContextParams  # noqa: E402
-from tandem.engine.pair import PairSession, SessionOptions  # noqa: E402
-from tandem.engine.drafting.strategies import DraftParams  # noqa: E402
+from tandem.engine.drafting.drafters import DraftParams  # noqa: E402
+from tandem.engine.loop.events import DoneEvent  # noqa: E402
 from tandem.engine.loop.speculative import GenParams  # noqa: E402
+from tandem.engine.pair import PairSession, SessionOptions  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -136,8 +136,7 @@ def test_real_pair_verify_batches_up_to_the_exact_limit_match_single_decoding(se
     """The premise of EXACT_BATCH: after a long context (past the 512-token point where f16 KV
     changes kernels), batches of 2..EXACT_BATCH rows give the logits of one-by-one decoding."""
     import numpy as np
-    from tandem.engine.backend.llama import exact_context
-    from tandem.engine.backend.llama import EXACT_BATCH, Context
+    from tandem.engine.backend.llama import EXACT_BATCH, Context, exact_context
 
     text = " ".join(f"item {i} costs {i * 7 % 13} dollars;" for i in range(120))
     full = session.target.tokenize(text, add_special=True, parse_special=False)

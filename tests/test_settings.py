@@ -7,15 +7,15 @@ import textwrap
 
 import pytest
 from hw_fixtures import machine
-from tandem.config import tuned as tuned_file
 from tandem.commands.compose import resolve, session_options
-from tandem.engine.pair import SessionOptions
+from tandem.config import tuned as tuned_file
+from tandem.config.files import SettingsFileError
 from tandem.config.settings import SOURCES
-from tandem.machine.fit import plan_for_settings
+from tandem.engine.pair import SessionOptions
 from tandem.errors import UsageError
+from tandem.machine.fit import plan_for_settings
 from tandem.machine.placement import ContextSpec
 from tandem.machine.planner import MemoryBudget, plan
-from tandem.config.files import SettingsFileError
 from tandem.machine.profiles import ProfileError, ProfileMismatchError, load_profiles
 
 TEST_PROFILE = """
@@ -118,10 +118,10 @@ def test_every_key_has_a_value_and_a_source(home, profiles):
 
 
 def test_defaults_match_the_engine_defaults():
-    from tandem.machine.fit import ENGINE_REPACK
-    from tandem.engine.backend.llama import ContextParams
-    from tandem.engine.drafting.strategies import DraftParams
     from tandem.config.schema import FIELDS_BY_KEY
+    from tandem.engine.backend.llama import ContextParams
+    from tandem.engine.drafting.drafters import DraftParams
+    from tandem.machine.fit import ENGINE_REPACK
 
     assert ENGINE_REPACK["fast"] == SessionOptions().repack  # what the planner assumes about loading
     c, d = ContextParams(), DraftParams()
@@ -353,8 +353,8 @@ def test_planned_options_load_and_run_a_session(home, tiny_models):
     """What `tandem run` does once wired: settings -> plan -> SessionOptions -> PairSession."""
     from tandem.commands.compose import prepare_session
     from tandem.engine.loop.events import DoneEvent
-    from tandem.engine.pair import PairSession
     from tandem.engine.loop.speculative import GenParams
+    from tandem.engine.pair import PairSession
 
     # one thread: two OpenMP threads spin against whatever else runs on a 2-core machine
     prep = prepare_session({"n_ctx": 512, "strategy": "draft", "n_max": 3, "n_threads": 1},

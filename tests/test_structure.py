@@ -630,6 +630,95 @@ def test_settings_flags_are_declared_from_the_schema():
     assert by_hand == [], by_hand
 
 
+def _restated_defaults(tree: ast.AST, defaults: dict) -> list[tuple[int, str]]:
+    """Fields and parameters named after a setting whose literal default is the setting's."""
+    pairs = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.value:
+            pairs.append((n.target.id, n.value, n.lineno))
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = n.args
+            pos = a.posonlyargs + a.args
+            pairs += [(arg.arg, d, n.lineno)
+                      for arg, d in zip(pos[len(pos) - len(a.defaults):], a.defaults)]
+            pairs += [(arg.arg, d, n.lineno) for arg, d in zip(a.kwonlyargs, a.kw_defaults) if d]
+    return [(line, name) for name, value, line in pairs
+            if name in defaults and isinstance(value, ast.Constant)
+            and value.value is not None and value.value == defaults[name]]
+
+
+def test_each_setting_default_is_written_once():
+    """A setting's default is the schema's alone: a field or parameter named after a setting
+    reads it from config.schema (FIELDS_BY_KEY[key].default) rather than spelling the value
+    again (`n_ctx: int = 4096` in three modules, `p_min=0.0` against the schema's 0.5; issue
+    39). rpc-server's --host is llama.cpp rpc-server's own flag, another program's."""
+    from tandem.config.schema import SETTING_FIELDS
+
+    defaults = {f.key: f.default for f in SETTING_FIELDS}
+    again = []
+    for path in sorted(PKG.rglob("*.py")):
+        if path.name in ("schema.py", "rpc_server.py"):
+            continue
+        again += [(_module_name(path), line, name) for line, name in
+                  _restated_defaults(ast.parse(path.read_text(encoding="utf-8")), defaults)]
+    assert again == [], again
+
+
+def test_the_restated_default_check_sees_one():
+    tree = ast.parse("class C:\n    n_ctx: int = 4096\n\ndef f(p_min=0.5, *, port=8080):\n    pass\n")
+    assert sorted(_restated_defaults(tree, {"n_ctx": 4096, "p_min": 0.5, "port": 8080})) == [
+        (2, "n_ctx"), (4, "p_min"), (4, "port")]
+
+
+def _drafters_with_defaults() -> list[str]:
+    """Drafter constructors (classes of engine/drafting with a `propose`) that give a
+    parameter a default, or take a draft length apart from DraftParams."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import tandem.engine.drafting as drafting
+
+    found = []
+    for info in pkgutil.iter_modules(drafting.__path__):
+        module = importlib.import_module(f"tandem.engine.drafting.{info.name}")
+        for name, cls in vars(module).items():
+            if not (inspect.isclass(cls) and cls.__module__ == module.__name__
+                    and hasattr(cls, "propose") and "__init__" in vars(cls)):
+                continue
+            for param in inspect.signature(cls.__init__).parameters.values():
+                if param.default is not inspect.Parameter.empty or \
+                        param.name in ("n_max", "n_min", "p_min"):
+                    found.append(f"{name}({param.name})")
+    return found
+
+
+def test_drafter_constructors_take_the_settings_whole():
+    """Each drafter takes a DraftParams (the settings' draft length and stops) and no default
+    of its own: `DraftModelDrafter(n_max=4, p_min=0.0)` once disagreed with the schema's p_min
+    0.5 (issue 39). The constructors that take one are found at all (the check is live)."""
+    import inspect
+
+    from tandem.engine.drafting.auto import AutoDrafter
+    from tandem.engine.drafting.drafters import DraftModelDrafter, DraftParams, NgramDrafter
+    from tandem.engine.drafting.hybrid import HybridDrafter
+
+    assert _drafters_with_defaults() == []
+    for cls in (DraftModelDrafter, NgramDrafter, HybridDrafter, AutoDrafter):
+        kinds = {p.annotation for p in inspect.signature(cls.__init__).parameters.values()}
+        assert "DraftParams" in kinds or DraftParams in kinds, cls
+
+
+def test_the_drafter_default_check_sees_one(monkeypatch):
+    from tandem.engine.drafting.drafters import NgramDrafter
+
+    def init(self, draft, min_match: int = 2):
+        pass
+
+    monkeypatch.setattr(NgramDrafter, "__init__", init)
+    assert _drafters_with_defaults() == ["NgramDrafter(min_match)"]
+
+
 def test_every_script_says_what_it_is_for():
     """scripts/README.md names each script (what, when, output): one-off measurements sit
     beside the product's tools, and a reader tells them apart there (issue 39)."""

@@ -12,13 +12,16 @@ import time
 
 import numpy as np
 import pytest
+from engine_helpers import auto_drafter, draft_model, hybrid, ngram_drafter  # noqa: E402
 
 pytest.importorskip("llguidance")
 
 from engine_helpers import run  # noqa: E402
 from scripted import FakeClock, ScriptedContext, ScriptedModel, logits_of  # noqa: E402
 from tandem.engine.constrain.grammar import Constraint, GrammarError, GrammarState  # noqa: E402
-from tandem.engine.drafting.drafters import DraftModelDrafter, HybridDrafter, NgramDrafter, NoDrafter  # noqa: E402
+from tandem.engine.drafting.drafters import (  # noqa: E402
+    NoDrafter,
+)
 from tandem.engine.loop.sampling import SamplingParams, distribution  # noqa: E402
 from tandem.errors import EXIT_OK, EXIT_USAGE  # noqa: E402
 
@@ -73,8 +76,8 @@ def _scripted(clock):
 def _drafter(kind, dctx):
     if kind == "none":
         return NoDrafter()
-    model = DraftModelDrafter(dctx, n_max=3)
-    return model if kind == "draft" else HybridDrafter(model, n_max=3)
+    model = draft_model(dctx, n_max=3)
+    return model if kind == "draft" else hybrid(model, n_max=3)
 
 
 @pytest.mark.parametrize("kind", ["draft", "hybrid"])
@@ -123,7 +126,7 @@ def test_forced_tokens_are_free_drafts_counted_as_drafted_and_accepted():
     clock = FakeClock()
     model, tctx, dctx = _scripted(clock)
     grammar = Constraint("gbnf", 'root ::= "abcx" [ab]')
-    spec, steps = run(tctx, [EOS], NgramDrafter(n_max=3), max_tokens=8, constraint=grammar)
+    spec, steps = run(tctx, [EOS], ngram_drafter(n_max=3), max_tokens=8, constraint=grammar)
     assert spec.tokens[:4] == (0, 1, 2, 4)
     first = steps[0]
     # all four forced tokens in one step: free drafts are bounded by the verify batch and
@@ -162,11 +165,10 @@ def test_the_drafter_continues_the_forced_tokens_in_the_same_batch(kind):
 
 
 def test_a_drafter_learns_only_from_its_part_of_a_batch_that_began_with_forced_tokens():
-    from tandem.engine.drafting.auto import AutoDrafter
     from tandem.engine.loop.events import StepEvent
     from tandem.engine.tuning.costs import CostModel
 
-    auto = AutoDrafter(None, CostModel({n: 0.1 for n in range(1, 18)}), n_max=4)
+    auto = auto_drafter(None, CostModel({n: 0.1 for n in range(1, 18)}), n_max=4)
     sp, rng = SamplingParams(), np.random.default_rng(0)
     prompt = [9, 1, 2, 3, 4, 5, 9, 1, 2]
     auto.prefill(prompt)

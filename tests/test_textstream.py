@@ -3,9 +3,9 @@ held back until decided."""
 from __future__ import annotations
 
 import pytest
-from engine_helpers import run
+from engine_helpers import draft_model, run
 from scripted import ScriptedContext, ScriptedModel, one_hot
-from tandem.engine.drafting.drafters import DraftModelDrafter, NoDrafter
+from tandem.engine.drafting.drafters import NoDrafter
 from tandem.engine.loop.textstream import TextStream
 
 
@@ -80,7 +80,7 @@ def _fn(prefix):
 def test_speculative_text_equals_plain_with_multibyte_tokens_and_stops(stop):
     model = ScriptedModel(257, pieces=[bytes([b]) for b in range(256)] + [b""])
     outs = []
-    for drafter in (NoDrafter(), DraftModelDrafter(ScriptedContext(model, _fn), n_max=5)):
+    for drafter in (NoDrafter(), draft_model(ScriptedContext(model, _fn), n_max=5)):
         pieces = []
         from tandem.engine.loop.events import TokenEvent
         from tandem.engine.loop.speculative import GenParams, generate

@@ -9,7 +9,7 @@ from tandem.bench.structured_workload import check
 from tandem.bench.workloads import Prompt
 from tandem.engine.loop.events import DoneEvent
 from tandem.engine.backend.context_params import ContextParams
-from tandem.engine.drafting.strategies import DraftParams
+from tandem.engine.drafting.drafters import DraftParams
 from tandem.engine.loop.speculative import GenParams
 from tandem.machine.load import LoadMeter
 

@@ -16,7 +16,7 @@ from tandem.errors import UsageError
 if TYPE_CHECKING:
     from tandem.bench.runner import BenchConfig
     from tandem.engine.backend.context_params import ContextParams
-    from tandem.engine.drafting.strategies import DraftParams
+    from tandem.engine.drafting.drafters import DraftParams
 
 # key -> (where, field, parser, allowed: (lo, hi) or a tuple of choices)
 # where: "draft" = DraftParams; "ctx" = both contexts; "target"/"draftctx" = one context.
@@ -98,7 +98,7 @@ def build_configs(strategies: Sequence[str], base: DraftParams, grid: dict[str, 
     ContextParams())."""
     from tandem.bench.runner import BenchConfig
     from tandem.engine.backend.context_params import ContextParams
-    from tandem.engine.drafting.strategies import DraftParams
+    from tandem.engine.drafting.drafters import DraftParams
 
     ctx = ctx if ctx is not None else ContextParams()
     for s in strategies:

@@ -12,7 +12,7 @@ from typing import Iterator, Sequence
 
 from tandem.engine.loop.events import DoneEvent, PrefillEvent, TokenEvent
 from tandem.engine.pair import Pair
-from tandem.engine.drafting.strategies import DraftParams
+from tandem.engine.drafting.drafters import DraftParams
 from tandem.engine.loop.speculative import GenParams
 from tandem.engine.loop.stats import GenStats
 

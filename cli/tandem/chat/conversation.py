@@ -21,7 +21,7 @@ from tandem.engine.loop.events import DoneEvent
 from tandem.engine.loop.sampling import SamplingParams
 from tandem.config.schema import FIELDS_BY_KEY, STRATEGIES, check_strategy
 from tandem.engine.pair import Pair
-from tandem.engine.drafting.strategies import DraftParams
+from tandem.engine.drafting.drafters import DraftParams
 from tandem.engine.loop.speculative import GenParams
 from tandem.engine.loop.stats import GenStats
 from tandem.errors import ContextOverflowError, UsageError

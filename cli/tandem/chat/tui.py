@@ -59,7 +59,7 @@ class Comparison(NamedTuple):
 class LiveState:
     """What the live view shows for the answer being generated."""
 
-    strategy: str = "draft"
+    strategy: str = ""  # the session's (chat sets it and n_max from its settings)
     n_max: int = 0  # draft length of the session settings
     show_draft: bool = False
     plain_rate: float | None = None  # measured plain decoding tok/s for this pair, this machine

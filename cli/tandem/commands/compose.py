@@ -18,7 +18,7 @@ from tandem.config.tuned import tuned_values
 from tandem.engine.backend.context_params import ROLLBACK_TOKENS, ContextParams, exact_context
 from tandem.engine.remote.rpc import server_info
 from tandem.engine.pair import Pair, SessionOptions
-from tandem.engine.drafting.strategies import DraftParams
+from tandem.engine.drafting.drafters import DraftParams
 from tandem.machine.fit import plan_for_settings, remote_plan_for_settings
 from tandem.fsutil import fmt_bytes
 from tandem.machine.hardware import Hardware, detect

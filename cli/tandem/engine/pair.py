@@ -29,7 +29,8 @@ from tandem.engine.backend.context_params import ContextParams, default_threads
 from tandem.engine.backend.loading import ContextCache, check_pair, draft_paths, load_drafts
 from tandem.engine.tuning.pricing import PROBE_TEXT, Pricing, cost_key
 from tandem.engine.loop.speculative import GenParams, generate
-from tandem.engine.drafting.strategies import DrafterParts, DraftParams, make_drafter, need_draft_model
+from tandem.engine.drafting.drafters import DraftParams
+from tandem.engine.drafting.strategies import DrafterParts, make_drafter, need_draft_model
 from tandem.engine.tuning.threads import NO_THREADS, ThreadControl, ThreadTuner, cpu_load
 from tandem.errors import UsageError
 
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SessionOptions:
-    strategy: str = "draft"
+    strategy: str = FIELDS_BY_KEY["strategy"].default
     draft: DraftParams = DraftParams()
     target_ctx: ContextParams = ContextParams()
     draft_ctx: ContextParams | None = None  # None: same as the target's

@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Mapping
 
+from tandem.config.schema import FIELDS_BY_KEY, MAX_DRAFT
+
 from tandem.machine.shapes import ModelShape, PlanTensor, row_bytes
 
 F32 = 4
@@ -39,14 +41,15 @@ def _pad(n: int, to: int) -> int:
 class ContextSpec:
     """The llama.cpp context parameters that size memory."""
 
-    n_ctx: int = 4096
-    n_batch: int = 512
-    n_ubatch: int = 512
+    n_ctx: int = FIELDS_BY_KEY["n_ctx"].default
+    n_batch: int = FIELDS_BY_KEY["n_batch"].default
+    n_ubatch: int = FIELDS_BY_KEY["n_ubatch"].default
     flash_attn: str = "auto"  # auto resolves to on: every backend tandem targets supports it
-    type_k: str = "f16"
-    type_v: str = "f16"
-    # tandem's contexts cap logits rows at engine.llama.MAX_OUTPUTS (llama.cpp's 0 = n_batch)
-    n_outputs_max: int = 65
+    type_k: str = FIELDS_BY_KEY["type_k"].default
+    type_v: str = FIELDS_BY_KEY["type_v"].default
+    # tandem's contexts cap logits rows at MAX_DRAFT + 1 (engine's MAX_OUTPUTS; llama.cpp's
+    # 0 = n_batch)
+    n_outputs_max: int = MAX_DRAFT + 1
     logit_rows: int = 1  # rows of logits one decode asks for (verify: n_max + 1)
 
     @property

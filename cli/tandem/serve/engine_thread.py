@@ -82,7 +82,7 @@ class EngineWorker:
         except queue.Full:
             raise QueueFull(f"{self.capacity} requests are already waiting") from None
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self, wait_s: float = 30.0) -> None:
         """Cancel what waits and what runs, then end the thread."""
         self._stopping.set()
         while True:
@@ -98,7 +98,7 @@ class EngineWorker:
         except queue.Full:  # a submit raced in: the loop sees _stopping anyway
             pass
         if self._thread.is_alive():
-            self._thread.join(timeout)
+            self._thread.join(wait_s)
 
     def _loop(self) -> None:
         while not self._stopping.is_set():

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from tandem.config.schema import MAX_DRAFT
+from tandem.config.schema import FIELDS_BY_KEY, MAX_DRAFT
 from tandem.engine.backend.memory import MAX_COPIES
 
 # Rows of logits one decode may ask for: a verify batch of up to 64 drafts + the last token.
@@ -31,14 +31,16 @@ ROLLBACK_TOKENS = 16
 
 @dataclass(frozen=True)
 class ContextParams:
-    n_ctx: int = 4096
-    n_batch: int = 512
-    n_ubatch: int = 512
-    n_threads: int = 0  # 0: all physical cores (os.cpu_count as a fallback)
-    n_threads_batch: int = 0
-    flash_attn: str = "on"  # "on" keeps batched and single-token attention identical on CPU
-    type_k: str = "f16"
-    type_v: str = "f16"
+    # the settings' defaults (config.schema), whoever builds a context without Settings
+    n_ctx: int = FIELDS_BY_KEY["n_ctx"].default
+    n_batch: int = FIELDS_BY_KEY["n_batch"].default
+    n_ubatch: int = FIELDS_BY_KEY["n_ubatch"].default
+    n_threads: int = FIELDS_BY_KEY["n_threads"].default  # 0: all physical cores
+    n_threads_batch: int = FIELDS_BY_KEY["n_threads_batch"].default
+    # "on" keeps batched and single-token attention identical on CPU
+    flash_attn: str = FIELDS_BY_KEY["flash_attn"].default
+    type_k: str = FIELDS_BY_KEY["type_k"].default
+    type_v: str = FIELDS_BY_KEY["type_v"].default
     n_outputs_max: int = MAX_OUTPUTS
     # exact mode: verify batches stay within EXACT_BATCH rows on CPU kernels (see above)
     exact: bool = False

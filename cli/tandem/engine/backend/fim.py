@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from tandem.config.schema import FIELDS_BY_KEY
+
 NULL = -1  # LLAMA_TOKEN_NULL: the vocabulary has no such token
 # llama-server's default n_batch, which sizes its FIM budgets: the same prompt as its
 INFILL_BATCH = 2048
@@ -56,7 +58,8 @@ class Chunk:
 
 def infill_prompt(tokenize: Callable[[str], list[int]], fim: FimTokens, bos: int | None,
                   prefix: str, suffix: str, extra: Sequence[Chunk] = (),
-                  prompt: Sequence[int] = (), n_ctx: int = 4096, room: int = ANSWER_ROOM,
+                  prompt: Sequence[int] = (), n_ctx: int = FIELDS_BY_KEY["n_ctx"].default,
+                  room: int = ANSWER_ROOM,
                   n_batch: int | None = None) -> list[int]:
     """The FIM prompt's tokens. `tokenize`: plain text -> tokens (no BOS, no special tokens
     parsed); `bos`: the BOS to put first, None for a model that adds none; `prompt`: the

@@ -105,8 +105,8 @@ class LengthController:
     only a k whose worst case the budget covers, as a probe."""
 
     costs: CostModel
-    n_min: int = 0
-    n_max: int = 8
+    n_min: int  # the range it chooses in (the draft's, or 1..a source's cap)
+    n_max: int
     uses_model: bool = True  # drafting costs draft-model decodes (else: free, n-gram)
     probe_every: int = 12  # after this many plain choices, draft anyway to re-measure
     probe_len: int = 2  # the shortest probe (a shorter one that cannot pay is never made)

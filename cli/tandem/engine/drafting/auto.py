@@ -17,7 +17,8 @@ from typing import Sequence
 from tandem.engine.drafting.adaptive import (AcceptanceTracker, FallbackGuard, LengthController,
                                              ProbeBudget, model_draft_gain)
 from tandem.engine.tuning.costs import MAX_BATCH, CostModel
-from tandem.engine.drafting.drafters import Draft, DraftModelDrafter, HybridDrafter, StepSources
+from tandem.engine.drafting.drafters import Draft, DraftModelDrafter, DraftParams, StepSources
+from tandem.engine.drafting.hybrid import HybridDrafter, HybridPolicy
 from tandem.engine.loop.events import StepEvent
 from tandem.engine.drafting.history import Library
 from tandem.engine.tuning.knowledge import MODEL, Knowledge
@@ -65,10 +66,10 @@ class AutoDrafter:
 
     name = "auto"
 
-    def __init__(self, model: DraftModelDrafter | None, costs: CostModel, *, n_min: int = 0,
-                 n_max: int = 4, verify_limit: int = MAX_BATCH,
-                 calibrated: CostModel | None = None, notes: Sequence[str] = (),
-                 library: Library | None = None, knowledge: Knowledge | None = None):
+    def __init__(self, model: DraftModelDrafter | None, draft: DraftParams, costs: CostModel, *,
+                 verify_limit: int, calibrated: CostModel | None, notes: Sequence[str],
+                 library: Library | None, knowledge: Knowledge | None):
+        n_max = draft.n_max
         decided: list[str] = []
         if model is not None:
             gain = model_draft_gain(calibrated or costs, n_max, AUTO_MODEL_ACCEPT)
@@ -92,10 +93,9 @@ class AutoDrafter:
                                        tracker=AcceptanceTracker(longest, prior=PRIOR[src]),
                                        budget=self.budget)
             for src in ORDER for b in BUCKETS}
-        self.hybrid = HybridDrafter(model, ngram_match=MIN_MATCH["prompt"], costs=costs,
-                                    n_min=n_min, n_max=n_max, adaptive=True, guard=True,
-                                    name=self.name, ngram_cap=ngram_cap, sources=self,
-                                    budget=self.budget)
+        policy = HybridPolicy(name=self.name, ngram_match=MIN_MATCH["prompt"],
+                              ngram_cap=ngram_cap, adaptive=True, guard=True)
+        self.hybrid = HybridDrafter(model, draft, costs, policy, sources=self, budget=self.budget)
         self.n_max = self.hybrid.n_max
         self.notes.extend(decided + [costs.describe()] + list(notes))
         if knowledge is not None:

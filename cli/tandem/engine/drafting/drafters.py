@@ -12,19 +12,42 @@ Each drafter owns its draft length, `n_max`; generate() only says how much room 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 
-from tandem.engine.drafting.adaptive import AcceptanceTracker, FallbackGuard, LengthController, ProbeBudget
-from tandem.engine.tuning.costs import DISAGREE, CostModel
+from tandem.config.schema import FIELDS_BY_KEY
 from tandem.engine.loop.events import StepEvent
 from tandem.engine.drafting.ngram import NgramIndex
+from tandem.errors import UsageError
 from tandem.engine.loop.sampling import Dist, SamplingParams, distribution, draft_top, greedy_token
 
 if TYPE_CHECKING:
     from tandem.engine.backend.llama import Context
+
+
+@dataclass(frozen=True)
+class DraftParams:
+    """The draft length and its stops; the drafter built from them owns them from there
+    (generate() only bounds each step by the room it has). The ranges are the settings'
+    (config.schema: n_max, n_min, p_min), whoever sets them: flags, files, chat, spec-bench."""
+
+    n_max: int = FIELDS_BY_KEY["n_max"].default
+    n_min: int = FIELDS_BY_KEY["n_min"].default
+    p_min: float = FIELDS_BY_KEY["p_min"].default
+
+    def __post_init__(self):
+        for key in ("n_max", "n_min", "p_min"):
+            setting = FIELDS_BY_KEY[key]
+            _, problem = setting.check(getattr(self, key))
+            if problem:
+                raise UsageError(f"{setting.label} {problem}",
+                                 "llama.cpp's default is 3; 4-16 are typical"
+                                 if key == "n_max" else None)
+        if self.n_min > self.n_max:
+            raise UsageError(f"draft min must be in 0..draft max ({self.n_max}), got {self.n_min}",
+                             None)
 
 
 @dataclass
@@ -108,11 +131,9 @@ class DraftModelDrafter:
     notes: Sequence[str] = ()
     step_sources: StepSources = ()
 
-    def __init__(self, ctx: Context, n_max: int = 4, n_min: int = 0, p_min: float = 0.0):
+    def __init__(self, ctx: Context, draft: DraftParams):
         self.ctx = ctx
-        self.n_max = n_max
-        self.n_min = n_min
-        self.p_min = p_min
+        self.n_max, self.n_min, self.p_min = draft.n_max, draft.n_min, draft.p_min
         # the latest propose(): catch-up tokens re-read by sync() and its time, then the
         # draft tokens decoded one by one and their time (the draft-token cost)
         self.last_sync_tokens = 0
@@ -175,16 +196,18 @@ class DraftModelDrafter:
 
 class NgramDrafter:
     """Prompt lookup: the continuation of the latest earlier occurrence of the last n tokens,
-    for n in `sizes` (longest first)."""
+    for n in SIZES (longest first), taken on a match of at least MIN_MATCH tokens."""
 
     name = "ngram"
     notes: Sequence[str] = ()
     step_sources: StepSources = ()
+    SIZES = (2, 4)
+    MIN_MATCH = 2
 
-    def __init__(self, n_max: int = 4, sizes: tuple[int, int] = (2, 4), min_match: int = 2):
-        self.n_max = n_max
-        self.index = NgramIndex(*sizes)
-        self.min_match = min_match
+    def __init__(self, draft: DraftParams):
+        self.n_max = draft.n_max
+        self.index = NgramIndex(*self.SIZES)
+        self.min_match = self.MIN_MATCH
 
     def propose(self, tokens, room, sampling, rng, sample) -> Draft:
         k = min(self.n_max, room)
@@ -199,221 +222,3 @@ class NgramDrafter:
 
     def observe(self, step: StepEvent) -> None:
         pass
-
-
-class ZeroCostSources(Protocol):
-    """The drafts a HybridDrafter tries before its draft model: tokens that cost no model
-    time (the hybrid's n-grams: NgramSources; auto's suffix indexes: AutoDrafter)."""
-
-    def read_prompt(self, prompt: Sequence[int]) -> None: ...
-
-    def pick(self, tokens: Sequence[int], k: int) -> tuple[list[int], str,
-                                                          LengthController | None]:
-        """Up to k tokens to follow `tokens`, their source, and the length controller that
-        chose them (fed back after the step); no tokens: the draft model drafts."""
-
-    def continue_draft(self, tokens: Sequence[int], drafted: list[int],
-                       k: int) -> tuple[list[int], int]:
-        """Up to k tokens after a model draft that stopped early, and their match length."""
-
-    def split(self, draft: Draft, step: StepEvent) -> StepSources:
-        """The step's drafts by source; () where they are not told apart."""
-
-
-class NgramSources:
-    """Prompt lookup over n-grams of 2..ngram_n tokens; with `adaptive`, a length controller
-    per match length (a 4-token match predicts far better than a 2-token one)."""
-
-    def __init__(self, costs: CostModel, n_max: int, budget: ProbeBudget | None,
-                 min_match: int, ngram_n: int, adaptive: bool):
-        self.min_match, self.adaptive = min_match, adaptive
-        self.ngram = NgramDrafter(n_max, (min(2, ngram_n), ngram_n), min_match=1)
-        # n-gram drafts cost no model time, so their probes are cheap: probe often
-        self.lengths = {
-            n: LengthController(costs, 1, n_max, False, probe_every=4, probe_len=1,
-                                max_probe_every=32,
-                                tracker=AcceptanceTracker(n_max, prior=0.6), budget=budget)
-            for n in range(min(min_match, ngram_n), ngram_n + 1)}
-
-    def read_prompt(self, prompt: Sequence[int]) -> None:
-        self.ngram.prefill(prompt)
-
-    def pick(self, tokens, k):
-        idx = self.ngram.index
-        idx.sync(tokens)
-        cont, match = idx.lookup(k)
-        if match < self.min_match or not cont:
-            return [], "prompt", None
-        if not self.adaptive:
-            return cont, "prompt", None
-        ctl = self.lengths[min(match, idx.n_max)]
-        return cont[:ctl.choose(len(cont))], "prompt", ctl
-
-    def continue_draft(self, tokens, drafted, k):
-        # the index follows `tokens` already: pick() synced it
-        return self.ngram.index.lookup(k, extra=drafted)
-
-    def split(self, draft: Draft, step: StepEvent) -> StepSources:
-        return ()
-
-
-class HybridDrafter:
-    """Zero-cost tokens (`sources`; by default n-grams with a match of at least
-    `ngram_match` tokens) when they match, the draft model otherwise; when the model stops
-    early (p_min), zero-cost tokens continue its draft.
-
-    `n_max` is the draft model's longest draft and `ngram_cap` the n-gram source's (at least
-    n_max: n-gram drafts cost no draft time); the attribute `n_max`, the longest draft of
-    either, is what generate() reads.
-
-    With `adaptive`, each source's draft length is chosen per step from its measured
-    acceptance and this machine's costs (see adaptive.py), paid from `budget` when it probes.
-    With `guard`, speculation that measures slower than plain decoding on this request is
-    switched off for a while.
-    """
-
-    def __init__(self, model: DraftModelDrafter | None, ngram_match: int = 3,
-                 costs: CostModel | None = None, n_min: int = 0, n_max: int = 8,
-                 adaptive: bool = False, guard: bool = False, name: str = "hybrid",
-                 ngram_cap: int | None = None, ngram_n: int = 4,
-                 sources: ZeroCostSources | None = None, budget: ProbeBudget | None = None):
-        self.name = name
-        self.model = model
-        self.model_max = n_max
-        self.n_max = max(n_max, ngram_cap or n_max)
-        self.ngram_match = ngram_match
-        self.costs = costs or CostModel()
-        self.adaptive = adaptive
-        # what speculation cost this request against plain decoding: probes are paid from it
-        self.budget = budget if budget is not None else ProbeBudget() if adaptive else None
-        self.model_len = LengthController(self.costs, n_min, n_max, True,
-                                          tracker=AcceptanceTracker(max(n_max, 1)),
-                                          budget=self.budget)
-        self.ngram_len: dict[int, LengthController] = {}  # the default n-grams' controllers
-        if sources is None:
-            sources = NgramSources(self.costs, self.n_max, self.budget, ngram_match, ngram_n,
-                                   adaptive)
-            self.ngram_len = sources.lengths
-        self.sources = sources
-        self.step_sources: StepSources = ()  # the latest step's, as the sources tell them
-        self.guard = FallbackGuard() if guard else None
-        self.notes: list[str] = []  # decisions a report may show (e.g. why the model is off)
-        # the request's own first verify timings (batch size, seconds) against the cost
-        # model's: far apart, the verify curve is rebuilt from them (see _check_costs)
-        self._check: list[tuple[int, float]] | None = [] if adaptive else None
-        self._reference: CostModel | None = None
-        self._new_step()
-
-    def _new_step(self) -> None:
-        """Forget the latest draft: before each propose(), and after its step is observed
-        (generate() skips propose() when no draft fits: that step must not look like this one)."""
-        self._last: Draft = Draft()
-        self._last_ngram: LengthController | None = None  # chose the zero-cost tokens
-        self._model_ran = False  # the draft model was run in the latest propose()
-        self._probe = False  # the latest draft was a probe (chosen to measure, not to gain)
-
-    @property
-    def probing(self) -> bool:
-        """The latest draft was a probe."""
-        return self._probe
-
-    def prefill(self, prompt: Sequence[int]) -> None:
-        self.sources.read_prompt(prompt)
-        if self.model is not None:
-            self.model.prefill(prompt)
-
-    def propose(self, tokens, room, sampling, rng, sample) -> Draft:
-        self._new_step()
-        k = min(room, self.n_max)
-        if k <= 0 or (self.guard is not None and self.guard.want_plain()):
-            return self._last
-        cont, source, ctl = self.sources.pick(tokens, k)
-        if ctl is not None:
-            self._last_ngram, self._probe = ctl, ctl.last_was_probe
-        if cont:
-            self._last = Draft(cont, [None] * len(cont) if sample else None, n_model=0,
-                               source=source)
-            return self._last
-        return self.model_draft(tokens, room, sampling, rng, sample)
-
-    def model_draft(self, tokens, room, sampling, rng, sample) -> Draft:
-        """The draft model's draft (adaptive length), continued with zero-cost tokens
-        (continue_draft) when the model stops early."""
-        if self.model is None:
-            return self._last
-        k = self.model_len.choose(room) if self.adaptive else min(room, self.model_max)
-        self._probe = self.adaptive and self.model_len.last_was_probe
-        if k <= 0:
-            return self._last
-        # a probe after a plain stretch first re-reads the lagged tokens in one batch; that
-        # catch-up is timed apart (model.last_sync_s) and never priced as draft tokens
-        draft = self.model.draft(tokens, k, sampling, rng, sample)
-        self._model_ran = True
-        if draft.tokens and len(draft.tokens) < k:
-            extra, match = self.sources.continue_draft(tokens, draft.tokens,
-                                                        k - len(draft.tokens))
-            if extra and match >= self.ngram_match:
-                draft = Draft(draft.tokens + extra,
-                              (draft.dists or []) + [None] * len(extra) if sample else None,
-                              n_model=len(draft.tokens))
-        self._last = draft
-        return draft
-
-    def observe(self, step: StepEvent) -> None:
-        d = self._last
-        batch, produced = step.drafted + 1, step.accepted + 1  # forced tokens included
-        if step.forced:  # the grammar's tokens went first: only the rest were this drafter's
-            step = replace(step, drafted=step.drafted - step.forced,
-                           accepted=max(step.accepted - step.forced, 0), forced=0)
-        self.step_sources = self.sources.split(d, step)
-        self._check_costs(batch, step.t_verify)
-        self.costs.observe_verify(batch, step.t_verify)
-        model_ran = self._model_ran and self.model is not None
-        if model_ran and self.model.last_decodes:
-            self.costs.observe_draft(self.model.last_decodes, self.model.last_decode_s)
-        n_model = min(d.n_model, step.drafted)
-        if n_model:
-            self.model_len.feedback(n_model, min(step.accepted, n_model))
-        n_ng = step.drafted - n_model
-        if n_ng and step.accepted >= n_model and self._last_ngram is not None:
-            self._last_ngram.feedback(n_ng, step.accepted - n_model)
-        seconds = step.t_draft + step.t_verify + step.t_sample
-        if model_ran:
-            # re-reading tokens decoded while the model was off is the price of the pause,
-            # not of speculation: counted, it would make every resumption look slow
-            seconds -= self.model.last_sync_s
-        speculative = step.drafted > 0 or model_ran  # the model ran: its cost, drafts or not
-        if self.budget is not None:
-            plain = self.costs.plain
-            self.budget.earn(produced, plain)
-            if speculative:
-                self.budget.settle(seconds, produced, plain)
-        # probes are exploration the length controllers pay for knowingly; the guard judges
-        # the drafts that were chosen because they were predicted to pay
-        if self.guard is not None and not self._probe:
-            self.guard.observe(produced, seconds, speculative=speculative)
-        self._new_step()
-
-    CHECK_STEPS = 3
-
-    def _check_costs(self, n: int, seconds: float) -> None:
-        if self._check is None or len(self._check) >= self.CHECK_STEPS or seconds <= 0:
-            return
-        if not self._check:  # judge against the curve as it was, not as refined since
-            self._reference = CostModel(dict(self.costs.verify), self.costs.draft_token)
-        self._check.append((n, seconds))
-        if len(self._check) < self.CHECK_STEPS:
-            return
-        ref = self._reference
-        ratios = sorted(t / ref.verify_cost(k) for k, t in self._check if ref.verify_cost(k) > 0)
-        off = ratios[len(ratios) // 2] if ratios else 1.0
-        if not 1 / DISAGREE <= off <= DISAGREE:
-            # the cached curve is not this machine now: its shape cannot be trusted either (a
-            # busy calibration flattens it, so long drafts look free). Start the verify curve
-            # over from this request's own steps; sizes not yet seen are extrapolated from them
-            self.costs.verify = {}
-            for k, t in self._check[:-1]:  # the latest is observed by the caller
-                self.costs.observe_verify(k, t, weight=1.0)
-            self.costs.draft_token *= off
-            self.notes.append(f"cached costs were {off:.2f}x this request's timings: "
-                              "measured afresh")

@@ -32,7 +32,7 @@ from tandem.engine.backend.fim import Chunk, FimTokens
 from tandem.errors import RemoteError, TandemError, error_name, rebuild_error
 
 if TYPE_CHECKING:  # the worker loads the engine; the parent only names its types
-    from tandem.engine.drafting.strategies import DraftParams
+    from tandem.engine.drafting.drafters import DraftParams
     from tandem.engine.loop.speculative import GenParams
     from tandem.engine.pair import Event, PairSession, SessionOptions
 
