@@ -131,15 +131,16 @@ def test_gpu_with_cpu_only_binding_warns_with_the_exact_fix():
     hw = machine("rtx4090", backend=CPU_ONLY)
     assert hw.vendor == "nvidia"  # a fact about the machine, whatever the binding
     (w,) = hw.warnings
-    assert "NVIDIA GeForce RTX 4090" in w and "scripts/bootstrap.sh --backend cuda" in w
+    assert "NVIDIA GeForce RTX 4090" in w and "-DGGML_CUDA=on" in w
+    assert "pip install --force-reinstall --no-cache-dir --no-binary llama-cpp-python" in w
     hw = machine("m2-ultra", backend=CPU_ONLY)
-    assert "scripts/bootstrap.sh --backend metal" in hw.warnings[0]
+    assert "-DGGML_METAL=on" in hw.warnings[0] and "-DGGML_CUDA" not in hw.warnings[0]
 
 
 def test_unloadable_binding_is_a_note():
     hw = machine("cpu-box", backend=BackendInfo("unknown", None, "", error="no module"))
     assert hw.backend.name == "unknown"
-    assert any("scripts/bootstrap.sh" in n for n in hw.notes)
+    assert any("CMAKE_ARGS=" in n and "-m pip install" in n for n in hw.notes)
 
 
 def test_system_info_and_ggml_features():

@@ -265,7 +265,8 @@ def test_settings_are_resolved_once_per_command(monkeypatch, capsys, tmp_path, t
 # The layers of docs/architecture.md, lowest first: a module imports only from its own layer
 # or lower ones.
 LAYERS = (
-    ("tandem.errors", "tandem.fsutil", "tandem.statefile", "tandem.bounded_json", "tandem.config"),
+    ("tandem.errors", "tandem.fsutil", "tandem.statefile", "tandem.bounded_json", "tandem.config",
+     "tandem.build_flags"),
     ("tandem.models",),
     ("tandem.engine",),
     ("tandem.machine",),

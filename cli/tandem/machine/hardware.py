@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from tandem.build_flags import rebuild_hint
+
 GiB = 1 << 30
 MiB = 1 << 20
 
@@ -56,8 +58,6 @@ APPLE_GPU_SHARE_SMALL = 0.67
 APPLE_GPU_SHARE_LARGE = 0.75
 APPLE_LARGE_RAM = 64 * GiB
 
-BOOTSTRAP_FIX = {"cuda": "scripts/bootstrap.sh --backend cuda",
-                 "metal": "scripts/bootstrap.sh --backend metal"}
 
 
 @dataclass(frozen=True)
@@ -389,13 +389,12 @@ def from_probe(raw: RawProbe) -> Hardware:
     if backend is not None:
         if backend.gpu_offload is None:
             notes.append(f"llama-cpp-python could not be loaded ({backend.error}); "
-                         "run scripts/bootstrap.sh")
+                         f"{rebuild_hint()}")
         elif not backend.gpu_offload and gpus:
             kind = "cuda" if gpus[0].vendor == "nvidia" else "metal"
             warnings.append(
                 f"llama-cpp-python was built for the CPU only, so the {gpus[0].name} sits idle "
-                f"and both models run on the CPU. Rebuild it with GPU support: "
-                f"{BOOTSTRAP_FIX[kind]}")
+                f"and both models run on the CPU. {rebuild_hint(kind, 'with GPU support')}")
     release = sysctl.get("kern.osproductversion", "") or raw.release
     return Hardware(os=system, os_release=release, cpu=cpu, ram_total=ram_total,
                     ram_available=ram_available, gpus=tuple(gpus), apple_chip=apple_chip,

@@ -338,8 +338,9 @@ def load_profiles(builtin_dir: Path | None = None, user_dir: Path | None = None,
     files = _yaml_files(builtin_dir)
     if not files:
         raise ProfileError(builtin_dir, None, None, "no built-in profiles found (*.yaml)",
-                           "set TANDEM_PROFILES_DIR to the profiles/ directory of a tandem "
-                           "checkout, or reinstall with `pip install -e .` from the checkout")
+                           "reinstall tandem with pip (its wheel carries them to "
+                           "<prefix>/share/tandem/profiles), or set TANDEM_PROFILES_DIR to a "
+                           "folder of profile files")
     raw: dict[str, tuple[Any, Path]] = {}
     for path in files:
         raw[path.stem] = (load_yaml(path), path)

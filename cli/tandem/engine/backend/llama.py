@@ -18,6 +18,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from tandem.build_flags import rebuild_hint
 from tandem.engine.backend.context_params import (  # noqa: F401 - re-exported: the backend's API
     EXACT_BATCH, MAX_OUTPUTS, ContextParams, common_prefix, default_threads, exact_context)
 from tandem.engine.backend.fim import FimTokens
@@ -30,7 +31,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ModelError(
         f"llama-cpp-python is not installed ({exc})",
-        "run scripts/bootstrap.sh to build it for this machine",
+        rebuild_hint(),
     ) from exc
 
 LLAMA_CPP_VERSION = getattr(_lc, "__version__", "unknown")

@@ -17,6 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
+from tandem.build_flags import rebuild_hint
 from tandem.errors import ModelError
 
 # enum ggml_backend_dev_type (ggml/include/ggml-backend.h)
@@ -44,8 +45,7 @@ def lib_dir() -> Path:
     """llama_cpp/lib of the installed wheel, found without importing llama_cpp."""
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or not spec.submodule_search_locations:
-        raise ModelError("llama-cpp-python is not installed",
-                         "run scripts/bootstrap.sh to build it for this machine")
+        raise ModelError("llama-cpp-python is not installed", rebuild_hint())
     return Path(next(iter(spec.submodule_search_locations))) / "lib"
 
 
@@ -58,7 +58,7 @@ def _ggml() -> ctypes.CDLL:
     path = next((lib_dir() / n for n in names if (lib_dir() / n).is_file()), lib_dir() / names[0])
     if not path.is_file():
         raise ModelError(f"the installed llama-cpp-python has no {path.name} in {path.parent}",
-                         "rebuild it with scripts/bootstrap.sh (a shared-library build)")
+                         rebuild_hint(why="a shared-library build"))
     lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
     p, s, sz = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t
     for name, res, args in (
@@ -83,11 +83,11 @@ def _rpc_proc(name: str):
     reg = lib.ggml_backend_reg_by_name(b"RPC")
     if not reg:
         raise ModelError("this llama-cpp-python was built without llama.cpp's RPC backend",
-                         "rebuild it with scripts/bootstrap.sh (it configures -DGGML_RPC=ON)")
+                         rebuild_hint(why="-DGGML_RPC=ON is among its flags"))
     addr = lib.ggml_backend_reg_get_proc_address(reg, name.encode())
     if not addr:
         raise ModelError(f"llama.cpp's RPC backend does not export {name}",
-                         "rebuild llama-cpp-python with scripts/bootstrap.sh")
+                         rebuild_hint())
     return addr
 
 
