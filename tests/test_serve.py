@@ -427,7 +427,7 @@ def pair(tiny_models, tmp_path_factory):
         yield session
 
 
-def _run_job(worker, make, on_text=None):
+def _run_job(engine, make, on_text=None):
     from tandem.serve.engine_thread import GenerationJob
 
     got: list = []
@@ -441,7 +441,7 @@ def _run_job(worker, make, on_text=None):
             done.set()
 
     job = GenerationJob(make=make, sink=sink)
-    worker.submit(job)
+    engine.submit(job)
     assert done.wait(120)
     return got
 
@@ -449,10 +449,10 @@ def _run_job(worker, make, on_text=None):
 def test_cancel_stops_within_one_step(pair):
     from tandem.engine.loop.sampling import SamplingParams
     from tandem.engine.loop.speculative import GenParams
-    from tandem.serve.engine_thread import EngineWorker
+    from tandem.serve.engine_thread import EngineThread
 
-    worker = EngineWorker(pair, strategy="draft", record=False, queue_size=2)
-    worker.start()
+    engine = EngineThread(pair, strategy="draft", record=False, queue_size=2)
+    engine.start()
     try:
         prompt = pair.prompt_tokens([{"role": "user", "content": "hello there"}])
         gen = GenParams(max_tokens=1500, sampling=SamplingParams(), ignore_eos=True)
@@ -463,31 +463,31 @@ def test_cancel_stops_within_one_step(pair):
             if len(seen) == 3:
                 job.cancel.set()
 
-        got = _run_job(worker, lambda p: (prompt, gen), cancel_after_three)
+        got = _run_job(engine, lambda p: (prompt, gen), cancel_after_three)
         kind, answer = got[-1]
         assert kind == "cancelled" and answer.reason == "interrupted"
         # the cancel was seen at the next event: at most the rest of that one step's tokens
         verify_batch = pair.options.draft.n_max + 1
         assert 3 <= answer.stats.n_generated <= 3 + verify_batch
         # the engine is free and consistent: the same prompt again gives a full answer
-        got = _run_job(worker, lambda p: (prompt, GenParams(max_tokens=8)))
+        got = _run_job(engine, lambda p: (prompt, GenParams(max_tokens=8)))
         assert got[-1][0] == "done" and got[-1][1].stats.n_generated == 8
     finally:
-        worker.stop()
+        engine.stop()
 
 
 def test_queue_is_bounded(pair):
-    from tandem.serve.engine_thread import EngineWorker, GenerationJob, QueueFull
+    from tandem.serve.engine_thread import EngineThread, GenerationJob, QueueFull
 
-    worker = EngineWorker(pair, queue_size=2)  # not started: nothing is taken off the queue
+    engine = EngineThread(pair, queue_size=2)  # not started: nothing is taken off the queue
     outcomes = []
     jobs = [GenerationJob(make=lambda p: None, sink=lambda k, v: outcomes.append(k))
             for _ in range(3)]
-    worker.submit(jobs[0])
-    worker.submit(jobs[1])
+    engine.submit(jobs[0])
+    engine.submit(jobs[1])
     with pytest.raises(QueueFull):
-        worker.submit(jobs[2])
-    worker.stop()  # what waits is cancelled, never dropped silently
+        engine.submit(jobs[2])
+    engine.stop()  # what waits is cancelled, never dropped silently
     assert outcomes == ["cancelled", "cancelled"]
 
 
@@ -535,10 +535,10 @@ def test_both_caches_keep_the_common_prefix(pair):
     follows turn 1 (the draft's prefill is counted directly on its context)."""
     from tandem.engine.backend.llama import common_prefix
     from tandem.serve import protocol
-    from tandem.serve.engine_thread import Defaults, EngineWorker, prepare
+    from tandem.serve.engine_thread import Defaults, EngineThread, prepare
 
-    worker = EngineWorker(pair, strategy="draft", record=False)
-    worker.start()
+    engine = EngineThread(pair, strategy="draft", record=False)
+    engine.start()
     evaluated = []
     real = pair.draft_ctx.prefill
 
@@ -551,14 +551,14 @@ def test_both_caches_keep_the_common_prefix(pair):
     try:
         first = [{"role": "user", "content": "the quick fox " * 20}]
         req1 = protocol.parse_chat({"messages": first, "max_tokens": 12})
-        a1 = _run_job(worker, lambda p: prepare(p, req1, Defaults()))[-1][1]
+        a1 = _run_job(engine, lambda p: prepare(p, req1, Defaults()))[-1][1]
         second = first + [{"role": "assistant", "content": a1.text},
                           {"role": "user", "content": "and then?"}]
         req2 = protocol.parse_chat({"messages": second, "max_tokens": 4})
         kv1 = list(pair.target_ctx.tokens)  # what turn 1 left in the target's cache
         tokens1, tokens2 = (pair.prompt_tokens(m) for m in (first, second))
         evaluated.clear()
-        a2 = _run_job(worker, lambda p: prepare(p, req2, Defaults()))[-1][1]
+        a2 = _run_job(engine, lambda p: prepare(p, req2, Defaults()))[-1][1]
         p1, p2 = a1.stats.n_prompt, a2.stats.n_prompt
         assert tokens2[:len(tokens1)] == tokens1 and p2 == len(tokens2)
         # exactly the tokens past the longest common prefix were evaluated (the last prompt
@@ -569,7 +569,7 @@ def test_both_caches_keep_the_common_prefix(pair):
         assert evaluated and evaluated[0] <= p2 - p1 + 1  # the draft's prompt phase
     finally:
         del pair.draft_ctx.prefill
-        worker.stop()
+        engine.stop()
 
 
 def _asgi(app, method: str, path: str, body: bytes = b"") -> tuple[int, dict]:

@@ -82,7 +82,7 @@ def serve(
     from tandem.serve import listening
     from tandem.serve import routes as server  # Starlette and uvicorn: only now
     from tandem.models.vocab import longest_token_bytes
-    from tandem.serve.engine_thread import Defaults, EngineWorker
+    from tandem.serve.engine_thread import Defaults, EngineThread
     from tandem.serve.prompt import UNKNOWN_TOKEN_BYTES, PromptBudget
 
     sock = listening.bind(host, port)  # before the models load: a busy port fails fast
@@ -93,7 +93,7 @@ def serve(
         with open_pair(target_path, draft_path, opts) as session:
             for path, text in contexts:
                 session.add_context_file(path, text)
-            worker = EngineWorker(session, strategy=opts.strategy, draft=opts.draft,
+            engine = EngineThread(session, strategy=opts.strategy, draft=opts.draft,
                                   queue_size=queue)
             budget = PromptBudget(session.n_ctx,
                             longest_token_bytes(target_path) or UNKNOWN_TOKEN_BYTES)
@@ -105,7 +105,7 @@ def serve(
             print(f"tandem serve: {listening.listen_note(host, sock)} · {target_path.name}{draft} · "
                   f"strategy {opts.strategy} · context {session.n_ctx} · "
                   f"queue {queue} · Ctrl-C stops", file=sys.stderr, flush=True)
-            server.serve(worker, config, sock, verbose=verbose)
+            server.serve(engine, config, sock, verbose=verbose)
     finally:
         sock.close()
 

@@ -47,7 +47,7 @@ class GenerationJob:
     call: Callable[[Pair], object] | None = None
 
 
-class EngineWorker:
+class EngineThread:
     def __init__(self, pair: Pair, *, strategy: str | None = None, draft=None,
                  record: bool = True, queue_size: int = 8):
         self.pair = pair

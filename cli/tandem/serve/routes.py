@@ -35,7 +35,7 @@ from tandem.serve.connection import IDLE_TIMEOUT, REQUEST_TIMEOUT, guarded
 from tandem.serve.protocol import ApiError
 from tandem.serve.engine_thread import (
     Defaults,
-    EngineWorker,
+    EngineThread,
     GenerationJob,
     QueueFull,
     gen_params,
@@ -95,36 +95,36 @@ async def server_error(request: Request, exc: Exception):
     return JSONResponse(err.body(), status_code=500)
 
 
-def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
-    """The routes, as closures over the engine worker and the server's configuration.
+def build_app(engine: EngineThread, config: ServeConfig) -> Starlette:
+    """The routes, as closures over the engine thread and the server's configuration.
 
     Over 80 lines because the routes share those two and `authorize`: complete(), the long
     one, is a request's whole life (queue, prompt verdict, stream or answer, cancellation),
     which reads best in one place."""
     created = int(time.time())
-    budget = config.budget or PromptBudget(worker.pair.n_ctx)
+    budget = config.budget or PromptBudget(engine.pair.n_ctx)
     # one thread tokenizes prompts while the engine thread generates (serve/prompt.py); the
     # utility routes (/tokenize, /detokenize, /apply-template) have their own, so a client's
     # bulk tokenizing never holds back a completion's prompt
     tokenizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-tokenizer")
     utility = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-utility")
-    aside = worker.pair.tokenizes_aside
+    aside = engine.pair.tokenizes_aside
     # read once, before the engine thread runs: a remote pair's pipe is the engine's then
-    fim, facts = worker.pair.fim_tokens, worker.pair.props()
+    fim, facts = engine.pair.fim_tokens, engine.pair.props()
     sampling = config.defaults.sampling
 
     async def on_pair(fn):
         """`fn(pair)` where it may run: the utility thread for a local pair, the engine
-        thread (between answers) for a remote one, whose worker takes one call at a time."""
+        thread (between answers) for a remote one, whose engine process takes one call at a time."""
         loop = asyncio.get_running_loop()
         if aside:
-            return await loop.run_in_executor(utility, fn, worker.pair)
+            return await loop.run_in_executor(utility, fn, engine.pair)
         done: asyncio.Future = loop.create_future()
 
         def sink(what, value):
             loop.call_soon_threadsafe(lambda: done.done() or done.set_result((what, value)))
         try:
-            worker.submit(GenerationJob(make=None, sink=sink, call=fn))
+            engine.submit(GenerationJob(make=None, sink=sink, call=fn))
         except QueueFull as exc:
             raise busy(exc) from None
         what, value = await done
@@ -144,9 +144,9 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
                            headers={"WWW-Authenticate": 'Bearer realm="tandem"'})
 
     async def health(request: Request):
-        return JSONResponse({"status": "ok", "busy": worker.busy, "waiting": worker.waiting,
-                             "queue": worker.capacity, "served": worker.served,
-                             "cancelled": worker.cancelled, "last_cancel": worker.last_cancel})
+        return JSONResponse({"status": "ok", "busy": engine.busy, "waiting": engine.waiting,
+                             "queue": engine.capacity, "served": engine.served,
+                             "cancelled": engine.cancelled, "last_cancel": engine.last_cancel})
 
     async def models(request: Request):
         authorize(request)
@@ -199,7 +199,7 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
 
     async def props(request: Request):
         authorize(request)
-        return JSONResponse(llama_api.props(config.model_id, worker.pair, facts, sampling,
+        return JSONResponse(llama_api.props(config.model_id, engine.pair, facts, sampling,
                                          config.defaults.max_tokens))
 
     async def complete(request: Request, kind: str):
@@ -246,21 +246,21 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
         # elsewhere: a long prompt's preparation does not delay the answer being generated
         try:
             prompt_size_check(req, budget)
-            if worker.waiting >= worker.capacity:
-                raise QueueFull(f"{worker.capacity} requests are already waiting")
+            if engine.waiting >= engine.capacity:
+                raise QueueFull(f"{engine.capacity} requests are already waiting")
             if req.constraint is not None:  # compiled here, so the engine thread only looks up
                 await loop.run_in_executor(tokenizer, structured.prepare_grammar, req,
-                                           worker.pair.target if aside else None)
+                                           engine.pair.target if aside else None)
             tokens = None
             if aside:
                 tokens, prediction = await loop.run_in_executor(
-                    tokenizer, request_tokens, worker.pair, req, budget)
+                    tokenizer, request_tokens, engine.pair, req, budget)
                 gen = gen_params(req, config.defaults, prediction)
                 make = lambda pair: (tokens, gen)  # noqa: E731 - the job's one line
             else:
                 make = partial(prepare, req=req, defaults=config.defaults, budget=budget)
             job = GenerationJob(make=make, sink=sink, limit=limit if limit.active else None)
-            worker.submit(job)
+            engine.submit(job)
         except QueueFull as exc:
             raise busy(exc) from None
         except TandemError as exc:
@@ -300,7 +300,7 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
 
     async def native_answer(req, tokens, events, watch, first, log, job):
         """/infill and /completion: llama-server's answer object, or its stream of them."""
-        n_ctx = worker.pair.n_ctx
+        n_ctx = engine.pair.n_ctx
         shown = tokens is not None and (not req.response_fields or "prompt" in req.response_fields)
         prompt_text = b"".join(await on_pair(lambda pair: pair.pieces(tokens))).decode(
             "utf-8", "replace") if shown else None
@@ -353,23 +353,23 @@ def build_app(worker: EngineWorker, config: ServeConfig) -> Starlette:
 
 # ----- running it -----
 
-def serve(worker: EngineWorker, config: ServeConfig, sock: socket.socket,
+def serve(engine: EngineThread, config: ServeConfig, sock: socket.socket,
           verbose: bool = False) -> None:
     """Run uvicorn on `sock` until Ctrl-C / SIGTERM; the engine thread is stopped after."""
     import uvicorn
 
-    app = build_app(worker, config)
+    app = build_app(engine, config)
     server = uvicorn.Server(uvicorn.Config(
         app, http=guarded(config.timeout), loop="asyncio", lifespan="off",
         log_level="info" if verbose else "warning", access_log=verbose,
         timeout_keep_alive=IDLE_TIMEOUT, timeout_graceful_shutdown=5, server_header=False))
-    worker.start()
+    engine.start()
     try:
         server.run(sockets=[sock])
     finally:
         for executor in app.state.executors:
             executor.shutdown(wait=False, cancel_futures=True)
-        worker.stop()
+        engine.stop()
         sock.close()
     if not server.started:
         raise TandemError("the HTTP server did not start", "rerun with --verbose for its log")
