@@ -532,21 +532,56 @@ def test_commands_are_declared_one_way():
     assert len(added) == 1 and sorted(added[0]) == sorted(declaring), (added, declaring)
 
 
-def test_shared_options_are_declared_once():
-    """The options run, chat, serve and spec-bench share are declared in options.SHARED only:
-    a command that uses @shared_options names them and declares none of their flags again."""
-    from tandem.commands.options import SHARED
+def _shared_aliases() -> dict:
+    """The typed option aliases of commands/options.py (Annotated[..., typer.Option])."""
+    import typing
 
-    shared_flags = {d for annotation, _ in SHARED.values() for d in _option_flags(annotation)}
-    again = []
+    from tandem.commands import options
+
+    return {name: value for name, value in vars(options).items()
+            if typing.get_origin(value) is typing.Annotated}
+
+
+def test_shared_options_are_declared_once():
+    """The options run, chat, serve and spec-bench share are typed aliases in
+    commands/options.py (huggingface_hub's CLI style), declared there only: no command
+    declares one of their flags again, and no command's signature is rewritten (the
+    `__signature__` of @shared_options once filled them in)."""
+    aliases = _shared_aliases()
+    assert {"DraftMax", "Temp", "TargetFile", "Exact"} <= set(aliases)  # the check sees them
+    shared_flags = {d for annotation in aliases.values() for d in _option_flags(annotation)}
+    again, rewritten = [], []
     for m, tree in _trees():
-        if m == "tandem.commands.options" or "shared_options" not in ast.unparse(tree):
+        # rpc-server's --threads is llama.cpp rpc-server's own flag, another program's
+        if not m.startswith("tandem.commands.") or m in ("tandem.commands.options",
+                                                           "tandem.commands.rpc_server"):
             continue
         for n in ast.walk(tree):
             if isinstance(n, ast.Call) and ast.unparse(n.func) == "typer.Option":
                 flags = {a.value for a in n.args if isinstance(a, ast.Constant)}
                 again += [(m, f) for f in sorted(flags & shared_flags)]
-    assert again == [], again
+            if isinstance(n, ast.Attribute) and n.attr == "__signature__":
+                rewritten.append(m)
+    assert again == [] and rewritten == [], (again, rewritten)
+
+
+def test_shared_options_have_no_default_of_their_own():
+    """A shared option's default in each command is None, or False for a switch: not given,
+    so the settings (or SamplingParams, for sampling) decide, and no default is restated."""
+    import inspect
+
+    from tandem.commands.bench import spec_bench
+    from tandem.commands.chat import chat
+    from tandem.commands.run import run
+    from tandem.commands.serve import serve
+
+    aliases = {id(a) for a in _shared_aliases().values()}
+    own = []
+    for command in (run, chat, serve, spec_bench):
+        for p in inspect.signature(command, eval_str=True).parameters.values():
+            if id(p.annotation) in aliases and p.default not in (None, False):
+                own.append((command.__name__, p.name, p.default))
+    assert own == [], own
 
 
 def _option_flags(annotation) -> set[str]:

@@ -62,11 +62,10 @@ def eta_text(done: int, total: int, elapsed: float) -> str:
 
 
 @app.command("spec-bench")
-@options.shared_options
 def spec_bench(
     *,
     args: Annotated[Optional[list[str]], typer.Argument(help="[PAIR]: a catalog pair name.", show_default=False)] = None,
-    model, model_draft,
+    model: options.TargetFile = None, model_draft: options.DraftFile = None,
     drafts: Annotated[Optional[list[str]], typer.Option("--draft", help="A draft to compare (repeatable): catalog name, user/repo:QUANT, user/repo/file.gguf or a path.")] = None,
     calibrate_costs: Annotated[bool, typer.Option("--cost-curve/--no-cost-curve", help="Measure the verify-batch cost curve (k = 1..16) and each draft's token cost.")] = True,
     workload: Annotated[Optional[str], typer.Option("--workload", help="A built-in workload: spec-bench (the default: code, code-edit, json, summarization, qa, writing) or structured (extraction, generation and tool calls, each task under its own JSON schema or tools; outputs checked with jsonschema).", show_default=False)] = None,
@@ -77,7 +76,7 @@ def spec_bench(
     group_mt_bench: Annotated[bool, typer.Option("--group-mt-bench", help="Report Spec-Bench's eight MT-bench categories as one (as the Spec-Bench paper does).")] = False,
     strategies: Annotated[str, typer.Option("--strategies", help="Comma-separated strategies to compare with plain decoding.")] = "draft,ngram,hybrid,auto",
     sweep: Annotated[Optional[list[str]], typer.Option("--sweep", help=SWEEP_HELP)] = None,
-    n_max, n_min, p_min,
+    n_max: options.DraftMax = None, n_min: options.DraftMin = None, p_min: options.DraftPMin = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Tokens generated per prompt.")] = 128,
     reps: Annotated[int, typer.Option("--reps", help="Repetitions of every (prompt, configuration).")] = 1,
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="One short unrecorded run first.")] = True,
@@ -87,8 +86,12 @@ def spec_bench(
     predict: Annotated[Optional[list[str]], typer.Option("--predict", help="Also predict the speedup on this hardware profile from the measured acceptance (repeatable; labelled as a prediction).")] = None,
     predict_costs: Annotated[Optional[Path], typer.Option("--predict-costs", exists=True, dir_okay=False, help="Also predict the speedup with the costs scripts/gpu_check.sh measured on a machine (its JSON; shapes matched to this pair by model size).")] = None,
     tune: Annotated[bool, typer.Option("--tune", help="Save the fastest configuration for run, chat and --strategy auto.")] = False,
-    n_ctx, n_threads, exact, rpc, rpc_timeout,
-    grammar, grammar_file, json_schema, json_schema_file, json_object, verbose, yes,
+    n_ctx: options.CtxSize = None, n_threads: options.Threads = None, exact: options.Exact = False,
+    rpc: options.Rpc = None, rpc_timeout: options.RpcTimeout = None,
+    grammar: options.Grammar = None, grammar_file: options.GrammarFile = None,
+    json_schema: options.JsonSchema = None, json_schema_file: options.JsonSchemaFile = None,
+    json_object: options.JsonObject = False, verbose: options.Verbose = False,
+    yes: options.Yes = False,
 ):
     """Measure plain decoding against speculative strategies on a workload, side by side.
 

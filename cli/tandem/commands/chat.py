@@ -17,17 +17,25 @@ app = typer.Typer()
 
 
 @app.command()
-@options.shared_options
 def chat(
     *,
     pair: Annotated[Optional[str], typer.Argument(help="Catalog pair name (default: the default pair).", show_default=False)] = None,
-    system, model, model_draft, strategy, n_max, n_min, p_min,
+    system: options.System = None, model: options.TargetFile = None,
+    model_draft: options.DraftFile = None, strategy: options.Strategy = None,
+    n_max: options.DraftMax = None, n_min: options.DraftMin = None, p_min: options.DraftPMin = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens per answer.")] = 1024,
-    temp, top_k, top_p, min_p, repeat_penalty, seed, n_ctx, n_threads,
+    temp: options.Temp = None, top_k: options.TopK = None, top_p: options.TopP = None,
+    min_p: options.MinP = None, repeat_penalty: options.RepeatPenalty = None,
+    seed: options.Seed = None, n_ctx: options.CtxSize = None, n_threads: options.Threads = None,
     show_draft: Annotated[bool, typer.Option("--show-draft", help="Colour the tokens the target accepted from the draft.")] = False,
     plain_probe: Annotated[int, typer.Option("--plain-probe", help="Tokens of plain decoding measured at start for the speedup figure (0: off; plain turns also count).")] = 16,
-    exact, context_file, no_history, rpc, rpc_timeout, ctx_checkpoints,
-    grammar, grammar_file, json_schema, json_schema_file, json_object, verbose, yes,
+    exact: options.Exact = False, context_file: options.ContextFiles = None,
+    no_history: options.NoHistory = False, rpc: options.Rpc = None,
+    rpc_timeout: options.RpcTimeout = None, ctx_checkpoints: options.CtxCheckpoints = None,
+    grammar: options.Grammar = None, grammar_file: options.GrammarFile = None,
+    json_schema: options.JsonSchema = None, json_schema_file: options.JsonSchemaFile = None,
+    json_object: options.JsonObject = False, verbose: options.Verbose = False,
+    yes: options.Yes = False,
 ):
     """Chat in the terminal, with live tokens/s, draft acceptance and speedup.
 

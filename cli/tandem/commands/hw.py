@@ -3,12 +3,11 @@ offload/memory plan for a pair. The core (hardware, profiles, settings, planner)
 this module only renders, as Rich tables or one JSON object, on stdout.
 """
 import json
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from tandem.commands.options import setting_flag
+from tandem.commands.options import DraftFile, TargetFile, setting_flag
 
 
 app = typer.Typer()
@@ -18,8 +17,8 @@ app = typer.Typer()
 def hw(
     profile: Annotated[Optional[str], typer.Option("--profile", help="Use this profile instead of the detected one.")] = None,
     pair: Annotated[Optional[str], typer.Option("--pair", help="Plan for this catalog pair (default: the configured or default pair).")] = None,
-    model: Annotated[Optional[Path], typer.Option("--model", "-m", readable=False, help="Plan for this target GGUF instead of a pair.")] = None,
-    model_draft: Annotated[Optional[Path], typer.Option("--model-draft", "-md", readable=False, help="Draft GGUF (with --model).")] = None,
+    model: TargetFile = None,
+    model_draft: DraftFile = None,
     ctx_size: setting_flag("n_ctx", "-c", help="Plan for this context size.") = None,
     force_profile: Annotated[bool, typer.Option("--force-profile", help="Use --profile even if it does not match this machine.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
@@ -81,7 +80,7 @@ def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size
         else:
             spec = catalog.get_pair(pair_name)
             chosen.update(name=spec.name, target=spec.target, draft=spec.draft,
-                          label=(spec.target.name, spec.draft.name))
+                          label=(spec.target.name, spec.draft.name if spec.draft else None))
         chosen["paths"] = files_on_disk(store, chosen["target"], chosen["draft"])
         return chosen["paths"]
 

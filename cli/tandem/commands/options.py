@@ -32,67 +32,46 @@ def setting_flag(key: str, *spellings: str, help: str, type_: Any = None,
                      typer.Option(f.flag, *spellings, help=text, show_default=False, **option)]
 
 
-# The options run, chat, serve and spec-bench share (spelled as llama.cpp spells them), with
-# their defaults: {parameter name: (type with its typer.Option, default)}. A command names each
-# one where its --help lists it, as a keyword-only parameter with neither annotation nor
-# default, and @shared_options fills both in: each is declared once, here.
-SHARED = {
-    "system": (Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.")], None),
-    "model": (Annotated[Optional[Path], typer.Option("--model", "-m", readable=False, help="Target GGUF path (instead of a pair name).")], None),
-    "model_draft": (Annotated[Optional[Path], typer.Option("--model-draft", "-md", "--spec-draft-model", readable=False, help="Draft GGUF path.")], None),
-    "strategy": (setting_flag("strategy", help="none | draft | ngram | hybrid | auto."), None),
-    "n_max": (setting_flag("n_max", "--spec-draft-n-max", help="Most tokens drafted per step."), None),
-    "n_min": (setting_flag("n_min", "--spec-draft-n-min", help="Drafts shorter than this are dropped."), None),
-    "p_min": (setting_flag("p_min", "--spec-draft-p-min", help="Stop drafting below this draft probability."), None),
-    "temp": (Annotated[float, typer.Option("--temp", help="Temperature; 0 is greedy.")], 0.0),
-    "top_k": (Annotated[int, typer.Option("--top-k", help="Top-k (0: off).")], 40),
-    "top_p": (Annotated[float, typer.Option("--top-p", help="Top-p (1: off).")], 1.0),
-    "min_p": (Annotated[float, typer.Option("--min-p", help="Min-p (0: off).")], 0.0),
-    "repeat_penalty": (Annotated[float, typer.Option("--repeat-penalty", help="Repetition penalty (1: off).")], 1.0),
-    "seed": (Annotated[Optional[int], typer.Option("--seed", help="Random seed for sampling. none, draft, ngram and hybrid then reproduce their text exactly; auto's draft lengths follow measured timings, so at temperature > 0 its text is reproducible only in distribution.")], None),
-    # run/chat/serve: unset means "from the profile, tuned settings or config" (`tandem hw`)
-    "n_ctx": (setting_flag("n_ctx", "-c", help="Context size in tokens (default: from the hardware profile)."), None),
-    "n_threads": (setting_flag("n_threads", "-t", help="CPU threads (0: all cores; default: from the profile)."), None),
-    "exact": (setting_flag("mode", type_=bool, help="Exact mode: output bit-identical to plain decoding (unrepacked weights, q8_0 KV, verify batches of <= 7 tokens on a CPU; slower). Default (fast): llama.cpp's own kernels, greedy output equal to plain decoding up to floating-point rounding (a near-tie may flip)."), False),
-    "context_file": (Annotated[Optional[list[Path]], typer.Option("--context-file", readable=False, help="A text file auto may draft from (repeatable): code or notes the answer will quote.")], None),
-    "no_history": (setting_flag("history", type_=bool, help="Do not draft from earlier answers kept on disk, nor keep this one (`history: off`)."), False),
-    "rpc": (setting_flag("rpc", help="llama.cpp RPC servers for the target's layers, HOST:PORT[,HOST:PORT...] (start one with `tandem rpc-server`); the draft stays on this machine."), None),
-    "rpc_timeout": (setting_flag("rpc_timeout", default=True, help="Seconds without progress over --rpc before the request ends with exit 6."), None),
-    "ctx_checkpoints": (setting_flag("ctx_checkpoints", default=True, help="Copies of a hybrid or recurrent model's state kept to go back to (llama-server's --ctx-checkpoints): a draft model's steps and a shorter prompt restore the nearest."), None),
-    # what the output must match, spelled as llama.cpp spells them (at most one; config
-    # `structured:`, env TANDEM_GRAMMAR, TANDEM_JSON_SCHEMA...; docs/structured.md)
-    "grammar": (setting_flag("grammar", help="A GBNF grammar the output must match (llama.cpp's syntax)."), None),
-    "grammar_file": (setting_flag("grammar_file", type_=Path, readable=False, help="A file holding the GBNF grammar."), None),
-    "json_schema": (setting_flag("json_schema", "-j", help="A JSON schema the output must follow; '{}' for any JSON value."), None),
-    "json_schema_file": (setting_flag("json_schema_file", "-jf", type_=Path, readable=False, help="A file holding the JSON schema."), None),
-    "json_object": (setting_flag("json_object", type_=bool, help="The output is one JSON object (any keys)."), False),
-    "verbose": (Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log on stderr.")], False),
-    "yes": (Annotated[bool, typer.Option("--yes", "-y", help="Download a pair that is not on disk without asking, whatever its size (without it, a download over 2 GB asks at a terminal and is refused elsewhere).")], False),
-}
+# The options run, chat, serve and spec-bench share (spelled as llama.cpp spells them), as
+# typed aliases (huggingface_hub's CLI style): a command declares `n_max: DraftMax = None`.
+# None (False for a switch) means not given: the settings, or SamplingParams for sampling,
+# decide, so no default is written here or in a command.
+System = Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.")]
+TargetFile = Annotated[Optional[Path], typer.Option("--model", "-m", readable=False, help="Target GGUF path (instead of a pair name).")]
+DraftFile = Annotated[Optional[Path], typer.Option("--model-draft", "-md", "--spec-draft-model", readable=False, help="Draft GGUF path.")]
+Strategy = setting_flag("strategy", help="none | draft | ngram | hybrid | auto.")
+DraftMax = setting_flag("n_max", "--spec-draft-n-max", help="Most tokens drafted per step.")
+DraftMin = setting_flag("n_min", "--spec-draft-n-min", help="Drafts shorter than this are dropped.")
+DraftPMin = setting_flag("p_min", "--spec-draft-p-min", help="Stop drafting below this draft probability.")
+Temp = Annotated[Optional[float], typer.Option("--temp", help="Temperature; 0 is greedy.")]
+TopK = Annotated[Optional[int], typer.Option("--top-k", help="Top-k (0: off).")]
+TopP = Annotated[Optional[float], typer.Option("--top-p", help="Top-p (1: off).")]
+MinP = Annotated[Optional[float], typer.Option("--min-p", help="Min-p (0: off).")]
+RepeatPenalty = Annotated[Optional[float], typer.Option("--repeat-penalty", help="Repetition penalty (1: off).")]
+Seed = Annotated[Optional[int], typer.Option("--seed", help="Random seed for sampling. none, draft, ngram and hybrid then reproduce their text exactly; auto's draft lengths follow measured timings, so at temperature > 0 its text is reproducible only in distribution.")]
+# run/chat/serve: unset means "from the profile, tuned settings or config" (`tandem hw`)
+CtxSize = setting_flag("n_ctx", "-c", help="Context size in tokens (default: from the hardware profile).")
+Threads = setting_flag("n_threads", "-t", help="CPU threads (0: all cores; default: from the profile).")
+Exact = setting_flag("mode", type_=bool, help="Exact mode: output bit-identical to plain decoding (unrepacked weights, q8_0 KV, verify batches of <= 7 tokens on a CPU; slower). Default (fast): llama.cpp's own kernels, greedy output equal to plain decoding up to floating-point rounding (a near-tie may flip).")
+ContextFiles = Annotated[Optional[list[Path]], typer.Option("--context-file", readable=False, help="A text file auto may draft from (repeatable): code or notes the answer will quote.")]
+NoHistory = setting_flag("history", type_=bool, help="Do not draft from earlier answers kept on disk, nor keep this one (`history: off`).")
+Rpc = setting_flag("rpc", help="llama.cpp RPC servers for the target's layers, HOST:PORT[,HOST:PORT...] (start one with `tandem rpc-server`); the draft stays on this machine.")
+RpcTimeout = setting_flag("rpc_timeout", default=True, help="Seconds without progress over --rpc before the request ends with exit 6.")
+CtxCheckpoints = setting_flag("ctx_checkpoints", default=True, help="Copies of a hybrid or recurrent model's state kept to go back to (llama-server's --ctx-checkpoints): a draft model's steps and a shorter prompt restore the nearest.")
+# what the output must match (at most one; config `structured:`, env TANDEM_GRAMMAR,
+# TANDEM_JSON_SCHEMA...; docs/structured.md)
+Grammar = setting_flag("grammar", help="A GBNF grammar the output must match (llama.cpp's syntax).")
+GrammarFile = setting_flag("grammar_file", type_=Path, readable=False, help="A file holding the GBNF grammar.")
+JsonSchema = setting_flag("json_schema", "-j", help="A JSON schema the output must follow; '{}' for any JSON value.")
+JsonSchemaFile = setting_flag("json_schema_file", "-jf", type_=Path, readable=False, help="A file holding the JSON schema.")
+JsonObject = setting_flag("json_object", type_=bool, help="The output is one JSON object (any keys).")
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log on stderr.")]
+Yes = Annotated[bool, typer.Option("--yes", "-y", help="Download a pair that is not on disk without asking, whatever its size (without it, a download over 2 GB asks at a terminal and is refused elsewhere).")]
 
 # a pair download larger than this (bytes), or of unknown size, needs --yes or a yes at a
 # terminal: `tandem run qwen2.5-coder-3b hi` once started a 2.5 GB download unannounced. The
 # default pair (1.6 GB) is below it; `tandem pull` asks nothing (pulling is the request).
 CONFIRM_DOWNLOAD_BYTES = 2 * 10**9
-
-
-def shared_options(command):
-    """A command's shared options filled in from SHARED (Typer reads the signature): each
-    parameter with neither an annotation nor a default must be one of them."""
-    import inspect
-
-    signature = inspect.signature(command, eval_str=True)
-    params = []
-    for p in signature.parameters.values():
-        if p.annotation is p.empty and p.default is p.empty:
-            if p.name not in SHARED:
-                raise TypeError(f"{command.__name__}(): {p.name!r} is not a shared option "
-                                "(tandem.commands.options.SHARED); declare it in full")
-            annotation, default = SHARED[p.name]
-            p = p.replace(annotation=annotation, default=default)
-        params.append(p)
-    command.__signature__ = signature.replace(parameters=params)
-    return command
 
 
 def read_stdin() -> str:
@@ -226,7 +205,7 @@ def resolve_models(pair: str | None, model: Path | None, draft: Path | None,
 
     spec = catalog.get_pair(pair or catalog.DEFAULT_PAIR)
     store = Store()
-    wanted = [spec.target] + ([] if draft else [spec.draft])
+    wanted = list(spec.models) if draft is None else [spec.target]
     for m in wanted:
         if note is not None and store.path_for(m).exists() and not store.is_present(m):
             note(f"{m.filename} in the store does not match its record (damaged or "
@@ -234,7 +213,7 @@ def resolve_models(pair: str | None, model: Path | None, draft: Path | None,
     confirm_download(spec.name, [m for m in wanted if not store.is_present(m)],
                      store.models_dir, yes, note)
     target_path = store.ensure(spec.target, progress=progress_cb)
-    draft_path = draft or store.ensure(spec.draft, progress=progress_cb)
+    draft_path = draft or (store.ensure(spec.draft, progress=progress_cb) if spec.draft else None)
     return target_path, draft_path
 
 
@@ -271,21 +250,24 @@ def _finite(value: float | None, flag: str) -> None:
         raise UsageError(f"{flag} must be a finite number, got {value}", f"check {flag}")
 
 
-def sampling_params(temp: float, top_k: int, top_p: float, min_p: float,
-                    repeat_penalty: float, seed: int | None):
-    """SamplingParams from the flags run and chat share. NaN slips through every range check
-    (all comparisons with it are false), so it is refused here; llama.cpp's `--seed -1`
-    means a random seed."""
+def sampling_params(temp: float | None, top_k: int | None, top_p: float | None,
+                    min_p: float | None, repeat_penalty: float | None, seed: int | None):
+    """SamplingParams from the flags run and chat share (None: SamplingParams' default). NaN
+    slips through every range check (all comparisons with it are false), so it is refused
+    here; llama.cpp's `--seed -1` means a random seed."""
     from tandem.engine.loop.sampling import SEED, SamplingParams, seed_value
 
     for value, flag in ((temp, "--temp"), (top_p, "--top-p"), (min_p, "--min-p"),
                         (repeat_penalty, "--repeat-penalty")):
-        _finite(value, flag)
+        if value is not None:
+            _finite(value, flag)
     if seed is not None and SEED.problem(seed):
         raise UsageError(f"--seed {SEED.problem(seed)} (-1: a random seed), got {seed}",
                          SEED.hint)
-    return SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                          repeat_penalty=repeat_penalty, seed=seed_value(seed))
+    given = {"temperature": temp, "top_k": top_k, "top_p": top_p, "min_p": min_p,
+             "repeat_penalty": repeat_penalty}
+    return SamplingParams(**{k: v for k, v in given.items() if v is not None},
+                          seed=seed_value(seed))
 
 
 def check_pair_or_files(pair: str | None, model: Path | None, model_draft: Path | None) -> None:

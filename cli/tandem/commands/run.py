@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from tandem.commands import options
 from tandem.commands.options import (
     check_text,
     history_note,
@@ -17,7 +18,6 @@ from tandem.commands.options import (
     read_stdin,
     sampling_params,
     setting_flags,
-    shared_options,
     split_pair_and_prompt,
 )
 from tandem.commands.constraint import constraint_flags, incomplete_error, settings_constraint
@@ -29,21 +29,26 @@ app = typer.Typer()
 
 
 @app.command(context_settings={"allow_interspersed_args": True})
-@shared_options
 def run(
     *,
     args: Annotated[Optional[list[str]], typer.Argument(help="[PAIR] [PROMPT]: a catalog pair name, then the prompt.", show_default=False)] = None,
-    system, model, model_draft, strategy, n_max, n_min, p_min,
+    system: options.System = None, model: options.TargetFile = None, model_draft: options.DraftFile = None,
+    strategy: options.Strategy = None, n_max: options.DraftMax = None, n_min: options.DraftMin = None,
+    p_min: options.DraftPMin = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens to generate.")] = 256,
-    temp, top_k, top_p, min_p, repeat_penalty, seed,
+    temp: options.Temp = None, top_k: options.TopK = None, top_p: options.TopP = None, min_p: options.MinP = None,
+    repeat_penalty: options.RepeatPenalty = None, seed: options.Seed = None,
     stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable).")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="No chat template: the prompt is sent as is.")] = False,
-    n_ctx, n_threads,
+    n_ctx: options.CtxSize = None, n_threads: options.Threads = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with text and statistics.")] = False,
     no_stream: Annotated[bool, typer.Option("--no-stream", help="Print the text once it is complete.")] = False,
     stats: Annotated[Optional[bool], typer.Option("--stats/--no-stats", help="Statistics on stderr (default: when stderr is a terminal).")] = None,
-    exact, context_file, no_history, rpc, rpc_timeout, ctx_checkpoints,
-    grammar, grammar_file, json_schema, json_schema_file, json_object, verbose, yes,
+    exact: options.Exact = False, context_file: options.ContextFiles = None, no_history: options.NoHistory = False,
+    rpc: options.Rpc = None, rpc_timeout: options.RpcTimeout = None, ctx_checkpoints: options.CtxCheckpoints = None,
+    grammar: options.Grammar = None, grammar_file: options.GrammarFile = None, json_schema: options.JsonSchema = None,
+    json_schema_file: options.JsonSchemaFile = None, json_object: options.JsonObject = False,
+    verbose: options.Verbose = False, yes: options.Yes = False,
     prediction: Annotated[Optional[Path], typer.Option("--prediction", readable=False, help="A file holding the answer you expect (an edit's current code): auto drafts from it; the output is the model's own either way.", show_default=False)] = None,
 ):
     """Generate a completion; text on stdout, statistics on stderr.

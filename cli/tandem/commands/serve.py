@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from tandem.commands import options
 from tandem.commands.options import (
     history_note,
     prepare_pair,
@@ -20,7 +21,6 @@ from tandem.commands.options import (
     sampling_params,
     setting_flag,
     setting_flags,
-    shared_options,
 )
 from tandem.config.schema import SERVE_MAX_TOKENS, check_max_tokens
 from tandem.errors import UsageError
@@ -30,7 +30,6 @@ app = typer.Typer()
 
 
 @app.command()
-@shared_options
 def serve(
     *,
     pair: Annotated[Optional[str], typer.Argument(help="Catalog pair name (default: the default pair).", show_default=False)] = None,
@@ -42,10 +41,14 @@ def serve(
     timeout: setting_flag("timeout", default=True, help="Seconds a client has to send a request's headers, and again its body; beyond, 408 and the connection closed.") = None,
     cache_reuse: setting_flag("cache_reuse", default=True, help="Move cached runs of at least N tokens that a new prompt holds at another position, instead of evaluating them again (llama-server's --cache-reuse; an editor's keystrokes); 0: off. Never in --exact mode.") = None,
     cors: setting_flag("cors", help="Origins whose web pages may call the API from a browser, comma-separated (e.g. http://localhost:3000); off by default.") = None,
-    model, model_draft, strategy, n_max, n_min, p_min,
+    model: options.TargetFile = None, model_draft: options.DraftFile = None, strategy: options.Strategy = None,
+    n_max: options.DraftMax = None, n_min: options.DraftMin = None, p_min: options.DraftPMin = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens per answer when a request does not say (max_tokens).")] = SERVE_MAX_TOKENS,
-    temp, top_k, top_p, min_p, repeat_penalty, n_ctx, n_threads,
-    exact, context_file, no_history, rpc, rpc_timeout, ctx_checkpoints, verbose,
+    temp: options.Temp = None, top_k: options.TopK = None, top_p: options.TopP = None, min_p: options.MinP = None,
+    repeat_penalty: options.RepeatPenalty = None, n_ctx: options.CtxSize = None, n_threads: options.Threads = None,
+    exact: options.Exact = False, context_file: options.ContextFiles = None, no_history: options.NoHistory = False,
+    rpc: options.Rpc = None, rpc_timeout: options.RpcTimeout = None, ctx_checkpoints: options.CtxCheckpoints = None,
+    verbose: options.Verbose = False,
 ):
     """Serve the OpenAI API (chat/completions, completions, models) on the local pair.
 
