@@ -263,8 +263,8 @@ def test_every_strategy_keeps_greedy_output(models, ctxs, strategy, tmp_path, mo
             drafter = ngram_drafter(n_max=6)
         else:
             drafter = hybrid(draft_model(ctxs["draft"], n_min=0, p_min=0.3),
-                                    costs=costs, n_max=6, adaptive=strategy == "auto",
-                                    guard=strategy == "auto", name=strategy)
+                             costs=costs, n_max=6, adaptive=strategy == "auto",
+                             guard=strategy == "auto", name=strategy)
         plain, _ = run(ctxs["target"], prompt, NoDrafter(), max_tokens=40, ignore_eos=True)
         spec, _ = run(ctxs["target"], prompt, drafter, max_tokens=40, ignore_eos=True)
         assert_same_as_plain(target, prompt, plain.tokens, spec.tokens)
@@ -302,7 +302,7 @@ def _tiny_drafter(kind, ctxs):
     # auto with the draft model forced on: costs that make drafting pay from the first step
     costs = CostModel(verify={n: 0.01 for n in range(1, 8)}, draft_token=0.0005)
     auto = hybrid(model, ngram_match=2, costs=costs, n_min=2, n_max=4, adaptive=True,
-                         guard=True, name="auto", ngram_cap=6, ngram_n=8)
+                  guard=True, name="auto", ngram_cap=6, ngram_n=8)
     auto.budget.balance = 1.0  # as if earned: the first step's draft is a probe paid from it
     return auto
 

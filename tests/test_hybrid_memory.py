@@ -269,7 +269,7 @@ def _drafter(kind, draft_ctx, p_min=0.75):
     # auto with the draft model forced on: costs that make drafting pay from the first step
     costs = CostModel(verify={n: 0.01 for n in range(1, 8)}, draft_token=0.0005)
     auto = hybrid(model, ngram_match=2, costs=costs, n_min=2, n_max=4, adaptive=True,
-                         guard=True, name="auto", ngram_cap=6, ngram_n=8)
+                  guard=True, name="auto", ngram_cap=6, ngram_n=8)
     auto.budget.balance = 1.0  # as if earned: the first step's draft is a probe paid from it
     return auto
 

@@ -82,7 +82,7 @@ def _drafter(kind: str, dctx, clock):
     # adaptive length keeps drafting
     costs = CostModel(verify={1: 0.1, 2: 0.1, 3: 0.1, 4: 0.1}, draft_token=0.001)
     auto = hybrid(model, ngram_match=2, costs=costs, n_min=2, n_max=3, adaptive=True,
-                         guard=True, name="auto", ngram_cap=6, ngram_n=8)
+                  guard=True, name="auto", ngram_cap=6, ngram_n=8)
     auto.budget.balance = 1.0  # as if earned: the first step's draft is a probe paid from it
     return auto
 
@@ -197,7 +197,7 @@ def _auto(dctx):
     # GPU-like flat verify; at the prior acceptance (0.7) drafting does not pay, at 0.8 it does
     costs = CostModel(verify={n: VERIFY_S for n in range(1, 10)}, draft_token=DRAFT_S)
     return hybrid(draft_model(dctx), ngram_match=99, costs=costs, n_min=0,
-                         n_max=4, adaptive=True, guard=True, name="auto", ngram_n=4)
+                  n_max=4, adaptive=True, guard=True, name="auto", ngram_n=4)
 
 
 def test_auto_probes_run_after_a_long_plain_stretch(monkeypatch):
@@ -253,7 +253,7 @@ def test_guard_counts_model_steps_that_proposed_nothing_as_speculation(monkeypat
     # an unsure draft: top probability 0.4 < p_min, so it never proposes, yet it costs time
     dctx = _costed(model, lambda p: logits_of([0.4, 0.3, 0.3], V), clock, False)
     drafter = hybrid(draft_model(dctx, p_min=0.5), ngram_match=99, n_max=4,
-                            guard=True)
+                     guard=True)
     done, steps = run(tctx, [0, 1, 2], drafter, max_tokens=30, ignore_eos=True)
     assert done.stats.drafted == 0
     # steps where the model ran for nothing were measured as speculation (0.175 s a token),
@@ -356,7 +356,7 @@ def _simulated_rate(clock, costs: CostModel, check: bool, monkeypatch,
                            clock=clock, cost=true.verify_cost)
     drafter = (NoDrafter() if costs is None else
                hybrid(None, ngram_match=2, costs=costs, n_max=3, adaptive=True,
-                             guard=True, name="auto", ngram_cap=16, ngram_n=8))
+                      guard=True, name="auto", ngram_cap=16, ngram_n=8))
     if not check and costs is not None:
         monkeypatch.setattr(drafter, "CHECK_STEPS", 0)
     if not guard and costs is not None:
