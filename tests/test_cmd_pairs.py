@@ -91,7 +91,10 @@ def test_pairs_json_catalog_shape(cli, home):
     assert {"qwen2.5", "qwen3", "meta", "llama", "gemma", "deepseek"} <= families
     for p in pairs:
         assert p["good_for"] and p["memory"] and p["approx_size"], p["name"]
-        for m in (p["target"], p["draft"]):
+        assert p["drafted_by"] and p["target"]["memory_type"], p["name"]
+        if p["draft"] is None:  # no small sibling: n-grams and copies draft
+            assert p["drafted_by"] == catalog.NO_DRAFT_MODEL
+        for m in (p["target"], p["draft"]) if p["draft"] else (p["target"],):
             assert re.fullmatch(r"[\w.-]+/[\w.-]+", m["repo"])
             assert m["file"].lower().endswith("q4_k_m.gguf"), m
             assert "-of-" not in m["file"]  # never a split file
@@ -108,7 +111,7 @@ def test_docs_list_every_catalog_pair():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "pairs.md").read_text()
     for p in catalog.load_catalog().values():
         assert f"| `{p.name}`" in doc, p.name
-        assert p.target.filename in doc and p.draft.filename in doc, p.name
+        assert p.target.filename in doc and (p.draft is None or p.draft.filename in doc), p.name
 
 
 def test_pairs_help_lists_subcommands(cli):
@@ -336,3 +339,20 @@ def test_pairs_and_hw_show_one_memory_figure(cli, home):
     row = next(line for line in table.splitlines() if line.startswith("qwen2.5-coder-1.5b"))
     assert f"~{fmt_bytes(pairs['qwen2.5-coder-1.5b']['memory'])}" in row
     assert "as `tandem hw --pair PAIR` plans them" in notes
+
+
+def test_a_pair_without_a_draft_model_pulls_its_target_only(cli, hub, monkeypatch):
+    """A model with no small sibling (`draft: null` in the catalog): `tandem pull` fetches the
+    target alone and says what drafts for it; the pair is no draft reference."""
+    from tandem.errors import UsageError
+    from tandem.models.refs import parse_ref
+
+    solo = catalog.PairSpec("solo", catalog.ModelSpec("solo-target", REPO, "target.gguf"), None)
+    monkeypatch.setattr(catalog, "get_pair", lambda name=None, path=None: solo)
+    code, out, err = cli("pull", "solo")
+    assert code == 0, err
+    assert out.splitlines()[0].startswith("target\t") and len(out.splitlines()) == 1
+    assert "no draft model: it drafts from n-gram, history and prompt copies" in err
+    assert solo.models == (solo.target,) and solo.drafted_by == catalog.NO_DRAFT_MODEL
+    with pytest.raises(UsageError, match="has no draft model"):
+        parse_ref("gemma3-270m", "draft")

@@ -94,16 +94,17 @@ def list_pairs(
                               for p in pairs.values()],
                      "other_models": _others_json(store, pairs)})
         return
-    headers = ("PAIR", "TARGET", "DRAFT", "SIZE", "MEMORY", "ON DISK", "GOOD FOR")
+    headers = ("PAIR", "TARGET", "DRAFT", "SIZE", "MEMORY", "TYPE", "ON DISK", "GOOD FOR")
     rows = []
     for p in pairs.values():
         approx = any(m.size is None for m in p.models)
         rows.append((
             p.name + (" (default)" if p.name == default else ""),
             p.target.key if wide else p.target.filename,
-            p.draft.key if wide else p.draft.filename,
+            _draft_text(p, wide),
             _size(p.approx_size, approx),
             _memory_text(*memory[p.name]),
+            _memory_type(p.target, store) or "?",
             _on_disk(p, store),
             p.good_for,
         ))
@@ -118,7 +119,10 @@ def list_pairs(
         "MEMORY: both models' weights, KV caches and compute buffers as `tandem hw --pair PAIR` "
         "plans them with this machine's settings (its context size: profile, config or tuned); ~: "
         "estimated from the catalog, the rest from the files on disk. Sizes are approximate "
-        "(~) where the catalog has no exact size. `tandem pull PAIR` downloads a pair.")
+        "(~) where the catalog has no exact size. TYPE: the target's memory (attention, "
+        "sliding window, hybrid, recurrent: docs/models.md says how each rolls drafts back). "
+        "DRAFT none: no draft model, `auto` drafts from n-grams, history and prompt copies. "
+        "`tandem pull PAIR` downloads a pair.")
 
 
 def _memory(pairs: dict[str, catalog.PairSpec], store: Store) -> dict[str, tuple[Any, bool]]:
@@ -143,6 +147,26 @@ def _memory(pairs: dict[str, catalog.PairSpec], store: Store) -> dict[str, tuple
     return out
 
 
+def _draft_text(p: catalog.PairSpec, wide: bool) -> str:
+    """What drafts for the pair: its draft model's file, or none (n-grams and copies)."""
+    if p.draft is None:
+        return "none (n-gram, history, prompt)"
+    return p.draft.key if wide else p.draft.filename
+
+
+def _memory_type(m: catalog.ModelSpec, store: Store) -> str | None:
+    """A catalog model's memory type: from its header when on disk, else its catalog arch."""
+    if store.is_present(m):
+        from tandem.errors import TandemError
+        from tandem.models.gguf_meta import read_gguf_header
+
+        try:
+            return memory_type.describe(read_gguf_header(store.path_for(m)))[0]
+        except (TandemError, OSError):
+            pass
+    return memory_type.of_catalog(m.arch)
+
+
 def _memory_text(n: int | None, estimated: bool) -> str:
     return "?" if n is None else ("~" if estimated else "") + fmt_bytes(n)
 
@@ -152,7 +176,7 @@ def _on_disk(p: catalog.PairSpec, store: Store) -> str:
     if not present:
         return "-"
     size = fmt_bytes(sum(store.path_for(m).stat().st_size for m in present), decimal=True)
-    if len(present) == 2:
+    if len(present) == len(p.models):
         return f"yes, {size}"
     return f"{'target' if present[0] is p.target else 'draft'} only, {size}"
 
@@ -164,6 +188,7 @@ def _model_json(m: catalog.ModelSpec, store: Store) -> dict[str, Any]:
         "approx_size": m.approx_size, "sha256": m.sha256,
         "mirrors": [mi.kind for mi in m.mirrors], "on_disk": present,
         "path": str(store.path_for(m)) if present else None,
+        "arch": m.arch, "memory_type": _memory_type(m, store),
     }
 
 
@@ -174,7 +199,9 @@ def _pair_json(p: catalog.PairSpec, is_default: bool, store: Store,
         "description": p.description, "good_for": p.good_for,
         "memory": memory[0], "memory_estimated": memory[1],
         "approx_size": p.approx_size,
-        "target": _model_json(p.target, store), "draft": _model_json(p.draft, store),
+        "target": _model_json(p.target, store),
+        "draft": _model_json(p.draft, store) if p.draft is not None else None,
+        "drafted_by": p.drafted_by,
     }
 
 

@@ -66,21 +66,24 @@ def pull(
     finally:
         view.close()
     err = stderr_console()
-    what = name or f"{t_model.label} + {d_model.label}"
+    what = name or f"{t_model.label} + {d_model.label}"  # type: ignore[union-attr]
+    checked = ("vocabularies are compatible" if d_model is not None
+               else f"no draft model: it drafts from {catalog.NO_DRAFT_MODEL.split(' (')[0]}")
     if result.fetched:
-        err.print(f"{what} is ready; vocabularies are compatible.")
+        err.print(f"{what} is ready; {checked}.")
     else:
-        err.print(f"{what} is already on disk; vocabularies are compatible.")
+        err.print(f"{what} is already on disk; {checked}.")
     if as_json:
         print_json({
             "pair": name,
             "target": _pulled(t_model, result.target, store),
-            "draft": _pulled(d_model, result.draft, store),
+            "draft": _pulled(d_model, result.draft, store) if d_model is not None else None,
             "checked_before_download": result.checked_before_download,
             "downloaded": result.fetched,
         })
     else:
-        sys.stdout.write(f"target\t{result.target}\ndraft\t{result.draft}\n")
+        sys.stdout.write(f"target\t{result.target}\n"
+                         + (f"draft\t{result.draft}\n" if result.draft is not None else ""))
 
 
 def _pulled(model: Any, path: Any, store: Store) -> dict[str, Any]:

@@ -94,8 +94,9 @@ def _smaller_pairs(than, draft_name: str | None):
     for name, pair in load_catalog().items():
         t = model_shape(pair.target, None)  # estimates: reading headers here would be slow
         if t.weights_bytes < than.weights_bytes * 0.9:
-            same = pair.draft.name == draft_name
-            out.append(((same, t.weights_bytes), name, t, model_shape(pair.draft, None)))
+            same = pair.draft is not None and pair.draft.name == draft_name
+            d = model_shape(pair.draft, None) if pair.draft is not None else None
+            out.append(((same, t.weights_bytes), name, t, d))
     out.sort(key=lambda x: x[0], reverse=True)
     return [(n, t, d) for _, n, t, d in out]
 

