@@ -16,8 +16,8 @@ In each condition, prompt by prompt and interleaved (every other prompt in rever
 three configurations generate the same greedy answer: `tandem run` with its defaults (no -t),
 `tandem run -t 2` (today's fixed count on this 2-core machine; --fixed-threads), and
 llama-server with its defaults (no -t; one server process for the whole run, idle between its
-requests). The llama-server and tandem plumbing is scripts/bench_peer.py's (Server, server_row,
-tandem_row, tandem_command); decode tok/s is counted as there (end-of-text counted as
+requests). The llama-server and tandem plumbing, the warm-up and the interleaved loop are
+bench_peer's (tandem.bench.peer_runs); decode tok/s is counted as there (end-of-text counted as
 llama-server counts it). Prints per condition the median decode tok/s of each configuration
 and the medians of the per-prompt ratios, beside the issue's bars, and which thread count
 tandem's defaults chose (from its notes); --out keeps every row (JSON).
@@ -39,9 +39,23 @@ import sys
 import time
 from pathlib import Path
 
-from bench_peer import (CODING_PROMPTS, DEFAULT_PROMPTS, BenchPrompt, Row, Server, ServerError,
-                        default_tandem, exit_status, load_prompts, log_folder, native_bin, resolve_models,
-                        pair_parser, run_rows, server_row, tandem_command, tandem_row)
+from bench_peer import DEFAULT_PROMPTS, default_tandem, log, pair_parser, resolve_models
+from native_tools import native_bin
+from tandem.bench.llama_server import LlamaServer
+from tandem.bench.peer_report import Row
+from tandem.bench.peer_runs import (
+    CODING_PROMPTS,
+    exit_status,
+    interleaved,
+    load_prompts,
+    log_folder,
+    run_rows,
+    server_row,
+    tandem_command,
+    tandem_row,
+    warm_up,
+)
+from tandem.bench.workloads import Prompt as BenchPrompt
 
 CONDITIONS = ("quiet", "loops", "llama")
 DEFAULTS, FIXED, SERVER = "tandem defaults", "tandem -t {n}", "llama-server"
@@ -228,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = log_folder(ns.log_dir, "bench-contention-")
     fixed = FIXED.format(n=ns.fixed_threads)
     # llama-server's own defaults: no -t (its default thread count), the bench_peer base rest
-    server = Server(SERVER, server_bin, target,
-                    ["-c", str(ns.ctx), "-np", "1", "--jinja"], log_dir)
+    server = LlamaServer(SERVER, server_bin, target,
+                         ["-c", str(ns.ctx), "-np", "1", "--jinja"], log_dir)
     threads = {DEFAULTS: None, fixed: ns.fixed_threads}
     env = {**os.environ, "TANDEM_HISTORY": "off"}  # as a new user: no earlier answers
     names = [DEFAULTS, fixed, SERVER]
@@ -255,31 +269,19 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> None:
         if not ns.no_warmup:  # page the weights in, let tandem calibrate once, untimed
-            warm = BenchPrompt("warmup", "warmup", "Say hello.")
-            for name in names:
-                r = run_config(name, warm, 8)
-                if r.error:
-                    raise ServerError(f"{name} failed on the warm-up prompt: {r.error}")
+            warm_up(names, run_config, log)
         for cond in conditions:
             rivals = start_rivals(cond, ns, target, tandem, model_args, pair)
             try:
-                for i, p in enumerate(prompts, 1):
-                    load = os.getloadavg()[0]
-                    order = names if i % 2 else names[::-1]
-                    done = sorted((run_config(name, p, ns.n_predict) for name in order),
-                                  key=lambda r: names.index(r.config))
+                for done in interleaved(prompts, names, run_config, ns.n_predict, log,
+                                        label=f"{cond} "):
                     for r in done:
-                        r.extra.update(condition=cond, loadavg=load)
-                        if r.error:
-                            print(f"  {r.config} on {p.id}: {r.error}", file=sys.stderr)
+                        r.extra["condition"] = cond
                     rows.extend(done)
-                    print(f"[{cond} {i}/{len(prompts)}] {p.id}: " + ", ".join(
-                        f"{r.config} {'ERROR' if r.error else f'{r.tok_s:.1f}'}" for r in done)
-                        + f" (load {load:.2f})", file=sys.stderr, flush=True)
             finally:
                 stop_rivals(rivals)
 
-    interrupted = run_rows([server], body, rows, ns.out, meta)
+    interrupted = run_rows([server], body, rows, ns.out, meta, log)
     if interrupted is None:
         return 1
     if rows:
@@ -288,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
               f"ratios: median over prompts of the per-prompt ratio, measured interleaved; "
               f"threads chosen: the count tandem's defaults ended each request with (its notes; "
               f"'default': all {os.cpu_count()} cores).")
-    return exit_status(rows, interrupted)
+    return exit_status(rows, interrupted, log)
 
 
 if __name__ == "__main__":

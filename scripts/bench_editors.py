@@ -32,28 +32,17 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_peer import (  # noqa: E402 - the helpers for llama-server live there
-    pair_parser,
-    post_json,
+from bench_peer import default_tandem, log, pair_parser, resolve_models
+from bench_serve import TandemServer, _median, llama_server_or_warn
+from tandem.bench.editor_workload import Completion, agrees, fim_cases, typing_session
+from tandem.bench.llama_server import (
     BASE_SERVER_ARGS,
     SERVER_CONFIGS,
-    Server,
+    LlamaServer,
     ServerError,
-    default_tandem,
-    exit_status,
-    log_folder,
-    resolve_models,
-    run_rows,
+    post_json,
 )
-from bench_serve import TandemServer, _median, llama_server_or_warn  # noqa: E402
-
-from tandem.bench.editor_workload import (  # noqa: E402
-    Completion,
-    agrees,
-    fim_cases,
-    typing_session,
-)
+from tandem.bench.peer_runs import exit_status, log_folder, run_rows
 
 BASELINE = "llama plain"
 REUSE = "--cache-reuse 256"  # llama.vscode's advice for llama-server
@@ -168,9 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         fmt = {"threads": ns.threads, "ctx": ns.ctx, "draft": shlex.quote(str(draft))}
         base = f"{BASE_SERVER_ARGS.format(**fmt)} {REUSE}"
         for cfg in ns.llama or ("plain", "draft", "ngram"):
-            servers.append(Server(f"llama {cfg}", server_bin, target,
-                                  shlex.split(f"{base} {SERVER_CONFIGS[cfg].format(**fmt)}"),
-                                  log_dir))
+            servers.append(LlamaServer(f"llama {cfg}", server_bin, target,
+                                       shlex.split(f"{base} {SERVER_CONFIGS[cfg].format(**fmt)}"),
+                                       log_dir))
     names = [s.name for s in servers]
     meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "argv": sys.argv,
             "target": str(target), "draft": str(draft), "threads": ns.threads, "ctx": ns.ctx,
@@ -199,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r.server} {r.latency_s:.2f}s p{r.prompt_n}" for r in rows[-len(servers):]),
                 file=sys.stderr, flush=True)
 
-    interrupted = run_rows(servers, body, rows, ns.out, meta)
+    interrupted = run_rows(servers, body, rows, ns.out, meta, log)
     if interrupted is None:
         return 1
     if rows:
@@ -208,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
               f"`{BASELINE}`'s latency over the server's, request by request (>1: faster); "
               "on repeats: the requests whose true line is already in the file or the chunks; "
               "prompt_n: prompt tokens the server evaluated.")
-    return exit_status(rows, interrupted)
+    return exit_status(rows, interrupted, log)
 
 
 if __name__ == "__main__":

@@ -34,10 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tandem.bench.native import native_bin
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+from native_tools import native_bin
 
 PROMPT = "Hello world, this is a test of the tiny model. The quick brown fox jumps over"
 

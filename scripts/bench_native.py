@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tandem.bench.native import native_bin
+from native_tools import native_bin
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,7 +16,8 @@ a ping-pong, then runs every prompt through:
 
 Reported per RTT and configuration: the median decode tok/s (each tool's own timings, as
 scripts/bench_peer.py reads them) and end-to-end tok/s (generated tokens over prompt + decode
-time). Prompts, llama-server driving and tandem's JSON come from scripts/bench_peer.py.
+time). Prompts, llama-server driving and tandem's JSON are bench_peer's harness
+(tandem.bench.llama_server, tandem.bench.peer_runs).
 
   .venv/bin/python scripts/bench_rpc.py --rtt 0,2,10,20 --coding 4 --per-category 1 --out rpc.json
   .venv/bin/python scripts/bench_rpc.py -m t.gguf -md d.gguf --rtt 2 --coding 1 -n 16 --no-spec-bench
@@ -31,12 +32,21 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
-from tandem.bench.native import native_bin
-
-import bench_peer as peer  # prompts, llama-server driving, tandem's JSON
+import bench_peer  # the checkout's defaults: prompts file, tandem command, the pair
 import link_proxy
+from native_tools import native_bin
+from tandem.bench.llama_server import (
+    BASE_SERVER_ARGS,
+    LlamaServer,
+    ServerError,
+    child_preexec,
+    free_port,
+)
+from tandem.bench.peer_report import Row
+from tandem.bench.peer_runs import load_prompts, parse_tandem_output, server_row, tandem_command
 
 SCRIPTS = Path(__file__).resolve().parent
 RUN_CONFIGS = {"tandem-plain": ["--strategy", "none"], "tandem-auto": ["--strategy", "auto"],
@@ -52,8 +62,7 @@ class Proc:
     def __init__(self, cmd: list[str], env: dict | None = None):
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      stdin=subprocess.DEVNULL, text=True, env=env,
-                                     preexec_fn=peer._die_with_parent
-                                     if sys.platform.startswith("linux") else None)
+                                     preexec_fn=child_preexec())
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -69,7 +78,7 @@ def start_rpc_server(tandem: list[str], threads: int, env: dict) -> tuple[Proc, 
     from tandem.engine.remote.rpc import check_endpoint
     from tandem.errors import RemoteError
 
-    port = peer.free_port()
+    port = free_port()
     srv = Proc([*tandem, "rpc-server", "--port", str(port), "-t", str(threads), "--cache"], env)
     deadline = time.monotonic() + 120
     while True:
@@ -94,7 +103,7 @@ def start_proxy(target_port: int, rtt_ms: float, rate: float) -> tuple[Proc, int
     return proxy, int(line.rsplit(":", 1)[1])
 
 
-def e2e(row: peer.Row) -> float:
+def e2e(row: Row) -> float:
     """Generated tokens over prompt + decode time."""
     ex = row.extra or {}
     if row.kind == "tandem":
@@ -106,18 +115,18 @@ def e2e(row: peer.Row) -> float:
     return row.n_generated / total if total > 0 else 0.0
 
 
-def run_tandem(name, extra, prompts, ns, model_args, pair, ep, env) -> list[peer.Row]:
+def run_tandem(name, extra, prompts, ns, model_args, pair, ep, env) -> list[Row]:
     rows = []
     for p in prompts:
-        cmd = peer.tandem_command(ns.tandem, p, ns.n, ns.threads, ns.ctx, ns.seed, model_args,
+        cmd = tandem_command(ns.tandem, p, ns.n, ns.threads, ns.ctx, ns.seed, model_args,
                                   [*extra, "--rpc", ep], pair)
         res = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                              timeout=3600, env=env)
-        row = peer.Row(p.id, p.category, name, "tandem")
+        row = Row(p.id, p.category, name, "tandem")
         if res.returncode != 0:
             row.error = f"tandem exited with code {res.returncode}: {res.stderr.strip()[-600:]}"
         else:
-            row = peer.parse_tandem_output(row, res.stdout)
+            row = parse_tandem_output(row, res.stdout)
             stats = json.loads([ln for ln in res.stdout.splitlines()
                                 if ln.lstrip().startswith("{")][-1]).get("stats") or {}
             row.extra["t_total"] = stats.get("t_total")
@@ -125,21 +134,21 @@ def run_tandem(name, extra, prompts, ns, model_args, pair, ep, env) -> list[peer
     return rows
 
 
-def run_server(name, args, prompts, ns, target, draft, ep, log_dir) -> list[peer.Row]:
+def run_server(name, args, prompts, ns, target, draft, ep, log_dir) -> list[Row]:
     extra = args.format(draft=draft, threads=ns.threads)
-    srv = peer.Server(name, ns.native_bin / "llama-server", target,
-                      [*peer.BASE_SERVER_ARGS.format(threads=ns.threads, ctx=ns.ctx).split(),
+    srv = LlamaServer(name, ns.native_bin / "llama-server", target,
+                      [*BASE_SERVER_ARGS.format(threads=ns.threads, ctx=ns.ctx).split(),
                        *extra.split(), "--rpc", ep], log_dir)
     try:
         srv.start()
-        return [peer.server_row(srv, p, ns.n, ns.seed) for p in prompts]
-    except peer.ServerError as exc:
-        return [peer.Row(p.id, p.category, name, "server", error=str(exc)) for p in prompts]
+        return [server_row(srv, p, ns.n, ns.seed) for p in prompts]
+    except ServerError as exc:
+        return [Row(p.id, p.category, name, "server", error=str(exc)) for p in prompts]
     finally:
         srv.stop()
 
 
-def summarize(rows: list[peer.Row]) -> dict:
+def summarize(rows: list[Row]) -> dict:
     out: dict = {}
     for r in rows:
         if not r.ok:
@@ -174,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("-md", "--model-draft", type=Path)
     ap.add_argument("--rtt", default="0,2,10,20", help="round-trip times in ms, comma-separated")
     ap.add_argument("--rate", type=float, default=125e6, help="bytes/s each way (1 Gbit/s)")
-    ap.add_argument("--prompts", type=Path, default=peer.DEFAULT_PROMPTS)
+    ap.add_argument("--prompts", type=Path, default=bench_peer.DEFAULT_PROMPTS)
     ap.add_argument("--no-spec-bench", action="store_true", help="coding prompts only")
     ap.add_argument("--per-category", type=int, default=1)
     ap.add_argument("--category", action="append")
@@ -202,9 +211,9 @@ def native_dir(ns) -> Path | None:
 
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
-    ns.tandem = peer.default_tandem()
-    target, draft, model_args, pair = peer.resolve_models(ns)
-    prompts = peer.load_prompts(None if ns.no_spec_bench else ns.prompts, ns.per_category,
+    ns.tandem = bench_peer.default_tandem()
+    target, draft, model_args, pair = bench_peer.resolve_models(ns)
+    prompts = load_prompts(None if ns.no_spec_bench else ns.prompts, ns.per_category,
                                 ns.category, False, ns.coding)
     if not prompts:
         raise SystemExit("Error: no prompts (check --prompts, --coding)")
@@ -215,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     configs = list(RUN_CONFIGS) + (list(SERVER_CONFIGS) if ns.native_bin else [])
     if not ns.native_bin:
         print("llama-server not built (scripts/build_native.sh): tandem only", file=sys.stderr)
-    rows: list[peer.Row] = []
+    rows: list[Row] = []
     pings: dict[str, float] = {}
     server, port = start_rpc_server(ns.tandem, ns.threads, env)
     try:
@@ -226,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             ep = f"127.0.0.1:{pport}"
             print(f"RTT {rtt} ms (measured {measured:.2f} ms) through {ep}", file=sys.stderr)
             try:
-                got: list[peer.Row] = []
+                got: list[Row] = []
                 for name, extra in RUN_CONFIGS.items():
                     got += run_tandem(name, extra, prompts, ns, model_args, pair, ep, env)
                 if ns.native_bin:
@@ -246,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.out:
         ns.out.write_text(json.dumps({"rtts": rtts, "rate": ns.rate, "pings_ms": pings,
                                       "summary": summary,
-                                      "rows": [peer.asdict(r) for r in rows]}, indent=1))
+                                      "rows": [asdict(r) for r in rows]}, indent=1))
     return 0 if all(r.ok for r in rows) else 1
 
 

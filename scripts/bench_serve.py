@@ -44,27 +44,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_peer import (  # noqa: E402 - the helpers for llama-server live there
-    pair_parser,
-    BASE_SERVER_ARGS,
-    DEFAULT_PROMPTS,
-    SERVER_CONFIGS,
-    Server,
-    ServerError,
-    exit_status,
-    log_folder,
-    run_rows,
-    default_tandem,
-    native_bin,
-    resolve_models,
-)
-
-from tandem.bench.multiturn import (  # noqa: E402
-    builtin_conversations,
-    select,
-    spec_bench_conversations,
-)
+from bench_peer import DEFAULT_PROMPTS, default_tandem, log, pair_parser, resolve_models
+from native_tools import native_bin
+from tandem.bench.llama_server import BASE_SERVER_ARGS, SERVER_CONFIGS, LlamaServer, ServerError
+from tandem.bench.multiturn import builtin_conversations, select, spec_bench_conversations
+from tandem.bench.peer_runs import exit_status, log_folder, run_rows
 
 BASELINE = "llama plain"
 TANDEM = "tandem"
@@ -320,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         configs = {BASELINE: ""}  # its defaults: the prompt cache is on by default
         if not ns.no_ngram:
             configs["llama ngram"] = SERVER_CONFIGS["ngram"]
-        servers += [Server(name, server_bin, target, shlex.split(f"{base} {args}"), log_dir)
+        servers += [LlamaServer(name, server_bin, target, shlex.split(f"{base} {args}"), log_dir)
                     for name, args in configs.items()]
     names = [s.name for s in servers]
     meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "argv": sys.argv,
@@ -358,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"{row.latency_s:.2f}s, {row.tok_s:.1f} tok/s, prompt_n "
                           f"{row.prompt_n}", file=sys.stderr, flush=True)
 
-    interrupted = run_rows(servers, body, rows, ns.out, meta)
+    interrupted = run_rows(servers, body, rows, ns.out, meta, log)
     if interrupted is None:
         return 1
     if rows:
@@ -366,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nlatency: request sent -> answer complete, on the client; decode tok/s: the "
               "server's timings.predicted_per_second; ratios: per conversation and turn over "
               f"`{BASELINE}`, then the median.")
-    return exit_status(rows, interrupted)
+    return exit_status(rows, interrupted, log)
 
 
 if __name__ == "__main__":

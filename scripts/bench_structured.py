@@ -53,24 +53,18 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_peer import (  # noqa: E402 - llama-server's helpers live there
-    pair_parser,
-    post_json,
+from bench_peer import default_tandem, log, pair_parser, resolve_models
+from bench_serve import TandemServer, find_server_bin
+from tandem.bench.accounting import server_counts, tandem_counts
+from tandem.bench.llama_server import (
     BASE_SERVER_ARGS,
     SERVER_CONFIGS,
-    Server,
+    LlamaServer,
     ServerError,
-    exit_status,
-    log_folder,
-    run_rows,
-    default_tandem,
-    resolve_models,
+    post_json,
 )
-from bench_serve import TandemServer, find_server_bin  # noqa: E402
-
-from tandem.bench.accounting import server_counts, tandem_counts  # noqa: E402
-from tandem.bench.structured_workload import check_message, load  # noqa: E402
+from tandem.bench.peer_runs import exit_status, log_folder, run_rows
+from tandem.bench.structured_workload import check_message, load
 
 BASELINE = "llama plain"
 LLAMA = {"llama plain": SERVER_CONFIGS["plain"], "llama draft": SERVER_CONFIGS["draft"],
@@ -235,8 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     servers: list = []
     for name in wanted:
         if name in LLAMA:
-            servers.append(Server(name.replace(" ", "-"), server_bin, target,
-                                  shlex.split(f"{base} {LLAMA[name].format(**fmt)}"), log_dir))
+            servers.append(LlamaServer(name.replace(" ", "-"), server_bin, target,
+                                       shlex.split(f"{base} {LLAMA[name].format(**fmt)}"), log_dir))
         else:
             cmd = [*tandem, "serve", *([pair_name] if pair_name else model_args), "--port", "0",
                    "-t", str(ns.threads), "-c", str(ns.ctx), *TANDEM[name]]
@@ -271,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r.config} {'ERROR' if r.error else ('ok' if r.valid else 'INVALID')} "
                 f"{r.e2e_s:.2f}s" for r in done), file=sys.stderr, flush=True)
 
-    interrupted = run_rows(servers, body, rows, ns.out, meta)
+    interrupted = run_rows(servers, body, rows, ns.out, meta, log)
     if interrupted is None:
         return 1
     if rows:
@@ -279,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nvalid: answers that validate with jsonschema; e2e: prompt + decode from the "
               f"server's timings; ratios: per task over `{BASELINE}`, then the median (e2e only "
               "over tasks where both evaluated as many prompt tokens: same prompt work).")
-    return exit_status(rows, interrupted)
+    return exit_status(rows, interrupted, log)
 
 
 if __name__ == "__main__":

@@ -40,10 +40,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+from seq_batch_cost import measure_seq_batch, seq_batch_line
 
-from seq_batch_cost import measure_seq_batch, seq_batch_line  # noqa: E402 - scripts/ on the path
+ROOT = Path(__file__).resolve().parents[1]
 
 SCHEMA = 1
 PROMPT_TOKENS = 128  # context before the decode and verify timings (a short chat prompt)

@@ -14,8 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
-
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string"}, "born": {"type": "integer"},
     "works": {"type": "array", "items": {"type": "string"}},

@@ -1,21 +1,22 @@
 """llama.cpp's own tools (llama-server, llama-bench, llama-speculative-simple...), built by
 scripts/build_native.sh from the source the pinned llama-cpp-python vendors, with our CMake
 flags: the one place the benchmark scripts find or build them (the build folder is the shell
-script's to compute, so it is computed once). Needs a checkout: the build script lives there."""
+script's to compute, so it is computed once). A checkout's: the build script lives beside it.
+
+  from native_tools import native_bin     # in a script of this folder
+  server = native_bin() / "llama-server"
+"""
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
-BUILD = ROOT / "scripts" / "build_native.sh"
+BUILD = Path(__file__).resolve().parent / "build_native.sh"
 
 
 def native_bin(build: bool = True) -> Path | None:
     """The tools' directory; built first when `build` (minutes on a CPU, once), else None
     when they are not built yet."""
-    if not BUILD.exists():
-        raise SystemExit(f"Error: {BUILD} is missing: llama.cpp's tools need a tandem checkout")
     res = subprocess.run([str(BUILD)] + ([] if build else ["--dir"]), capture_output=True,
                          text=True)
     if res.returncode != 0:

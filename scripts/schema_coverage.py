@@ -20,8 +20,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
-
 
 def reason(message: str) -> str:
     """A refusal's kind: llguidance's message without the parts that name this schema."""

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-# scripts/ is not a package; its generators are imported as plain modules by fixtures.
-sys.path.insert(0, str(ROOT / "scripts"))
+# scripts/ is on the path through pyproject.toml's pytest `pythonpath`: its generators
+# (make_tiny_models...) are imported as plain modules by fixtures.
 
 
 @pytest.fixture(autouse=True)

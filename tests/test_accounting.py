@@ -1,5 +1,5 @@
 """One accounting for tandem and llama-server (tandem.bench.accounting), used by spec-bench
-and scripts/bench_peer.py alike: end to end, per decode step, and tok/s with end-of-text
+and bench_peer's harness (tandem.bench.peer_runs) alike: end to end, per decode step, and tok/s with end-of-text
 counted as llama-server counts it. Hand-made numbers: issue 25's "Guten Morgen"."""
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from tandem.bench import peer_report, peer_runs
+from tandem.bench.peer_report import Row
 from tandem.bench.accounting import server_counts, tandem_counts
 from tandem.bench.runner import RunResult
 from tandem.bench.workloads import Prompt
@@ -14,12 +16,6 @@ from tandem.engine.loop.events import DoneEvent
 from tandem.engine.loop.stats import GenStats
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _bench_peer():
-    import bench_peer  # scripts/ is on the path (conftest), as for tests/test_bench_peer.py
-
-    return bench_peer
 
 
 # "Translate to German: good morning" -> "Guten Morgen" (4 tokens, then end-of-text):
@@ -51,19 +47,18 @@ def test_spec_bench_and_bench_peer_count_the_same_run_the_same_way():
     stats.t_prefill, stats.t_total = TANDEM["t_prefill"], TANDEM["t_prefill"] + TANDEM["t_decode"]
     done = DoneEvent(stats, "eos", "Guten Morgen", (1, 2, 3, 4))
     run = RunResult.from_done("auto", Prompt("t1", "translation", "x"), 0, done)
-    bp = _bench_peer()
-    row = bp.parse_tandem_output(bp.Row("t1", "translation", "tandem default", "tandem"),
-                                 json.dumps({"text": "Guten Morgen", "finish_reason": "eos",
-                                             "stats": stats.to_dict()}))
+    row = peer_runs.parse_tandem_output(Row("t1", "translation", "tandem default", "tandem"),
+                                        json.dumps({"text": "Guten Morgen", "finish_reason": "eos",
+                                                    "stats": stats.to_dict()}))
     assert run.tokens_per_second == pytest.approx(row.tok_s) == pytest.approx(5 / 0.177)
     assert run.step_s * 1000 == pytest.approx(row.step_ms) == pytest.approx(35.4)
     assert run.t_e2e == pytest.approx(row.e2e_s) == pytest.approx(0.237)
     assert run.tokens_per_second_own == pytest.approx(4 / 0.177)
-    server = bp.parse_server_response(bp.Row("t1", "translation", "plain", "server"), {
+    server = peer_runs.parse_server_response(Row("t1", "translation", "plain", "server"), {
         "choices": [{"message": {"content": "Guten Morgen"}, "finish_reason": "stop"}],
         "timings": {"predicted_n": 4, "predicted_ms": 149.0, "prompt_ms": 95.0}})
     assert server.step_ms == pytest.approx(37.25) and server.tok_s == pytest.approx(4 / 0.149)
-    summary = bp.summarize([server, row], ["plain", "tandem default"])["tandem default"]
+    summary = peer_report.summarize([server, row], ["plain", "tandem default"])["tandem default"]
     assert summary.per_step == pytest.approx(37.25 / 35.4)  # tandem's steps are faster
     assert summary.e2e == pytest.approx(0.244 / 0.237)
     assert summary.median == pytest.approx((5 / 0.177) / (4 / 0.149))
@@ -71,7 +66,7 @@ def test_spec_bench_and_bench_peer_count_the_same_run_the_same_way():
 
 def test_one_function_no_second_copy():
     """The accounting lives in one module: neither caller recomputes end-of-text by hand."""
-    for path in ("scripts/bench_peer.py", "cli/tandem/bench/runner.py"):
+    for path in ("cli/tandem/bench/peer_runs.py", "cli/tandem/bench/runner.py"):
         text = (ROOT / path).read_text(encoding="utf-8")
         assert "tandem_counts(" in text
         assert "n_generated + 1" not in text

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import bench_contention as bc
-import bench_peer as bp
-from bench_peer import Row
+from tandem.bench import peer_runs
+from tandem.bench.peer_report import Row
+from tandem.bench.workloads import Prompt
 
 
 def _row(prompt: str, config: str, tok_s: float, cond: str, notes=()) -> Row:
@@ -38,7 +39,7 @@ def test_failed_rows_are_left_out():
 
 
 def test_tandem_defaults_run_without_a_thread_count():
-    p = bp.BenchPrompt("x", "code", "hello")
-    assert "-t" not in bp.tandem_command(["tandem"], p, 16, None, 4096, 42, [], [], "pair")
-    fixed = bp.tandem_command(["tandem"], p, 16, 2, 4096, 42, [], [], "pair")
+    p = Prompt("x", "code", "hello")
+    assert "-t" not in peer_runs.tandem_command(["tandem"], p, 16, None, 4096, 42, [], [], "pair")
+    fixed = peer_runs.tandem_command(["tandem"], p, 16, 2, 4096, 42, [], [], "pair")
     assert fixed[fixed.index("-t") + 1] == "2"

@@ -652,7 +652,6 @@ def test_bench_serve_smoke(tiny_models, tmp_path):
 
 
 def test_bench_serve_report_ratios():
-    sys.path.insert(0, str(ROOT / "scripts"))
     from bench_serve import BASELINE, Row, report
 
     rows = [Row(BASELINE, "c", "g", 1, latency_s=2.0, tok_s=10.0, predicted_n=10),

@@ -10,16 +10,10 @@ import json
 import random
 import shutil
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
-
-try:
-    import tandem  # noqa: F401
-except ImportError:  # running from a checkout without an install
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
 
 from tandem.errors import ChecksumError, DownloadError, ModelError, TandemWarning, UsageError
 from tandem.models import catalog, mirror_pypi, store

@@ -92,8 +92,10 @@ def _importers(top: str) -> set[str]:
 def test_dependency_rules():
     assert _importers("llama_cpp") == {"tandem.engine.backend.llama"}
     # native calls: llama.cpp through the binding (llama), ggml's registry for RPC devices
-    # and the RPC server, which the binding does not cover (ggml)
-    assert _importers("ctypes") == {"tandem.engine.backend.llama", "tandem.engine.remote.ggml"}
+    # and the RPC server, which the binding does not cover (ggml), and libc's prctl that ends
+    # a benchmark's llama-server with the process that started it (bench/llama_server.py)
+    assert _importers("ctypes") == {"tandem.engine.backend.llama", "tandem.engine.remote.ggml",
+                                    "tandem.bench.llama_server"}
     ui = _importers("typer") | _importers("rich")
     assert all(m.startswith("tandem.commands.") or m == "tandem.chat.tui" for m in ui), ui
     # the HTTP stack only where `tandem serve` runs it (tandem run never loads it)
@@ -763,6 +765,31 @@ def test_every_script_says_what_it_is_for():
     named = set(re.findall(r"`([\w.-]+\.(?:py|sh))`", page))
     present = {p.name for p in scripts.iterdir() if p.suffix in (".py", ".sh")}
     assert present - named == set() and named - present == set()
+
+
+_PATH_EDIT = re.compile(r"\bsys\.path\.(?:insert|append)\b")
+
+
+def _path_edits(folder: Path) -> list[str]:
+    """'file:line' of every sys.path edit in a folder's Python files."""
+    return [f"{path.relative_to(folder)}:{i}" for path in sorted(folder.rglob("*.py"))
+            for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+            if _PATH_EDIT.search(line)]
+
+
+def test_no_script_or_test_edits_sys_path():
+    """Scripts run with the venv's python, where tandem is installed, and a script's own
+    folder is already sys.path[0] for its siblings; the tests find scripts/ through pytest's
+    `pythonpath` (pyproject.toml). Edits of sys.path once let five scripts and three tests
+    import a library that lived in scripts/ (issue 39)."""
+    assert _path_edits(ROOT / "scripts") == [] and _path_edits(ROOT / "tests") == []
+
+
+def test_the_sys_path_check_sees_one(tmp_path):
+    edit = "sys.path."  # spelled in two parts: this file is checked too
+    (tmp_path / "s.py").write_text(f"import sys\n\n{edit}insert(0, 'cli')\n")
+    (tmp_path / "t.py").write_text(f"import sys\n{edit}append('scripts')\nsys.path[0]\n")
+    assert _path_edits(tmp_path) == ["s.py:3", "t.py:2"]
 
 
 def test_class_names_say_what_they_hold():
