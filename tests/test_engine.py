@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_helpers import draft_model, hybrid, ngram_drafter  # noqa: E402
 
 pytest.importorskip("llama_cpp")
 
-from engine_helpers import assert_same_as_plain, assert_same_first_tokens, drafter_for, run  # noqa: E402
+from engine_helpers import (assert_same_as_plain, assert_same_first_tokens, draft_model,  # noqa: E402
+                            drafter_for, hybrid, ngram_drafter, run)
 from tandem.engine.backend.llama import Context, ContextParams, Model  # noqa: E402
 from tandem.engine.drafting.drafters import NoDrafter  # noqa: E402
 from tandem.engine.loop.sampling import SamplingParams  # noqa: E402

@@ -11,11 +11,10 @@ import sys
 
 import numpy as np
 import pytest
-from engine_helpers import draft_model, hybrid, ngram_drafter  # noqa: E402
 
 pytest.importorskip("llama_cpp")
 
-from engine_helpers import assert_same_first_tokens, run  # noqa: E402
+from engine_helpers import assert_same_first_tokens, draft_model, hybrid, ngram_drafter, run  # noqa: E402
 from tandem.engine.backend.context_params import ContextParams  # noqa: E402
 from tandem.engine.backend.llama import Context, Model  # noqa: E402
 from tandem.engine.drafting.drafters import NoDrafter  # noqa: E402
@@ -382,3 +381,28 @@ def test_a_prompt_seen_before_comes_back_from_its_copy(models):
     done, _ = run(c, shorter, NoDrafter(), max_tokens=5, ignore_eos=True)
     assert done.stats.n_prompt_eval == len(shorter)  # honest: the shared part evaluated again
     c.close()
+
+
+@pytest.mark.parametrize("name, rows", [("hybrid", 1), ("sliding", 3), ("target", 7)])
+def test_exact_mode_keeps_verify_batches_where_they_are_bit_identical(models, tiny_models,
+                                                                       name, rows):
+    """scripts/batch_invariance.py measured LFM2's batches differ from single tokens from 2
+    rows on and a sliding window's from 4: exact mode caps the batch there (EXACT_ROWS) and
+    says why; attention keeps EXACT_BATCH."""
+    from tandem.engine.backend.context_params import exact_context
+
+    model = models.get(name) or Model(tiny_models[name], repack=False)
+    c = Context(model, exact_context(ContextParams(n_ctx=512, n_threads=1)))
+    assert c.verify_limit == rows
+    said = [n for n in c.notes if n.startswith("exact mode on a")]
+    assert said == ([] if name == "target" else [said[0]]) and (
+        name == "target" or ("decodes plain" in said[0]) == (rows == 1))
+    c.close()
+
+
+def test_exact_mode_on_the_hybrid_pair_is_plain_decoding_bit_for_bit(hybrid_cli):
+    plain, _, _ = hybrid_cli("--exact", strategy="none", label="exact")
+    answer, stats, _ = hybrid_cli("--exact", strategy="draft", label="exact")
+    assert answer == plain and stats["drafted"] == 0
+    assert any("exact mode on a hybrid model" in n and "decodes plain" in n
+               for n in stats["notes"]), stats["notes"]

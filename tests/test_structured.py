@@ -12,11 +12,10 @@ import time
 
 import numpy as np
 import pytest
-from engine_helpers import auto_drafter, draft_model, hybrid, ngram_drafter  # noqa: E402
 
 pytest.importorskip("llguidance")
 
-from engine_helpers import run  # noqa: E402
+from engine_helpers import auto_drafter, draft_model, hybrid, ngram_drafter, run  # noqa: E402
 from scripted import FakeClock, ScriptedContext, ScriptedModel, logits_of  # noqa: E402
 from tandem.engine.constrain.grammar import Constraint, GrammarError, GrammarState  # noqa: E402
 from tandem.engine.drafting.drafters import (  # noqa: E402

@@ -22,7 +22,7 @@ from tandem.build_flags import rebuild_hint
 from tandem.engine.backend.context_params import (  # noqa: F401 - re-exported: the backend's API
     EXACT_BATCH, MAX_OUTPUTS, ContextParams, common_prefix, default_threads, exact_context)
 from tandem.engine.backend.fim import FimTokens
-from tandem.engine.backend.memory import (HYBRID, RECURRENT, RollbackPlan, StateCopies,
+from tandem.engine.backend.memory import (EXACT_ROWS, HYBRID, RECURRENT, RollbackPlan, StateCopies,
                                           keeps_copies, memory_type)
 from tandem.errors import ContextOverflowError, ModelError
 
@@ -386,10 +386,14 @@ class Context:
         if keeps_copies(model.memory) and limit > self.rollback.depth + 1:
             limit = self.rollback.depth + 1
             self.memory_note = _memory_note(model, self.rollback.depth)
-        if self.params.exact and keeps_copies(model.memory):
-            self.notes.append(f"exact mode with a {model.memory} target: verify batches' "
-                              "bit-identity was measured on attention models only (a "
-                              "rollback itself is exact)")
+        exact_rows = EXACT_ROWS.get(model.memory)
+        if self.params.exact and not model.fully_on_gpu and exact_rows and limit > exact_rows:
+            limit = exact_rows
+            self.notes.append(
+                f"exact mode on a {model.memory} model: llama.cpp's batch kernels give other "
+                f"floats than single tokens from {exact_rows + 1} rows on, so "
+                + ("it decodes plain" if exact_rows == 1 else f"drafts are capped at {exact_rows - 1}")
+                + " to stay bit-identical")
         return limit
 
     def time_llama(self, on: bool = True) -> None:

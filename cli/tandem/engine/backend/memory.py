@@ -38,6 +38,15 @@ def memory_type(is_hybrid: bool, is_recurrent: bool, n_swa: int) -> str:
     return SLIDING if n_swa > 0 else ATTENTION
 
 
+# Exact mode on CPU kernels: the most rows a verify batch may have and still give the logits
+# of single-token decoding bit for bit, by memory type (attention: EXACT_BATCH), measured with
+# scripts/batch_invariance.py on the tiny models (exact context, 2 threads): LFM2 (hybrid)
+# differs from 2 rows on (up to 0.0018 at 400 cached tokens), so its exact mode decodes plain;
+# Gemma 3 with a sliding window from 4 rows (up to 0.0008 past the window); Mamba never (0 up
+# to 17 rows; it decodes plain anyway: no rollback).
+EXACT_ROWS = {HYBRID: 1, SLIDING: 3}
+
+
 def keeps_copies(kind: str) -> bool:
     """Whether going back may need a saved copy of the state (the recurrent part)."""
     return kind in (HYBRID, RECURRENT)
