@@ -392,8 +392,8 @@ class Context:
             self.notes.append(
                 f"exact mode on a {model.memory} model: llama.cpp's batch kernels give other "
                 f"floats than single tokens from {exact_rows + 1} rows on, so "
-                + ("it decodes plain" if exact_rows == 1 else f"drafts are capped at {exact_rows - 1}")
-                + " to stay bit-identical")
+                + ("it decodes plain" if exact_rows == 1
+                   else f"drafts are capped at {exact_rows - 1}") + " to stay bit-identical")
         return limit
 
     def time_llama(self, on: bool = True) -> None:
