@@ -131,6 +131,30 @@ def test_exact_output_identical_to_local_all_remote_and_split(tandem, server, st
     assert "layer   0 assigned to device CPU" in log
 
 
+@pytest.mark.parametrize("target, draft", [("hybrid", "draft"), ("target", "hybrid_draft")])
+def test_a_hybrid_and_a_transformer_draft_for_each_other_over_rpc(tiny_models, home, tmp_path,
+                                                                   server, target, draft):
+    """Memory types mixed in a pair (issue 40): a hybrid target on the RPC server with a
+    transformer draft here, and the reverse; every draft rejected (unrelated weights), each
+    rolled back on its own kind of memory: the output is plain decoding's, here and remote."""
+    def run(strategy: str, *extra: str):
+        res = subprocess.run(
+            [sys.executable, "-m", "tandem", "run", "-m", str(tiny_models[target]), "-md",
+             str(tiny_models[draft]), "-t", "1", "--raw", "-n", "40", "--temp", "0",
+             "--draft-p-min", "0", "--json", "--no-history", "--strategy", strategy, *extra,
+             "abc abc abc hello world"],
+            capture_output=True, env=_env(home), cwd=tmp_path, timeout=120,
+            stdin=subprocess.DEVNULL)
+        assert res.returncode == EXIT_OK, err(res)
+        return json.loads(out(res))
+
+    plain = run("none")
+    for where in ((), ("--rpc", server.endpoint)):
+        spec = run("draft", *where)
+        assert spec["text"] == plain["text"] and spec["stats"]["drafted"] > 0, where
+        assert spec["stats"]["accepted"] < spec["stats"]["drafted"], where
+
+
 def _no_debris(home: Path, cwd: Path) -> None:
     assert not list(home.rglob("*.tmp")), list(home.rglob("*.tmp"))
     assert not list(cwd.glob("core*"))
