@@ -335,6 +335,7 @@ class Context:
         # several sequences split the context: each holds n_ctx_seq positions (decode_seqs)
         self.n_seq_max, self.n_ctx_seq = _lc.llama_n_seq_max(ptr), _lc.llama_n_ctx_seq(ptr)
         self.n_batch = _lc.llama_n_batch(ptr)  # llama.cpp caps it at the requested n_ctx
+        self.n_ubatch = _lc.llama_n_ubatch(ptr)
         # the largest verify batch generate() may send: one llama_decode call (n_batch) with
         # logits on every row, and within EXACT_BATCH where exact mode runs CPU kernels
         limit = min(params.n_outputs_max, self.n_batch)
@@ -472,6 +473,18 @@ class Context:
             raise ModelError("llama.cpp could not copy the recurrent state",
                              "run with --verbose to see llama.cpp's log")
         self.copies.keep(len(self.tokens), buf)
+
+    def copy_marks(self, n: int, start: int = 0) -> tuple[int, ...]:
+        """Where a prompt of n tokens, `start` of them cached, keeps copies of the state besides
+        its end, so that a next prompt that differs shortly before this one's end starts from
+        one: llama-server's context checkpoints, 4 + n_ubatch and 4 tokens before the end
+        (server-context.cpp), and `start`, where this prompt parts from the last one (an
+        editor's next keystroke parts a little further on: it then evaluates what was typed
+        since, not the last n_ubatch tokens). None for attention, which truncates anywhere."""
+        if not keeps_copies(self.rollback.kind):
+            return ()
+        return tuple(sorted({p for p in (start, n - 4 - self.n_ubatch, n - 4)
+                             if start <= p < n and p > 0}))
 
     def _restore(self, n: int) -> None:
         """Go back to position n from the nearest saved copy at or before it (none: from

@@ -225,15 +225,22 @@ def _prefill(target: Context, drafter: Drafter,
              tokens: Sequence[int]) -> Generator[PrefillEvent, None, int]:
     """Evaluate the prompt but its last token on the target, n_batch tokens at a time with a
     PrefillEvent each, then let the drafter read it; returns how many the target evaluated.
-    Only what is past the target's cached prefix is evaluated (a chat's earlier turns)."""
+    Only what is past the target's cached prefix is evaluated (a chat's earlier turns). A
+    context that keeps copies of its state (Context.copy_marks) stops at its marks to save one:
+    a next prompt that differs a little before this one's end (a keystroke) comes back there."""
     body = tokens[:-1]
     target.reuse(body)  # cached runs that moved (cache reuse, when the context has it on)
     keep = common_prefix(target.tokens, body)
     total = len(body) - keep
     yield PrefillEvent(0, total, len(tokens))
+    marks = set(target.copy_marks(len(body), keep))
+    ends = {min(end, len(body)) for end in range(keep + target.n_batch,
+                                                 len(body) + target.n_batch, target.n_batch)}
     done = 0
-    for end in range(keep + target.n_batch, len(body) + target.n_batch, target.n_batch):
-        done += target.prefill(body[:min(end, len(body))])
+    for end in sorted(ends | marks):
+        done += target.prefill(body[:end])
+        if end in marks:
+            target.checkpoint()
         if done < total:  # the last one waits for the drafter: the prompt phase ends there
             yield PrefillEvent(done, total, len(tokens))
     target.prefill(body)  # an empty body, or one the cache already holds: only truncates
