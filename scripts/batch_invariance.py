@@ -18,9 +18,10 @@ import json
 from pathlib import Path
 
 import numpy as np
+from tandem.bench.hw_costs import PROBE_TEXT
 
 
-TEXT = " ".join(f"item {i} costs {i * 7 % 13} dollars and weighs {i % 5} kg;" for i in range(200))
+TEXT = PROBE_TEXT  # the text `tandem hw costs` times its batches on
 
 
 def compare(ctx, tokens, ats, ks) -> list[dict]:

@@ -8,44 +8,40 @@ runs alone wherever tandem's engine imports:
   python scripts/gpu_check.py --shapes 0.5b,1.5b,7b --bin-dir BIN --ngl 99 --out gc.json
 
 Sections (SECTIONS, in order; each saved as it finishes). Per shape (scripts/synthetic_gguf.py:
-Qwen2.5's dimensions, random weights, Q4_K_M): `shapes`: plain decode ms/token, the
-verify-batch cost curve (k = 1..17 tokens, logits on every row), the host's argmax and
-draft_top cost on one row, llama-bench's tg figure, and whether verify batches are
-bit-identical to single-token decoding up to which k, in tandem's exact-mode context and with
-llama.cpp's defaults; `seq_batch`: one decode of 1, 2, 4, 8 sequences' rows (1, or 1 + n_max
-each) against one sequence's token (scripts/seq_batch_cost.py). For the pair (largest shape as
-target, smallest as draft): `offload`: where each model's layers went against `tandem hw`'s
-plan; `pair`: tandem's loop against llama-completion and llama-speculative-simple with the
+Qwen2.5's dimensions, random weights, Q4_K_M): `shapes`: what `tandem hw costs` measures
+(tandem.bench.hw_costs: plain decode ms/token, the verify-batch cost curve for k = 1..17 tokens
+with logits on every row, the host's argmax and draft_top cost on one row), and this
+checkout's extras: llama-bench's tg figure, and whether verify batches are bit-identical to
+single-token decoding up to which k, in tandem's exact-mode context and with llama.cpp's
+defaults (scripts/batch_invariance.py); `seq_batch`: one decode of 1, 2, 4, 8 sequences' rows
+(1, or 1 + n_max each) against one sequence's token (tandem.bench.hw_costs too). For the pair
+(largest shape as target, smallest as draft): `offload`: where each model's layers went
+against `tandem hw`'s plan; `pair`: tandem's loop against llama-completion and llama-speculative-simple with the
 same settings. Acceptance between random models means nothing; costs are what this measures.
 
 Results go to --out after every section (a run cut short keeps what it measured), a summary
 to stdout, progress to stderr. A section that erred makes the exit status 1, and is named on
 stderr with its error's first line. `tandem spec-bench --predict-costs FILE` prices
-acceptance measured elsewhere with these costs.
+acceptance measured elsewhere with these costs, as it prices a `tandem hw costs` file.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import platform
-import re
-import shutil
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
 
-from seq_batch_cost import measure_seq_batch, seq_batch_line
+from tandem.bench import hw_costs as costs
+from tandem.engine.backend.context_params import ContextParams
 
 ROOT = Path(__file__).resolve().parents[1]
-
-SCHEMA = 1
-PROMPT_TOKENS = 128  # context before the decode and verify timings (a short chat prompt)
 # tandem's exact-mode target context (settings.exact_context): flash attention, q8_0 KV cache
 EXACT = {"flash_attn": "on", "type_k": "q8_0", "type_v": "q8_0", "exact": True}
 
@@ -63,113 +59,60 @@ def parse_ks(text: str) -> list[int]:
     return sorted(set(out))
 
 
-def environment() -> dict:
-    from tandem.engine.backend import llama
-
-    env = {"python": platform.python_version(), "machine": platform.machine(),
-           "cpu_count": os.cpu_count(), "llama_cpp_python": llama.LLAMA_CPP_VERSION,
-           "gpu_offload": llama.supports_gpu_offload(), "system_info": llama.system_info(),
-           "gpus": []}
-    if shutil.which("nvidia-smi"):
-        res = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
-                              "--format=csv,noheader"], capture_output=True, text=True)
-        env["gpus"] = [line.strip() for line in res.stdout.splitlines() if line.strip()]
-    return env
-
-
-def placement(lines: list[str]) -> dict:
-    """Where llama.cpp put a model, from its load log: layers per device, buffer sizes."""
-    text = "".join(lines)
-    devices: dict[str, int] = {}
-    for dev in re.findall(r"layer\s+\d+ assigned to device (\S+?),", text):
-        devices[dev] = devices.get(dev, 0) + 1
-    buffers = {name: float(mib) for name, mib in
-               re.findall(r"load_tensors:\s+(\S+) model buffer size =\s+([\d.]+) MiB", text)}
-    m = re.search(r"offloaded (\d+)/(\d+) layers to GPU", text)
-    return {"layers_by_device": devices, "buffers_mib": buffers,
-            "offloaded": [int(m.group(1)), int(m.group(2))] if m else None}
-
-
-def _median_ms(times: list[float]) -> float:
-    return round(1e3 * statistics.median(times), 4)
+def cost_plan(ns) -> costs.CostPlan:
+    """How the package's measurement (tandem.bench.hw_costs) runs here: the flags' offload,
+    threads, batch sizes and repetitions; llama.cpp's default context otherwise."""
+    return costs.CostPlan(gpu_layers=ns.ngl, ctx=ContextParams(n_threads=ns.threads),
+                          ks=tuple(ns.ks), reps=ns.reps, n_decode=ns.n_decode, drafted=ns.n_max)
 
 
 def measure_shape(path: Path, ns) -> dict:
-    """Decode cost, verify curve, host row costs and batch invariance of one model."""
-    from batch_invariance import TEXT, compare
+    """One model's costs as `tandem hw costs` measures them, and this checkout's extras:
+    whether verify batches are bit-identical to single-token decoding (exact-mode context and
+    llama.cpp's defaults; scripts/batch_invariance.py), and llama-bench's tg figure."""
+    from batch_invariance import compare
     from tandem.engine.backend import llama
-    from tandem.engine.loop.sampling import SamplingParams, draft_top
 
-    lines = llama.capture_log()
-    model = llama.Model(path, n_gpu_layers=ns.ngl)
-    llama.capture_log(False)
-    out: dict = {"n_vocab": model.n_vocab, "n_layer": model.n_layer,
-                 "bytes": path.stat().st_size, "placement": placement(lines)}
-    tokens = model.tokenize(TEXT, add_special=True, parse_special=False)
-    kmax = max(ns.ks)
-    need = max(PROMPT_TOKENS + max(ns.n_decode, kmax), max(ns.contexts) + kmax) + 8
-    if len(tokens) < need:
-        raise RuntimeError(f"the probe text has {len(tokens)} tokens, {need} needed")
-    params = llama.ContextParams(n_ctx=need, n_threads=ns.threads)
-    ctx = llama.Context(model, params)
-    out["context"] = asdict(ctx.params)
-    clock = time.perf_counter
+    plan = cost_plan(ns)
+    model, where = costs.load_model(path, plan)
     try:
-        ctx.prefill(tokens[:PROMPT_TOKENS])
-        ctx.decode(tokens[PROMPT_TOKENS:PROMPT_TOKENS + 1])  # warm-up: first-use costs
-        ctx.truncate(PROMPT_TOKENS)
-        decode, argmax, top = [], [], []
-        sp = SamplingParams()
-        for t in tokens[PROMPT_TOKENS:PROMPT_TOKENS + ns.n_decode]:
-            t0 = clock()
-            row = ctx.decode([t], all_logits=True)[0]  # returns once the logits are on the host
-            t1 = clock()
-            int(row.argmax())
-            t2 = clock()
-            draft_top(row, [], sp)
-            t3 = clock()
-            decode.append(t1 - t0)
-            argmax.append(t2 - t1)
-            top.append(t3 - t2)
-        out["decode_ms"] = _median_ms(decode)
-        out["host_argmax_us"] = round(1e3 * _median_ms(argmax), 2)
-        out["host_draft_top_us"] = round(1e3 * _median_ms(top), 2)
-        curve = {}
-        for k in ns.ks:
-            times = []
-            for _ in range(ns.reps):
-                ctx.truncate(PROMPT_TOKENS)
-                t0 = clock()
-                ctx.decode(tokens[PROMPT_TOKENS:PROMPT_TOKENS + k], all_logits=True)
-                times.append(clock() - t0)
-            curve[str(k)] = _median_ms(times)
-        base = curve.get("1") or out["decode_ms"]
-        out["verify"] = {"ms": curve, "ratio": {k: round(v / base, 4) for k, v in curve.items()},
-                         "prompt_tokens": PROMPT_TOKENS, "reps": ns.reps}
+        out = {**costs.measure_shape(model, plan), "placement": where, "exactness": {}}
+        need = max(ns.contexts) + max(ns.ks) + 8
+        tokens = costs.probe_tokens(model, need)
+        params = replace(plan.ctx, n_ctx=need)
+        for mode, extra in (("exact", EXACT), ("fast", {"flash_attn": "auto"})):
+            ctx = llama.Context(model, replace(params, **extra))
+            try:
+                rows = compare(ctx, tokens, ns.contexts, ns.ks)
+                notes = list(ctx.notes)
+                used = {k: getattr(ctx.params, k) for k in ("flash_attn", "type_k", "type_v")}
+            finally:
+                ctx.close()
+            diff = {str(k): max(r["max_abs_diff"] for r in rows if r["k"] == k) for k in ns.ks}
+            same = {k: d == 0.0 for k, d in diff.items()}
+            up_to = 0
+            for k in ns.ks:  # the largest k below which every batch size was identical
+                if not same[str(k)]:
+                    break
+                up_to = k
+            out["exactness"][mode] = {"identical": same, "max_abs_diff": diff,
+                                      "exact_up_to": up_to, "contexts": ns.contexts,
+                                      "context": used, "notes": notes}
     finally:
-        ctx.close()
-    out["exactness"] = {}
-    for mode, extra in (("exact", EXACT), ("fast", {"flash_attn": "auto"})):
-        ctx = llama.Context(model, replace(params, **extra))
-        try:
-            rows = compare(ctx, tokens, ns.contexts, ns.ks)
-            notes = list(ctx.notes)
-            used = {k: getattr(ctx.params, k) for k in ("flash_attn", "type_k", "type_v")}
-        finally:
-            ctx.close()
-        diff = {str(k): max(r["max_abs_diff"] for r in rows if r["k"] == k) for k in ns.ks}
-        same = {k: d == 0.0 for k, d in diff.items()}
-        up_to = 0
-        for k in ns.ks:  # the largest k below which every batch size was identical
-            if not same[str(k)]:
-                break
-            up_to = k
-        out["exactness"][mode] = {"identical": same, "max_abs_diff": diff, "exact_up_to": up_to,
-                                  "contexts": ns.contexts, "context": used, "notes": notes}
-    model.close()
+        model.close()
     if ns.bin_dir is not None:
         out["native_tg_ms"] = native_tg_ms(path, ns)
     return out
+
+
+def measure_seq_batch(path: Path, ns) -> dict:
+    """One decode of several sequences against one sequence's token (tandem.bench.hw_costs)."""
+    plan = cost_plan(ns)
+    model, _ = costs.load_model(path, plan)
+    try:
+        return costs.measure_seq_batch(model, plan)
+    finally:
+        model.close()
 
 
 def native_tg_ms(path: Path, ns) -> float:
@@ -206,7 +149,7 @@ def check_offload(target: Path, draft: Path) -> dict:
         lines = llama.capture_log()
         model = llama.Model(path, n_gpu_layers=int(want["gpu_layers"]))
         llama.capture_log(False)
-        got = placement(lines)
+        got = costs.placement(lines)
         total = model.n_layer + 1  # llama.cpp counts the output layer as one more
         model.close()
         expect_gpu = min(max(int(want["gpu_layers"]), 0), total)
@@ -264,14 +207,11 @@ def measure_pair(target: Path, draft: Path, ns) -> dict:
 
 
 def shape_line(name: str, s: dict) -> str:
-    r = s["verify"]["ratio"]
-    curve = " ".join(f"k={k}:{r[k]:.2f}" for k in ("2", "4", "8", "16") if k in r)
+    """The package's summary of a shape, with llama-bench's figure and the exactness."""
     ex = s["exactness"]
-    return (f"  {name}: decode {s['decode_ms']:.3f} ms/token"
-            + (f" (llama-bench {s['native_tg_ms']:.3f})" if s.get("native_tg_ms") else "")
-            + f"; verify/plain {curve}; bit-identical up to k={ex['exact']['exact_up_to']}"
-            f" (exact mode), k={ex['fast']['exact_up_to']} (fast); host argmax "
-            f"{s['host_argmax_us']:.1f} us, draft_top {s['host_draft_top_us']:.1f} us")
+    native = f"; llama-bench {s['native_tg_ms']:.3f} ms/token" if s.get("native_tg_ms") else ""
+    return (f"  {costs.shape_summary(name, s)}{native}; bit-identical up to "
+            f"k={ex['exact']['exact_up_to']} (exact mode), k={ex['fast']['exact_up_to']} (fast)")
 
 
 def offload_line(_: str, off: dict) -> str:
@@ -306,8 +246,8 @@ class Section:
 # benchmarks.md, section 9): a hybrid model's rollback, an MTP head's cost against its body.
 SECTIONS = (
     Section("shapes", "shape", lambda ns, path: measure_shape(path, ns), shape_line),
-    Section("seq_batch", "shape", lambda ns, path: measure_seq_batch(path, ns, PROMPT_TOKENS),
-            seq_batch_line),
+    Section("seq_batch", "shape", lambda ns, path: measure_seq_batch(path, ns),
+            lambda name, s: "  seq_batch " + costs.seq_batch_summary(name, s)),
     Section("offload", "pair", lambda ns, target, draft: check_offload(target, draft),
             offload_line),
     Section("pair", "pair", lambda ns, target, draft: measure_pair(target, draft, ns), pair_line),
@@ -401,8 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         parse_shapes(ns.shapes)
     if ns.threads is None:
         ns.threads = 1 if all(s.startswith("tiny") for s in shapes) else 0
-    result: dict = {"schema": SCHEMA, "backend": backend, "started": time.strftime(
-        "%Y-%m-%dT%H:%M:%S%z"), "environment": environment(),
+    result: dict = {"schema": costs.SCHEMA, "backend": backend, "started": time.strftime(
+        "%Y-%m-%dT%H:%M:%S%z"), "environment": costs.environment(),
         "build": json.loads(ns.build_info.read_text()) if ns.build_info else None,
         "argv": argv if argv is not None else sys.argv[1:],
         "settings": {"ngl": ns.ngl, "threads": ns.threads, "ks": ns.ks,

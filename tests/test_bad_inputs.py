@@ -391,7 +391,7 @@ CASES = [
     Case("bench-jsonl-deep", [*BENCH_BASE, "--prompts", "{W}/p.jsonl"], EXIT_USAGE,
          "nested too deeply", setup=_write("p.jsonl", DEEP + "\n")),
     Case("bench-predict-costs-list", [*BENCH, "--predict-costs", "{W}/gc.json"], EXIT_USAGE,
-         "not a scripts/gpu_check.py result",
+         "not a costs file",
          setup=lambda h, w, m: (PROMPT_FILE(h, w, m), _write("gc.json", "[]")(h, w, m))[1]),
     Case("bench-predict-costs-zero", [*BENCH, "--predict-costs", "{W}/gc.json"], EXIT_USAGE,
          "decode_ms of tiny must be a finite number > 0",

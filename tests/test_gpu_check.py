@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.bench.predict import gpu_check_costs
+from tandem.bench.predict import costs_from_file
 
 KS = list(range(1, 18))
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,7 +101,7 @@ def test_offload_and_the_pair_loop(result):
 
 
 def test_spec_bench_prices_with_the_measured_curve(result):
-    costs = gpu_check_costs(result, "target.gguf", "draft.gguf")
+    costs = costs_from_file(result, "target.gguf", "draft.gguf")
     assert set(costs["verify_ratio"]) == set(range(2, 18))
     target = result["shapes"]["target"]
     assert costs["verify_ratio"][4] == target["verify"]["ratio"]["4"]
@@ -120,13 +120,13 @@ def test_a_bad_seq_batch_curve_is_refused_and_a_missing_one_is_none(result):
     from tandem.errors import UsageError
 
     older = {k: v for k, v in result.items() if k != "seq_batch"}  # a file from before it
-    assert gpu_check_costs(older, "target.gguf", "draft.gguf")["seq_plain_ratio"] == {}
+    assert costs_from_file(older, "target.gguf", "draft.gguf")["seq_plain_ratio"] == {}
     for bad, message in (({"1": {"two": 1.0}}, "not a count of sequences"),
                          ({"1": {"2": 0}}, "seq_batch ratio for 2 sequences must be"),
                          ({"5": {"2": 1.0}}, "no plain-step curve")):
         data = {**result, "seq_batch": {"target": {"ratio": bad}}}
         with pytest.raises(UsageError, match=message):
-            gpu_check_costs(data, "target.gguf", "draft.gguf")
+            costs_from_file(data, "target.gguf", "draft.gguf")
 
 
 def test_a_section_that_errs_fails_the_run_and_is_named(tmp_path, capsys):

@@ -63,33 +63,33 @@ def _gpu_check(**shapes):
                        for name, ms in shapes.items()}}
 
 
-def test_gpu_check_json_becomes_the_cost_model_of_the_matching_shapes():
-    from tandem.bench.predict import gpu_check_costs
+def test_a_costs_file_becomes_the_cost_model_of_the_matching_shapes():
+    from tandem.bench.predict import costs_from_file
 
     data = _gpu_check(**{"0.5b": 1.5, "1.5b": 2.5, "7b": 7.0})
     # model files matched by size: the 1.5B target's own curve and decode time
-    costs = gpu_check_costs(data, "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    costs = costs_from_file(data, "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
                             "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
     assert costs["verify_ratio"] == {2: 1.05, 5: 1.2, 9: 1.6}
     # a draft token: its decode plus the host's draft_top, against the target's decode
     assert costs["draft_ratio"] == pytest.approx((1.5 + 0.05) / 2.5)
     assert "1.5b target, 0.5b draft" in costs["source"]
     # names without a measured size fall back to the pair gpu_check measured
-    assert gpu_check_costs(data, "other.gguf", "")["draft_ratio"] == pytest.approx(1.55 / 7.0)
+    assert costs_from_file(data, "other.gguf", "")["draft_ratio"] == pytest.approx(1.55 / 7.0)
     report = Report(configs=[{"name": "draft", "strategy": "draft"}], categories=[],
                     cells=[_cell("draft", 3.0, 4.0)])
     out = predict(report, costs, "qwen2.5-coder-1.5b.gguf", "qwen2.5-coder-0.5b.gguf")
     assert out["speedup"]["draft"] == pytest.approx(3.0 / (4 * 1.55 / 2.5 + 1.2), abs=1e-3)
 
 
-def test_gpu_check_costs_refuses_what_it_cannot_price():
-    from tandem.bench.predict import gpu_check_costs, load_gpu_check
+def test_a_costs_file_is_refused_where_it_cannot_price():
+    from tandem.bench.predict import costs_from_file, load_costs_file
 
-    with pytest.raises(UsageError, match="not a scripts/gpu_check.py result"):
-        gpu_check_costs({"shapes": []})
+    with pytest.raises(UsageError, match="not a costs file"):
+        costs_from_file({"shapes": []})
     data = _gpu_check(**{"0.5b": 1.5})
     data["shapes"]["7b"] = {"error": "RuntimeError: out of memory"}
     with pytest.raises(UsageError, match="no measured shape"):
-        gpu_check_costs(data, "qwen2.5-7b.gguf", "qwen2.5-0.5b.gguf")
+        costs_from_file(data, "qwen2.5-7b.gguf", "qwen2.5-0.5b.gguf")
     with pytest.raises(UsageError, match="cannot read"):
-        load_gpu_check("/nonexistent/gc.json")
+        load_costs_file("/nonexistent/gc.json")

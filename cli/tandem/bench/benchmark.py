@@ -44,7 +44,7 @@ class BenchRequest:
     warmup: bool = True
     cost_curve: bool = True  # measure the verify-batch cost curve and each draft's token cost
     predict: tuple[str, ...] = ()  # hardware profiles to predict the speedup on
-    predict_costs: Path | None = None  # scripts/gpu_check.sh's JSON: costs measured elsewhere
+    predict_costs: Path | None = None  # `tandem hw costs`' JSON: costs measured elsewhere
     tune: bool = False
     out: Path | None = None
     # every configuration runs under it (engine.constrain.grammar.Constraint; None: free text,
@@ -64,9 +64,9 @@ class BenchRequest:
         for name in self.predict:
             get_profile(name, force=True)
         if self.predict_costs is not None:
-            from tandem.bench.predict import load_gpu_check
+            from tandem.bench.predict import load_costs_file
 
-            load_gpu_check(self.predict_costs)
+            load_costs_file(self.predict_costs)
         if self.tune:
             _check_tuned_dir(home)
 
@@ -223,11 +223,11 @@ class BenchSession:
                 report, get_profile(name, force=True)[0].cost_for(), self.target_path.name,
                 self.labels[0] if self.labels else "")
                 for name in self.request.predict}
-        if self.request.predict_costs is not None:  # measured on another machine (gpu_check)
-            from tandem.bench.predict import load_gpu_check, predict
+        if self.request.predict_costs is not None:  # measured on another machine
+            from tandem.bench.predict import load_costs_file, predict
 
             draft = self.labels[0] if self.labels else ""
-            costs = load_gpu_check(self.request.predict_costs, self.target_path.name, draft)
+            costs = load_costs_file(self.request.predict_costs, self.target_path.name, draft)
             self.meta.setdefault("predictions", {})[
                 f"{self.request.predict_costs.name}: {costs['source']}"] = predict(
                 report, costs, self.target_path.name, draft)

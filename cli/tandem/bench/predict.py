@@ -6,9 +6,10 @@ token): speedup = tokens per step / mean step cost, where each measured step is 
 own length (k x draft ratio + verify ratio(k + 1)). Pricing the mean draft length instead
 would be wrong wherever plain and long-draft steps mix, since the verify curve is not linear.
 Always reported as a prediction, never as a measurement. The cost figures come from a
-hardware profile, or from what scripts/gpu_check.py measured on a machine (gpu_check_costs).
-gpu_check's seq_batch curve (N sequences' plain steps in one decode) adds the aggregate
-throughput of N plain sequences; steps of several speculating sequences are not priced: their
+hardware profile, or from a costs file measured on a machine (costs_from_file): `tandem hw
+costs` writes one (bench/hw_costs.py), and scripts/gpu_check.py's JSON holds the same sections.
+Its seq_batch curve (N sequences' plain steps in one decode) adds the aggregate throughput
+of N plain sequences; steps of several speculating sequences are not priced: their
 drafts' batched cost and the scheduler's mix of step lengths are not measured yet.
 """
 from __future__ import annotations
@@ -86,11 +87,12 @@ def predict(report: Report, cost: Mapping, target: str = "", draft: str = "") ->
     return result
 
 
-_GPU_CHECK_HINT = "pass the JSON file that scripts/gpu_check.sh wrote (--out)"
+_COSTS_HINT = "pass the JSON file that `tandem hw costs --out FILE` wrote"
 
 
 def _shape_for(shapes: Mapping, name: str, fallback) -> str:
-    """A shape of the gpu_check JSON: `name` itself, else the size in a model file's name."""
+    """A shape of the costs file: `name` itself (`tandem hw costs` keys shapes by file name),
+    else the size in a model file's name."""
     measured_ok = {k for k, v in shapes.items() if isinstance(v, Mapping) and "verify" in v}
     for key in (name, model_size(name) if name else None, fallback):
         if isinstance(key, str) and key in measured_ok:
@@ -109,7 +111,7 @@ def _positive(value, what: str, zero_ok: bool = False) -> float:
     if not ok:
         raise UsageError(f"the costs file's {what} must be a finite number "
                          f"{'>= 0' if zero_ok else '> 0'}, got {str(value)[:40]!r}",
-                         _GPU_CHECK_HINT)
+                         _COSTS_HINT)
     return float(value)
 
 
@@ -124,7 +126,7 @@ def _seq_plain(section, shape: str) -> dict[int, float]:
     plain = ratio.get("1")
     if not isinstance(plain, Mapping):
         raise UsageError(f"the costs file's seq_batch of {shape!r} has no plain-step curve",
-                         _GPU_CHECK_HINT)
+                         _COSTS_HINT)
     return _curve(plain, "seq_batch ratio", "sequences", 256)
 
 
@@ -136,29 +138,31 @@ def _curve(raw: Mapping, what: str, unit: str, most: int, skip: int = 0) -> dict
         n = int(k) if isinstance(k, str) and k.isdigit() else 0
         if not 1 <= n <= most:
             raise UsageError(f"the costs file's {what} key {str(k)[:20]!r} is not a count of "
-                             f"{unit} 1..{most}", _GPU_CHECK_HINT)
+                             f"{unit} 1..{most}", _COSTS_HINT)
         if n > skip:
             out[n] = _positive(v, f"{what} for {n} {unit}")
     return out
 
 
-def gpu_check_costs(data: Mapping, target: str = "", draft: str = "") -> dict:
-    """The cost figures predict() reads, from scripts/gpu_check.py's JSON: the verify curve of
+def costs_from_file(data: Mapping, target: str = "", draft: str = "") -> dict:
+    """The cost figures predict() reads, from a costs file (`tandem hw costs`, or
+    scripts/gpu_check.py's JSON, which holds the same sections): the verify curve of
     the target's shape (k-token batch against one token) and the draft's token cost (its
     decode plus the host's draft_top, against the target's decode), and where the file has
     it the target shape's seq_batch curve of plain steps (seq_plain_ratio). `target` /
-    `draft`: shape names or model file names (matched by size); default: the pair gpu_check
-    measured. Every figure is checked: the file may be anything a user passes."""
+    `draft`: shape names or model file names (matched by name, else by size); default: the
+    pair the file names. Every figure is checked: the file may be anything a user passes."""
     shapes = data.get("shapes") if isinstance(data, Mapping) else None
     if not isinstance(shapes, Mapping) or data.get("schema") != 1:
-        raise UsageError("this is not a scripts/gpu_check.py result (schema 1)", _GPU_CHECK_HINT)
+        raise UsageError("this is not a costs file (schema 1, with a shapes section)",
+                         _COSTS_HINT)
     pair = data.get("pair") if isinstance(data.get("pair"), Mapping) else {}
     t = _shape_for(shapes, target, pair.get("target_shape"))
     d = _shape_for(shapes, draft, pair.get("draft_shape"))
     ts, ds = shapes[t], shapes[d]
     raw = ts["verify"].get("ratio") if isinstance(ts["verify"], Mapping) else None
     if not isinstance(raw, Mapping):
-        raise UsageError(f"the costs file's shape {t!r} has no verify ratios", _GPU_CHECK_HINT)
+        raise UsageError(f"the costs file's shape {t!r} has no verify ratios", _COSTS_HINT)
     ratios = _curve(raw, "verify ratio", "tokens", 65, skip=1)  # 1 token: 1.0 by definition
     t_ms = _positive(ts.get("decode_ms"), f"decode_ms of {t}")
     draft_ms = _positive(ds.get("decode_ms"), f"decode_ms of {d}") + _positive(
@@ -167,19 +171,21 @@ def gpu_check_costs(data: Mapping, target: str = "", draft: str = "") -> dict:
     env = data.get("environment") if isinstance(data.get("environment"), Mapping) else {}
     gpus = env.get("gpus") if isinstance(env.get("gpus"), list) else []
     where = ", ".join(map(str, gpus)) or str(data.get("backend", ""))
+    made_by = str(data.get("source") or "gpu_check")[:40]  # gpu_check's files name no source
+    synthetic = "synthetic " if made_by == "gpu_check" else ""
     return {"verify_ratio": ratios, "draft_ratio": draft_ms / t_ms,
             "decode_ms": {t: t_ms, d: ds["decode_ms"]}, "seq_plain_ratio": seq,
-            "source": f"gpu_check on {where}: synthetic {t} target, {d} draft "
+            "source": f"{made_by} on {where}: {synthetic}{t} target, {d} draft "
                       f"({str(data.get('started', ''))[:40]})"}
 
 
-def load_gpu_check(path, target: str = "", draft: str = "") -> dict:
-    """gpu_check_costs() of a JSON file, with a usage error for what cannot be read."""
+def load_costs_file(path, target: str = "", draft: str = "") -> dict:
+    """costs_from_file() of a JSON file, with a usage error for what cannot be read."""
     try:
         data = json.loads(Path(path).read_text())
     except RecursionError:
-        raise UsageError(f"the costs file {path} is nested too deeply", _GPU_CHECK_HINT) from None
+        raise UsageError(f"the costs file {path} is nested too deeply", _COSTS_HINT) from None
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read the costs file {path}: {exc}",
-                         "pass the JSON file that scripts/gpu_check.sh wrote") from None
-    return gpu_check_costs(data, target, draft)
+                         _COSTS_HINT) from None
+    return costs_from_file(data, target, draft)

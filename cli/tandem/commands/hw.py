@@ -1,20 +1,29 @@
 """`tandem hw`: detected hardware, the chosen profile, settings with their sources, and the
-offload/memory plan for a pair. The core (hardware, profiles, settings, planner) computes;
-this module only renders, as Rich tables or one JSON object, on stdout.
+offload/memory plan for a pair; `tandem hw costs`: this machine's decode and verify costs for
+a pair, measured, as the JSON `tandem spec-bench --predict-costs` reads. The core (hardware,
+profiles, settings, planner, bench/hw_costs.py) computes; this module only renders, as Rich
+tables, lines or one JSON object, on stdout.
+
+Over 400 lines because `tandem hw` renders six tables (hardware, profile, settings, the plan,
+recommended pairs, a remote target) and `hw costs` is its subcommand; nothing is computed here.
 """
 import json
+import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
+from tandem.bench.hw_costs import CostPlan
+from tandem.commands import options
 from tandem.commands.options import DraftFile, TargetFile, setting_flag
 
+app = typer.Typer(name="hw", invoke_without_command=True, no_args_is_help=False)
 
-app = typer.Typer()
 
-
-@app.command("hw")
+@app.callback()
 def hw(
+    ctx: typer.Context,
     profile: Annotated[Optional[str], typer.Option("--profile", help="Use this profile instead of the detected one.")] = None,
     pair: Annotated[Optional[str], typer.Option("--pair", help="Plan for this catalog pair (default: the configured or default pair).")] = None,
     model: TargetFile = None,
@@ -38,13 +47,86 @@ def hw(
       tandem hw --profile rtx-4090 --force-profile --json
 
       tandem hw --rpc 192.168.1.20:50052    # layers and bytes per device, link traffic
+
+      tandem hw costs --out costs.json      # this machine's decode and verify costs
     """
+    if ctx.invoked_subcommand is not None:
+        return
     report = build_report(profile=profile, pair=pair, model=model, model_draft=model_draft,
                           ctx_size=ctx_size, force_profile=force_profile, rpc=rpc)
     if as_json:
         print(json.dumps(report_json(report), indent=2))
     else:
         render(report)
+
+
+@app.command("costs")
+def costs(
+    pair: Annotated[Optional[str], typer.Option("--pair", help="Measure this catalog pair (default: the configured or default pair).")] = None,
+    model: TargetFile = None,
+    model_draft: DraftFile = None,
+    n_threads: options.Threads = None,
+    exact: options.Exact = False,
+    reps: Annotated[Optional[int], typer.Option("--reps", min=1, max=100, help=f"Timings per verify batch size and per several-sequence step; their median counts (default {CostPlan.reps}).", show_default=False)] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", readable=False, help="Write the JSON here and a summary on stdout (default: the JSON on stdout).")] = None,
+    verbose: options.Verbose = False,
+    yes: options.Yes = False,
+):
+    """Measure this machine's costs for a pair, for `tandem spec-bench --predict-costs`.
+
+    Each model's plain decode time per token, the verify-batch curve (1..17 tokens, logits on
+    every row) against it, the host's cost per row, and one decode of 1, 2, 4 and 8
+    sequences against one sequence's token: with the threads, offload and context settings
+    `tandem run` uses here. On a machine without a benchmark of its own, spec-bench prices the
+    acceptance it measures with these costs (shapes matched to its pair by file name or
+    size). Takes about a minute for a 1.5B pair on a CPU.
+
+    Examples:
+
+      tandem hw costs --out costs.json
+
+      tandem hw costs -m target.gguf -md draft.gguf -t 8 --out gpu-costs.json
+
+      tandem spec-bench --quick --predict-costs gpu-costs.json    # then, on another machine
+    """
+    from dataclasses import replace
+
+    from tandem.bench.hw_costs import measure_pair_costs, seq_batch_summary, shape_summary
+    from tandem.errors import UsageError
+    from tandem.fsutil import atomic_write_text, blocking_file, storage_error
+
+    if out is not None and (out.is_dir() or blocking_file(out.parent) is not None):
+        raise UsageError(f"--out {out} cannot be written as a file",
+                         "pass a file path in an existing directory, such as costs.json")
+    prepared = options.prepare_pair(pair, model, model_draft,
+                                    options.setting_flags(locals(), strategy="draft"),
+                                    verbose, yes)
+    if prepared.draft is None:
+        raise UsageError("costs are measured for a target and its draft: spec-bench "
+                         "prices a draft token against a target token",
+                         "pass --model-draft, or a pair with a draft")
+    opts = prepared.options
+    given = {} if reps is None else {"reps": reps}
+    plan = CostPlan(gpu_layers=opts.target_gpu_layers, ctx=opts.target_ctx,
+                    repack=opts.repack, **given)
+    draft_plan = replace(plan, gpu_layers=opts.draft_gpu_layers,
+                         ctx=opts.draft_ctx or opts.target_ctx, repack=opts.draft_repack)
+    doc = measure_pair_costs(prepared.target, prepared.draft, plan, draft_plan,
+                             lambda msg: print(f"costs: {msg}", file=sys.stderr, flush=True))
+    text = json.dumps(doc, indent=1)
+    if out is None:
+        print(text)
+        return
+    try:
+        atomic_write_text(out, text + "\n")
+    except OSError as exc:
+        raise storage_error(exc, "the costs file", out) from None
+    for key, entry in doc["shapes"].items():
+        print(shape_summary(key, entry))
+    for key, entry in doc["seq_batch"].items():
+        print(seq_batch_summary(key, entry))
+    print(f"wrote {out} in {doc['seconds']:.0f} s: pass it to `tandem spec-bench "
+          "--predict-costs`", file=sys.stderr)
 
 
 # ------------------------------------------------------------------------------ collect

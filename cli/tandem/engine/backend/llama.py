@@ -334,8 +334,7 @@ class Context:
         self.n_ctx = _lc.llama_n_ctx(ptr)
         # several sequences split the context: each holds n_ctx_seq positions (decode_seqs)
         self.n_seq_max, self.n_ctx_seq = _lc.llama_n_seq_max(ptr), _lc.llama_n_ctx_seq(ptr)
-        self.n_batch = _lc.llama_n_batch(ptr)  # llama.cpp caps it at the requested n_ctx
-        self.n_ubatch = _lc.llama_n_ubatch(ptr)
+        self.n_batch, self.n_ubatch = _lc.llama_n_batch(ptr), _lc.llama_n_ubatch(ptr)  # <= n_ctx
         # the largest verify batch generate() may send: one llama_decode call (n_batch) with
         # logits on every row, and within EXACT_BATCH where exact mode runs CPU kernels
         limit = min(params.n_outputs_max, self.n_batch)
