@@ -96,6 +96,7 @@ class Prepared:
         """For stderr: the settings' warnings, the pair's oddities and why a partial plan will
         be slow."""
         return (list(self.resolved.warnings) + pair_warnings(self.target, self.draft)
+                + memory_warnings(self.target, self.settings.strategy)
                 + list(self.plan.problems))
 
 
@@ -116,6 +117,29 @@ def pair_warnings(target: Path, draft: Path | None) -> list[str]:
                 f"than the target {Path(target).name} ({fmt_bytes(t_size, decimal=True)}): "
                 "swapped -m and -md?"]
     return []
+
+
+def memory_warnings(target: Path, strategy: str) -> list[str]:
+    """A target whose state llama.cpp cannot roll back (a recurrent model, a hybrid without
+    snapshots) decodes plain: said before it loads, from its header (models/memory_type.py),
+    where the strategy would draft."""
+    from tandem.config.schema import drafts
+    from tandem.errors import TandemError
+    from tandem.models import memory_type
+    from tandem.models.gguf_meta import read_gguf_header
+
+    if not drafts(strategy):
+        return []
+    try:
+        header = read_gguf_header(target)
+    except (TandemError, OSError):
+        return []  # the loader says what is wrong with the file
+    kind, how = memory_type.describe(header)
+    if how not in (memory_type.NO_SNAPSHOTS, memory_type.ROLLBACK_WORDS[memory_type.RECURRENT]):
+        return []
+    return [f"{Path(target).name} is a {kind} model ({header.architecture}): llama.cpp cannot "
+            f"roll its state back to a rejected draft, so it decodes plain (--strategy "
+            f"{strategy} drafts nothing)"]
 
 
 def prepare_session(cli: Mapping[str, Any] | None,

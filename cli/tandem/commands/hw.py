@@ -185,6 +185,18 @@ def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size
             "recommended": recommended_pairs(settings, resolved.profile, store=store, **machine)}
 
 
+def state_line(m, checkpoints: int) -> str:
+    """The memory a model's recurrent state takes, in words (planner.ModelPlan)."""
+    from tandem.fsutil import fmt_bytes
+
+    per_copy = m.copies // checkpoints if checkpoints else 0
+    snaps = (f", {fmt_bytes(m.snapshots)} of it llama.cpp's snapshots for rolling drafts back "
+             "(n_rs_seq)") if m.snapshots else ""
+    return (f"Recurrent state of the {m.role}: {fmt_bytes(m.state)} beside the KV cache{snaps}; "
+            f"context checkpoints: up to {checkpoints} copies of {fmt_bytes(per_copy)} in RAM, "
+            f"{fmt_bytes(m.copies)} (--ctx-checkpoints)")
+
+
 def _memory_types(paths) -> dict:
     """Each model's memory type and how its drafts go back, from the headers of the files
     on disk (models/memory_type.py); {} when they are not there yet."""
@@ -328,15 +340,23 @@ def _render_plan(r: dict, console) -> None:
     pt = Table(title=title, title_justify="left",
                caption=f"target: {target_label}" + (f", draft: {draft_label}" if draft_label
                                                      else ""), caption_justify="left")
-    for col in ("Model", "Layers on GPU", "Weights", "KV cache", "Compute", "On GPU", "In RAM",
-                "Total"):
+    # a recurrent state (hybrid, recurrent models): its snapshots and checkpoint copies
+    state = any(m.state or m.copies for m in plan.models)
+    cols = ("Model", "Layers on GPU", "Weights", "KV cache") + (
+        ("Recurrent state", "Checkpoints") if state else ()) + (
+        "Compute", "On GPU", "In RAM", "Total")
+    for col in cols:
         pt.add_column(col, justify="left" if col == "Model" else "right")
     for m in plan.models:
         layers = f"{m.gpu_layers}/{m.max_layers}" if plan.backend != "cpu" else "0 (CPU)"
-        pt.add_row(m.role, layers, _b(m.weights), _b(m.kv), _b(m.compute),
+        pt.add_row(m.role, layers, _b(m.weights), _b(m.kv),
+                   *((_b(m.state), _b(m.copies)) if state else ()), _b(m.compute),
                    _b(m.gpu_total), _b(m.cpu_total), _b(m.total))
     pt.add_row("both", "", _b(sum(m.weights for m in plan.models)),
-               _b(sum(m.kv for m in plan.models)), _b(sum(m.compute for m in plan.models)),
+               _b(sum(m.kv for m in plan.models)),
+               *((_b(sum(m.state for m in plan.models)), _b(sum(m.copies for m in plan.models)))
+                 if state else ()),
+               _b(sum(m.compute for m in plan.models)),
                _b(plan.gpu_used if plan.gpu_budget is not None else 0),
                _b(sum(m.cpu_total for m in plan.models)),
                _b(_needs(plan)), style="bold")
@@ -353,6 +373,9 @@ def _render_plan(r: dict, console) -> None:
     console.print(f"Status: {status}")
     for role, m in r.get("memory", {}).items():
         console.print(f"Memory of the {role}: {m['type']}; {m['rollback']}")
+    for m in plan.models:
+        if m.state or m.copies:
+            console.print(state_line(m, plan.ctx.checkpoints))
     for p in plan.problems:
         console.print(f"  - {p}")
     if plan.advice:

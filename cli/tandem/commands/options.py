@@ -291,6 +291,12 @@ def prepare_pair(pair, model, model_draft, flags: dict, verbose: bool, yes: bool
     _finite(flags.get("p_min"), "--draft-p-min")
     if model is not None and model_draft is None and flags.get("strategy") is None:
         flags = {**flags, "strategy": "none"}  # a lone -m: plain decoding unless asked
+    if pair is not None and model_draft is None and flags.get("strategy") is None:
+        from tandem.models import catalog
+
+        spec = catalog.find_pair(pair)
+        if spec is not None and spec.draft is None:  # no draft model: n-grams and copies
+            flags = {**flags, "strategy": "auto"}
     from tandem.commands.progress import download_view
 
     view = download_view()

@@ -44,6 +44,11 @@ def check_strategy(name: str) -> str:
     return name
 
 
+def drafts(strategy: str) -> bool:
+    """Whether a strategy drafts at all (every one but none)."""
+    return check_strategy(strategy) != "none"
+
+
 SERVE_MAX_TOKENS = 2048  # tandem serve: an answer's length when a request does not say
 
 

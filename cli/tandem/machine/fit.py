@@ -23,10 +23,16 @@ ENGINE_REPACK = {"fast": True, "exact": False}
 def context_spec(settings, role: str = "target"):
     """The planner's ContextSpec for one model of the pair."""
 
+    from tandem.engine.backend.context_params import ROLLBACK_TOKENS
+
     rows = settings.n_max + 1 if role == "target" else 1
+    # as the engine makes each context (commands.compose.session_options): n_rs_seq the
+    # longest draft, --ctx-checkpoints copies; a model without a recurrent state has neither
     return ContextSpec(n_ctx=settings.n_ctx, n_batch=settings.n_batch, n_ubatch=settings.n_ubatch,
                        flash_attn=settings.flash_attn, type_k=settings.type_k,
-                       type_v=settings.type_v, logit_rows=rows, n_outputs_max=MAX_DRAFT + 1)
+                       type_v=settings.type_v, logit_rows=rows, n_outputs_max=MAX_DRAFT + 1,
+                       rs_seq=max(ROLLBACK_TOKENS, settings.n_max),
+                       checkpoints=settings.ctx_checkpoints)
 
 
 def model_shape(ref: Any, store: Any = None):

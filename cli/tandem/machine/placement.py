@@ -51,6 +51,10 @@ class ContextSpec:
     # 0 = n_batch)
     n_outputs_max: int = MAX_DRAFT + 1
     logit_rows: int = 1  # rows of logits one decode asks for (verify: n_max + 1)
+    # a hybrid's snapshots of its recurrent state (llama.cpp's n_rs_seq: the longest draft)
+    # and the saved copies of the state a context keeps (--ctx-checkpoints)
+    rs_seq: int = 0
+    checkpoints: int = 0
 
     @property
     def cells(self) -> int:
@@ -108,6 +112,12 @@ class ModelPlan:
     kv_v: int = 0
     exact: bool = True
     note: str = ""
+    # the recurrent state beside the KV cache, its n_rs_seq snapshots included, on the
+    # device of its layer; and the context checkpoints' copies of it, in host memory
+    state_gpu: int = 0
+    state_cpu: int = 0
+    snapshots: int = 0  # of state_gpu + state_cpu: the n_rs_seq snapshots
+    copies: int = 0
 
     @property
     def max_layers(self) -> int:
@@ -130,12 +140,17 @@ class ModelPlan:
         return self.compute_gpu + self.compute_cpu
 
     @property
+    def state(self) -> int:
+        return self.state_gpu + self.state_cpu
+
+    @property
     def gpu_total(self) -> int:
-        return self.weights_gpu + self.kv_gpu + self.compute_gpu
+        return self.weights_gpu + self.kv_gpu + self.state_gpu + self.compute_gpu
 
     @property
     def cpu_total(self) -> int:
-        return self.weights_cpu + self.kv_cpu + self.compute_cpu + self.output_host
+        return (self.weights_cpu + self.kv_cpu + self.state_cpu + self.copies
+                + self.compute_cpu + self.output_host)
 
     @property
     def total(self) -> int:
@@ -148,6 +163,8 @@ class ModelPlan:
             "weights_cpu": self.weights_cpu, "kv_gpu": self.kv_gpu, "kv_cpu": self.kv_cpu,
             "compute_gpu": self.compute_gpu, "compute_cpu": self.compute_cpu,
             "output_host": self.output_host, "total": self.total, "buffers": dict(self.buffers),
+            "state_gpu": self.state_gpu, "state_cpu": self.state_cpu,
+            "state_snapshots": self.snapshots, "state_copies": self.copies,
             "exact": self.exact, "note": self.note,
         }
 
@@ -206,11 +223,19 @@ def place(shape: ModelShape, ctx: ContextSpec, gpu_layers: int, *, role: str = "
     kv_gpu, kv_cpu, k_all, v_all = _kv_cache(shape, ctx, on_gpu)
     c_gpu, c_cpu = _compute_buffers(shape, ctx, on_gpu, out_gpu, backend)
     output_host = F32 * shape.n_vocab * max(ctx.logit_rows, 1)
+    # llama.cpp's recurrent memory: one row per sequence and per snapshot (1 + n_rs_seq),
+    # n_rs_seq clamped to 0 where the architecture keeps none
+    rows = 1 + (ctx.rs_seq if shape.snapshots else 0)
+    per_layer = [shape.state_row * rows if r else 0 for r in shape.recurrent]
+    state_gpu = sum(b for b, g in zip(per_layer, on_gpu) if g)
+    state_cpu = sum(per_layer) - state_gpu
     return ModelPlan(role=role, name=shape.name, n_layer=shape.n_layer, gpu_layers=L,
                      weights_gpu=w_gpu, weights_cpu=w_cpu, kv_gpu=kv_gpu, kv_cpu=kv_cpu,
                      compute_gpu=c_gpu, compute_cpu=c_cpu, output_host=output_host,
                      buffers=buffers, kv_k=k_all, kv_v=v_all, exact=shape.exact,
-                     note=shape.note)
+                     note=shape.note, state_gpu=state_gpu, state_cpu=state_cpu,
+                     snapshots=shape.state_bytes * (rows - 1),
+                     copies=ctx.checkpoints * shape.state_bytes)
 
 
 def _kv_cache(shape: ModelShape, ctx: ContextSpec, on_gpu: list[bool]
@@ -219,6 +244,8 @@ def _kv_cache(shape: ModelShape, ctx: ContextSpec, on_gpu: list[bool]
     cells = ctx.cells
     kv_gpu = kv_cpu = k_all = v_all = 0
     for il in range(shape.n_layer):
+        if shape.recurrent and shape.recurrent[il]:
+            continue  # a hybrid's recurrent layers keep no KV cache
         kvh = shape.n_head_kv[il]
         k = cells * row_bytes(ctx.type_k, shape.head_dim_k * kvh)
         v = cells * row_bytes(ctx.type_v, shape.head_dim_v * kvh)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from tandem.models.gguf_meta import GGML_TYPES, GGUFHeader
+from tandem.models.memory_type import HYBRID_ARCHS, RECURRENT_ARCHS, SNAPSHOT_ARCHS
 
 
 def row_bytes(type_name: str, n: int) -> int:
@@ -56,10 +57,21 @@ class ModelShape:
     n_ctx_train: int = 0
     exact: bool = True
     note: str = ""
+    # the layers with a recurrent state (hybrid and recurrent models; () for attention), the
+    # bytes of one such layer's state (llama.cpp's n_embd_r + n_embd_s, f32), and whether
+    # llama.cpp keeps n_rs_seq snapshots of it (llm_arch_supports_rs_rollback)
+    recurrent: tuple[bool, ...] = ()
+    state_row: int = 0
+    snapshots: bool = False
 
     @property
     def weights_bytes(self) -> int:
         return self.input_bytes + self.output_bytes + sum(self.layer_bytes)
+
+    @property
+    def state_bytes(self) -> int:
+        """One copy of the recurrent state, every layer's (what a context checkpoint holds)."""
+        return self.state_row * sum(self.recurrent)
 
     # --- constructors -------------------------------------------------------------
     @classmethod
@@ -105,7 +117,8 @@ class ModelShape:
                    n_ff=n_ff, n_vocab=n_vocab, input_bytes=input_b, embd_bytes=embd_b,
                    output_bytes=output_b, tied_output=not has_output_weight,
                    layer_bytes=tuple(layers), tensors=tuple(tensors),
-                   n_ctx_train=header.context_length or 0, exact=True)
+                   n_ctx_train=header.context_length or 0, exact=True,
+                   **_recurrent_state(header, n_layer, n_embd, n_head, n_head_kv))
 
     @classmethod
     def estimate(cls, name: str, size_bytes: int | None, hints: Iterable[str] = ()) -> ModelShape:
@@ -133,6 +146,41 @@ class ModelShape:
                    tied_output=tied, layer_bytes=(per_layer,) * n_layer, exact=False,
                    note=f"estimated from the catalog ({arch} {label or '?'}); exact once "
                         "downloaded")
+
+
+def _recurrent_state(header: GGUFHeader, n_layer: int, n_embd: int, n_head: int,
+                     n_head_kv: tuple[int, ...]) -> dict[str, Any]:
+    """Which layers keep a recurrent state and its size per layer, as llama.cpp sizes its
+    recurrent memory (src/llama-hparams.cpp n_embd_r / n_embd_s; the layers from
+    `attention.recurrent_layers`, `full_attention_interval` or the layers without KV heads).
+    Architectures whose state has another shape (Kimi's KDA, MiniMax's linear attention) are
+    sized by the SSM keys they also carry, or not at all."""
+    arch = header.architecture or ""
+    if arch not in HYBRID_ARCHS and arch not in RECURRENT_ARCHS:
+        return {}
+    g = header.arch_get
+    flags = g("attention.recurrent_layers")
+    if isinstance(flags, list) and len(flags) == n_layer:
+        recurrent = tuple(bool(x) for x in flags)
+    elif arch in RECURRENT_ARCHS:
+        recurrent = (True,) * n_layer
+    elif _as_int(g("full_attention_interval")) > 0:
+        k = _as_int(g("full_attention_interval"))
+        recurrent = tuple((il + 1) % k != 0 for il in range(n_layer))
+    else:  # LFM2, Nemotron-H, Jamba...: the layers without KV heads
+        recurrent = tuple(h == 0 for h in n_head_kv)
+    head_size = _as_int(g("wkv.head_size"))
+    l_cache = _as_int(g("shortconv.l_cache"))
+    d_conv, d_inner = _as_int(g("ssm.conv_kernel")), _as_int(g("ssm.inner_size"))
+    d_state, n_group = _as_int(g("ssm.state_size")), _as_int(g("ssm.group_count"))
+    if head_size:  # RWKV: token shift rows and the wkv state
+        r, s = _as_int(g("token_shift_count"), 2) * n_embd, n_embd * head_size
+    elif l_cache:  # LFM2's short convolutions
+        r, s = n_embd * (l_cache - 1), 0
+    else:  # Mamba, Mamba-2 and the gated delta nets (Qwen3.5): conv rows and the SSM state
+        r, s = max(d_conv - 1, 0) * (d_inner + 2 * n_group * d_state), d_state * d_inner
+    return {"recurrent": recurrent, "state_row": 4 * (r + s),  # f32 (llama-model.cpp)
+            "snapshots": arch in SNAPSHOT_ARCHS}
 
 
 def _as_int(v: Any, default: int = 0) -> int:
