@@ -213,11 +213,20 @@ def test_pairs_check_names_each_models_memory_type(cli, home, tiny_models):
     lines = out.splitlines()
     assert code == 0 and lines[1].split(":")[0].strip() == "hybrid memory"
     assert "snapshots of the last batch" in lines[1]
-    assert lines[3].strip().startswith("recurrent memory: its steps undone from a saved copy")
+    # the memory the state takes at the defaults: a copy, 16 snapshots, 8 checkpoints
+    assert lines[2].strip() == ("recurrent state: 1 KiB a copy; llama.cpp's snapshots 16 KiB "
+                                "(n_rs_seq 16), context checkpoints up to 8 KiB in RAM (8 "
+                                "copies, --ctx-checkpoints); at the defaults, `tandem hw` "
+                                "plans yours")
+    assert lines[4].strip().startswith("recurrent memory: its steps undone from a saved copy")
+    assert "no snapshots" in lines[5]  # Mamba: llama.cpp keeps none
     code, out, _ = cli("pairs", "check", str(tiny_models["recurrent"]),
                        str(tiny_models["target"]), "--json")
     doc = json.loads(out)
     assert doc["target"]["memory"]["type"] == "recurrent"
+    assert doc["target"]["memory"]["n_rs_seq"] == doc["target"]["memory"]["snapshots"] == 0
+    assert doc["target"]["memory"]["checkpoints"] == 8 * doc["target"]["memory"]["state_bytes"]
+    assert doc["draft"]["memory"]["state_bytes"] == 0  # attention: nothing beside the KV
     assert "decodes plain" in doc["target"]["memory"]["rollback"]
     assert doc["draft"]["memory"]["type"] == "attention"
 

@@ -251,9 +251,34 @@ def check_pair(
                   f"{_header_source(h)}]")
         if kind != memory_type.ATTENTION:  # the usual case needs no words
             out.print(f"        {kind} memory: {rollback}")
+        state = _state_memory(h.header)
+        if state["state_bytes"]:
+            snaps = (f"llama.cpp's snapshots {fmt_bytes(state['snapshots'])} (n_rs_seq "
+                     f"{state['n_rs_seq']})" if state["n_rs_seq"] else "no snapshots")
+            out.print(f"        recurrent state: {fmt_bytes(state['state_bytes'])} a copy; "
+                      f"{snaps}, context checkpoints up to "
+                      f"{fmt_bytes(state['checkpoints'])} in RAM ({state['n_checkpoints']} "
+                      "copies, --ctx-checkpoints); at the defaults, `tandem hw` plans yours")
     if not compat.compatible:
         raise compat.error()
     out.print(f"compatible: {d.label} can draft for {t.label}")
+
+
+def _state_memory(header: Any) -> dict[str, int]:
+    """What a model's recurrent state takes at the default settings, from its header: one
+    copy, llama.cpp's n_rs_seq snapshots (where the architecture keeps them) and the context
+    checkpoints' copies (machine/placement.py plans the same for `tandem hw`)."""
+    from tandem.config.schema import FIELDS_BY_KEY, MAX_DRAFT
+    from tandem.engine.backend.context_params import ROLLBACK_TOKENS
+    from tandem.machine.shapes import ModelShape
+
+    shape = ModelShape.from_gguf(header)
+    n_rs = max(ROLLBACK_TOKENS, min(FIELDS_BY_KEY["n_max"].default, MAX_DRAFT))
+    n_rs = n_rs if shape.snapshots else 0
+    copies = FIELDS_BY_KEY["ctx_checkpoints"].default
+    return {"state_bytes": shape.state_bytes, "n_rs_seq": n_rs,
+            "snapshots": n_rs * shape.state_bytes, "n_checkpoints": copies,
+            "checkpoints": copies * shape.state_bytes}
 
 
 def _vocab_summary(h: Any) -> str:
@@ -273,7 +298,8 @@ def _header_json(model: Any, h: Any, role: str) -> dict[str, Any]:
     return {
         "ref": model.ref, "architecture": h.header.architecture, "name": h.header.name,
         "vocab_type": v.type_name, "n_tokens": v.n_tokens, "where": h.where,
-        "memory": dict(zip(("type", "rollback"), memory_type.describe(h.header, role))),
+        "memory": {**dict(zip(("type", "rollback"), memory_type.describe(h.header, role))),
+                   **_state_memory(h.header)},
         "size": h.size, "bytes_fetched": h.bytes_fetched, "requests": h.requests,
     }
 
