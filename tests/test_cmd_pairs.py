@@ -365,3 +365,26 @@ def test_a_pair_without_a_draft_model_pulls_its_target_only(cli, hub, monkeypatc
     assert solo.models == (solo.target,) and solo.drafted_by == catalog.NO_DRAFT_MODEL
     with pytest.raises(UsageError, match="has no draft model"):
         parse_ref("gemma3-270m", "draft")
+
+
+def test_a_pair_without_a_draft_model_runs_auto_on_its_target(cli, hub, monkeypatch):
+    """`tandem run PAIR` for a model with no small sibling: the target alone, drafted by
+    `auto`'s n-grams and copies unless a strategy is given (a profile's `draft` would refuse)."""
+    pytest.importorskip("llama_cpp")
+    solo = catalog.PairSpec("solo", catalog.ModelSpec("solo-target", REPO, "target.gguf"), None)
+    monkeypatch.setattr(catalog, "get_pair", lambda name=None, path=None: solo)
+    monkeypatch.setattr(catalog, "find_pair", lambda name, path=None: solo)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))
+    code, out, err = cli("run", "solo", "--yes", "--json", "-n", "4", "--no-history", "hello")
+    assert code == 0, err
+    assert json.loads(out)["stats"]["strategy"] == "auto"
+    code, out, err = cli("run", "solo", "--json", "-n", "4", "--strategy", "ngram", "hello")
+    assert code == 0 and json.loads(out)["stats"]["strategy"] == "ngram", err
+    # a GPU profile's `draft` (no draft model here): auto; a strategy set by the user is kept
+    monkeypatch.setenv("TANDEM_PROFILE", "rtx-4090")
+    monkeypatch.setenv("TANDEM_FORCE_PROFILE", "1")
+    code, out, err = cli("run", "solo", "--json", "-n", "4", "hello")
+    assert code == 0 and json.loads(out)["stats"]["strategy"] == "auto", err
+    monkeypatch.setenv("TANDEM_STRATEGY", "draft")
+    code, out, err = cli("run", "solo", "-n", "4", "hello")
+    assert code == 2 and "strategy 'draft' needs a draft model" in err

@@ -3,6 +3,7 @@ checks, and the path from flags to a pair prepared to load (prepare_pair)."""
 from __future__ import annotations
 
 import math
+import os
 import re
 import stat
 import sys
@@ -291,12 +292,13 @@ def prepare_pair(pair, model, model_draft, flags: dict, verbose: bool, yes: bool
     _finite(flags.get("p_min"), "--draft-p-min")
     if model is not None and model_draft is None and flags.get("strategy") is None:
         flags = {**flags, "strategy": "none"}  # a lone -m: plain decoding unless asked
-    if pair is not None and model_draft is None and flags.get("strategy") is None:
+    if (pair is not None and model_draft is None and flags.get("strategy") is None
+            and not os.environ.get(FIELDS_BY_KEY["strategy"].env)):
         from tandem.models import catalog
 
         spec = catalog.find_pair(pair)
         if spec is not None and spec.draft is None:  # no draft model: n-grams and copies
-            flags = {**flags, "strategy": "auto"}
+            flags = {**flags, "strategy": "auto"}  # over a profile's (or config's) draft
     from tandem.commands.progress import download_view
 
     view = download_view()
