@@ -94,3 +94,24 @@ def assert_same_first_tokens(plain, spec, label: str, positions=(0, 1)) -> None:
         assert table.shape[1] >= 2, "a degenerate distribution tests nothing"
         pvalue = chi2_contingency(table)[1]
         assert pvalue > 0.01, f"{label} position {pos}: p={pvalue:.4f}\n{table}"
+
+
+def sampled_first_tokens(ctx, prompt, drafter, seeds, n: int = 2, top_k: int = 8):
+    """The first n tokens of runs at T=1 with top-k (one run per seed), and how many tokens
+    were drafted and rejected in all: the samples assert_same_first_tokens compares."""
+    from tandem.engine.loop.sampling import SamplingParams
+
+    out, drafted, rejected = [], 0, 0
+    for seed in seeds:
+        done, _ = run(ctx, prompt, drafter, max_tokens=n + 1, ignore_eos=True,
+                      sampling=SamplingParams(temperature=1.0, top_k=top_k, seed=seed))
+        out.append(done.tokens[:n])
+        drafted += done.stats.drafted
+        rejected += done.stats.drafted - done.stats.accepted
+    return out, drafted, rejected
+
+
+def session_done(session, prompt, gen, strategy):
+    """The DoneEvent of one PairSession.generate() with `strategy`, recorded nowhere."""
+    return [ev for ev in session.generate(prompt, gen, strategy=strategy, record=False)
+            if isinstance(ev, DoneEvent)][0]

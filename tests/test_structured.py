@@ -246,6 +246,8 @@ def test_greedy_json_schema_output_equals_plain_for_every_strategy_and_validates
         assert plain.complete, plain.text
         jsonschema.validate(json.loads(plain.text), SCHEMA)
         for strategy in STRATEGIES:
+            if strategy == "mtp":  # this target has no MTP heads: tests/test_mtp.py's model
+                continue
             done = _done(exact_session, prompt, gen, strategy)
             assert done.tokens == plain.tokens, strategy
             if strategy != "none":  # the keys, quotes and separators came as free drafts

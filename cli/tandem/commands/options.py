@@ -40,7 +40,7 @@ def setting_flag(key: str, *spellings: str, help: str, type_: Any = None,
 System = Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.")]
 TargetFile = Annotated[Optional[Path], typer.Option("--model", "-m", readable=False, help="Target GGUF path (instead of a pair name).")]
 DraftFile = Annotated[Optional[Path], typer.Option("--model-draft", "-md", "--spec-draft-model", readable=False, help="Draft GGUF path.")]
-Strategy = setting_flag("strategy", help="none | draft | ngram | hybrid | auto.")
+Strategy = setting_flag("strategy", help="none | draft | ngram | hybrid | auto | mtp.")
 DraftMax = setting_flag("n_max", "--spec-draft-n-max", help="Most tokens drafted per step.")
 DraftMin = setting_flag("n_min", "--spec-draft-n-min", help="Drafts shorter than this are dropped.")
 DraftPMin = setting_flag("p_min", "--spec-draft-p-min", help="Stop drafting below this draft probability.")

@@ -17,7 +17,8 @@ from typing import Any, Callable, Mapping, Sized
 
 from tandem.errors import UsageError
 
-STRATEGIES = ("none", "draft", "ngram", "hybrid", "auto")
+# mtp: the target's own multi-token-prediction heads (a model with nextn layers, alone)
+STRATEGIES = ("none", "draft", "ngram", "hybrid", "auto", "mtp")
 # fast: llama.cpp's default kernels (repacked CPU weights), greedy output equal to plain
 # decoding up to floating-point rounding; exact: bit-identical to plain decoding
 MODES = ("fast", "exact")

@@ -30,12 +30,13 @@ from tandem.engine.backend.loading import ContextCache, check_pair, draft_paths,
 from tandem.engine.tuning.pricing import PROBE_TEXT, Pricing, cost_key
 from tandem.engine.loop.speculative import GenParams, generate
 from tandem.engine.drafting.drafters import DraftParams
-from tandem.engine.drafting.strategies import DrafterParts, make_drafter, need_draft_model
+from tandem.engine.drafting.strategies import (DrafterParts, make_drafter, need_draft_model,
+                                               need_mtp_heads)
 from tandem.engine.tuning.threads import NO_THREADS, ThreadControl, ThreadTuner, cpu_load
 from tandem.errors import UsageError
 
 if TYPE_CHECKING:
-    from tandem.engine.backend.llama import Context, Model
+    from tandem.engine.backend.llama import Context, Model, MtpHead
 
 
 @dataclass(frozen=True)
@@ -187,8 +188,14 @@ class PairSession:
             return Model(path, verbose=options.verbose, **how,
                          progress=None if progress is None else (lambda f: progress(label, f)))
 
+        # the MTP heads' weights only where they draft (llama-server: --spec-type draft-mtp)
+        mtp = options.strategy == "mtp"
         self.target = load(self.target_path, self.target_path.name,
-                           n_gpu_layers=options.target_gpu_layers, repack=options.repack)
+                           n_gpu_layers=options.target_gpu_layers, repack=options.repack,
+                           load_mtp=mtp)
+        if mtp and not self.target.n_layer_nextn:
+            self.target.close()
+            raise need_mtp_heads(self.target_path.name)
         if self.target.fully_on_gpu:
             self.threads = None  # the CPU's threads do not compute the target's steps
         self.drafts, self.draft_paths = load_drafts(paths, lambda p, label: load(
@@ -310,7 +317,14 @@ class PairSession:
                             DrafterParts(self.draft_ctx, self.target_ctx.verify_limit,
                                          lambda calibrated: self.costs(calibrated),
                                          self.pricing.take_notes, self.library,
-                                         self.knowledge))
+                                         self.knowledge, self._mtp))
+
+    def _mtp(self, on: bool) -> MtpHead | None:
+        """The target's MTP heads following the active target context (on), or not."""
+        ctx = self.target_ctx
+        if on and not self.target.mtp_loaded:
+            raise need_mtp_heads(self.target_path.name, loaded=self.target.n_layer_nextn > 0)
+        return ctx.use_mtp(on) if on or ctx.mtp is not None else None
 
     def costs(self, calibrated: bool = False) -> CostModel:
         """The active configuration's cost model (engine/tuning/pricing.py: cached on disk, else

@@ -5,6 +5,7 @@ draft:  a draft model, as llama.cpp's draft-simple (fixed n_max, p_min, n_min).
 ngram:  prompt lookup over the prompt and the output so far (no model).
 hybrid: n-gram tokens on a long match, else the draft model (an early stop continued by n-grams).
 auto:   hybrid with adaptive lengths and a measured fallback to plain (engine/drafting/auto.py).
+mtp:    the target's own multi-token-prediction heads (engine/drafting/mtp.py).
 
 Each drafter owns its draft length, `n_max`; generate() only says how much room a step has
 (the context end, max_tokens and the verify batch the target may decode).
@@ -115,6 +116,38 @@ def recent(tokens: Sequence[int], extra: Sequence[int], sampling: SamplingParams
     return (list(tokens[-n:]) + list(extra))[-n:]
 
 
+def draft_tokens(logits: np.ndarray, step, k: int, tokens: Sequence[int],
+                 sampling: SamplingParams, rng: np.random.Generator, sample: bool,
+                 p_min: float, n_min: int) -> Draft:
+    """A model's draft of up to k tokens from the logits after `tokens` (`step(tok)`: the
+    logits after one more token), as llama.cpp's draft-simple takes them: greedy top-1 of a
+    top-10 softmax, stopping below p_min, dropped below n_min; or sampled from q with the stop
+    read before drawing (the class docstring below says why)."""
+    out: list[int] = []
+    dists: list[Dist | None] | None = [] if sample else None
+    while True:
+        hist = recent(tokens, out, sampling)
+        if sample:
+            q = distribution(logits, hist, sampling)
+            if p_min > 0.0 and len(out) >= n_min and q.top < p_min:
+                break
+            tok = q.sample(rng)
+            dists.append(q)
+        elif p_min > 0.0:
+            tok, p = draft_top(logits, hist, sampling)
+            if p < p_min:
+                break
+        else:
+            tok = greedy_token(logits, hist, sampling)
+        out.append(tok)
+        if len(out) >= k:
+            break
+        logits = step(tok)
+    if len(out) < n_min:  # greedy only: a sampled draft is never shorter than n_min
+        return Draft()
+    return Draft(out, dists, n_model=len(out))
+
+
 class DraftModelDrafter:
     """llama.cpp's draft-simple: a small model drafts greedily (top-1 of a top-10 softmax),
     stopping when that token's probability is below p_min; drafts shorter than n_min are
@@ -156,33 +189,16 @@ class DraftModelDrafter:
         t1 = time.perf_counter()
         # the last token is always re-evaluated (a past decode's logits are gone): a draft decode
         logits = self.ctx.decode(tokens[-1:], checkpoint=k > 1)[0]  # single-token steps follow
-        self.last_decodes = 1
-        out: list[int] = []
-        dists: list[Dist | None] | None = [] if sample else None
-        while True:
-            hist = recent(tokens, out, sampling)
-            if sample:
-                q = distribution(logits, hist, sampling)
-                if self.p_min > 0.0 and len(out) >= self.n_min and q.top < self.p_min:
-                    break
-                tok = q.sample(rng)
-                dists.append(q)
-            elif self.p_min > 0.0:
-                tok, p = draft_top(logits, hist, sampling)
-                if p < self.p_min:
-                    break
-            else:
-                tok = greedy_token(logits, hist, sampling)
-            out.append(tok)
-            if len(out) >= k:
-                break
-            logits = self.ctx.decode([tok])[0]
+
+        def step(tok: int) -> np.ndarray:
             self.last_decodes += 1
+            return self.ctx.decode([tok])[0]
+
+        self.last_decodes = 1
+        draft = draft_tokens(logits, step, k, tokens, sampling, rng, sample, self.p_min, self.n_min)
         self.last_sync_s = t1 - t0
         self.last_decode_s = time.perf_counter() - t1
-        if len(out) < self.n_min:  # greedy only: a sampled draft is never shorter than n_min
-            return Draft()
-        return Draft(out, dists, n_model=len(out))
+        return draft
 
     def prefill(self, prompt: Sequence[int]) -> None:
         # propose() re-evaluates the last token for its logits; everything before it goes now.

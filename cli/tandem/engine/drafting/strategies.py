@@ -1,8 +1,8 @@
 """From a strategy name (config.schema.STRATEGIES) and the draft length to a drafter.
 
 PairSession supplies what the drafters draw on (the draft model's context, the cost model,
-the library, the kept knowledge) through `DrafterParts`; this module alone decides which
-drafter a strategy is and what it needs.
+the library, the kept knowledge, the target's MTP heads) through `DrafterParts`; this module
+alone decides which drafter a strategy is and what it needs.
 """
 from __future__ import annotations
 
@@ -15,17 +15,30 @@ from tandem.engine.tuning.costs import CostModel
 from tandem.engine.drafting.drafters import Drafter, DraftModelDrafter, DraftParams, NgramDrafter, NoDrafter
 from tandem.engine.drafting.hybrid import HybridDrafter, HybridPolicy
 from tandem.engine.drafting.history import Library
+from tandem.engine.drafting.mtp import MtpDrafter
 from tandem.engine.tuning.knowledge import Knowledge
 from tandem.errors import UsageError
 
 if TYPE_CHECKING:
-    from tandem.engine.backend.llama import Context
+    from tandem.engine.backend.llama import Context, MtpHead
 
 
 def need_draft_model(strategy: str) -> UsageError:
     """The one refusal of a strategy that needs a draft model where there is none."""
     return UsageError(f"strategy {strategy!r} needs a draft model",
                       "pass --model-draft PATH, a pair name, or --strategy ngram")
+
+
+def need_mtp_heads(model: str, loaded: bool = False) -> UsageError:
+    """The one refusal of --strategy mtp where the target has no MTP heads (or they were not
+    loaded: a chat started with another strategy)."""
+    if loaded:
+        return UsageError(f"{model} was loaded without its MTP heads",
+                          "start with --strategy mtp to load them")
+    return UsageError(f"strategy 'mtp' needs a model with MTP heads (nextn layers); {model} "
+                      "has none",
+                      "use --strategy ngram or auto with this model, or a draft model "
+                      "(-md DRAFT --strategy draft); `tandem pairs` lists models with MTP heads")
 
 
 @dataclass
@@ -40,10 +53,15 @@ class DrafterParts:
     notes: Callable[[], Sequence[str]]
     library: Library
     knowledge: Callable[[], Knowledge]
+    # the target's MTP heads made to follow it (True) or not (False): None where it has none
+    mtp: Callable[[bool], MtpHead | None] = lambda on: None
 
 
 def make_drafter(strategy: str, draft: DraftParams, parts: DrafterParts) -> Drafter:
     check_strategy(strategy)
+    head = parts.mtp(strategy == "mtp")  # heads that no drafter reads cost nothing
+    if strategy == "mtp":
+        return MtpDrafter(head, draft)
     if strategy == "none":
         return NoDrafter()
     if strategy == "ngram":

@@ -1,0 +1,68 @@
+"""Drafting with the target's own multi-token-prediction heads (`--strategy mtp`).
+
+Models trained with MTP layers ("nextn": GLM-4.5, Qwen3.5/3.6, step35...) predict the token
+after next from the token and the target's last hidden row. llama.cpp runs such a head in a
+context of its own against the target model (engine/backend/llama.py MtpHead), which follows
+every target decode; this drafter asks it for a draft, one head step per token, and takes the
+tokens as llama.cpp's draft-simple takes a draft model's (drafters.draft_tokens): greedy top-1
+of a top-10 softmax with p_min and n_min, or sampled from the head's q at temperature > 0, which
+the rejection rule verifies like any model's. No second model, vocabulary or KV of a whole
+model: the head costs one layer per drafted token, plus one layer over every token the target
+decodes (the head's cache follows the target's).
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Sequence
+
+from tandem.engine.drafting.drafters import Draft, DraftParams, StepSources, draft_tokens
+from tandem.engine.loop.events import StepEvent
+
+if TYPE_CHECKING:
+    from tandem.engine.backend.llama import MtpHead
+
+
+class MtpDrafter:
+    """Drafts from the target's MTP head (llama.cpp's draft-mtp, single-head mode)."""
+
+    name = "mtp"
+    notes: Sequence[str] = ()
+    step_sources: StepSources = ()
+
+    def __init__(self, head: MtpHead, draft: DraftParams):
+        self.head = head
+        self.n_max, self.n_min, self.p_min = draft.n_max, draft.n_min, draft.p_min
+        self.last_decodes = 0  # head steps of the latest draft
+        self.last_decode_s = 0.0
+
+    def propose(self, tokens, room, sampling, rng, sample) -> Draft:
+        k = min(self.n_max, room)
+        head = self.head
+        # the head follows the target, which holds every token but the last and those a
+        # grammar forced after it: the head reads them as draft steps before drafting on
+        unread = tokens[head.n:]
+        if k <= 0 or k < self.n_min or not unread:
+            return Draft()
+        t0 = time.perf_counter()
+        self.last_decodes = len(unread)
+        try:
+            logits = head.start(unread[0])
+            for tok in unread[1:]:
+                logits = head.step(tok)
+
+            def step(tok: int):
+                self.last_decodes += 1
+                return head.step(tok)
+
+            draft = draft_tokens(logits, step, k, tokens, sampling, rng, sample, self.p_min,
+                                 self.n_min)
+        finally:
+            head.end()
+        self.last_decode_s = time.perf_counter() - t0
+        return draft
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        pass  # the head read the prompt while the target did
+
+    def observe(self, step: StepEvent) -> None:
+        pass

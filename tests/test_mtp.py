@@ -1,0 +1,221 @@
+"""The target's own MTP heads as a draft source (issue 42), on the tiny glm4moe model whose
+head copies its trunk's last layer (scripts/tiny_mtp_models.py): greedy output equal to plain
+decoding (exact mode bit for bit), drafts accepted, the distribution kept at T > 0, and the
+refusals: a model without heads, a library without the staging calls."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from engine_helpers import assert_same_first_tokens, run, sampled_first_tokens, session_done  # noqa: E402
+from tandem.engine.backend import llama as backend  # noqa: E402
+from tandem.engine.backend.context_params import ContextParams  # noqa: E402
+from tandem.engine.backend.llama import Context, Model  # noqa: E402
+from tandem.engine.drafting.drafters import DraftParams, NoDrafter  # noqa: E402
+from tandem.engine.drafting.mtp import MtpDrafter  # noqa: E402
+from tandem.errors import ModelError  # noqa: E402
+
+PROMPT = "The quick brown fox jumps over the lazy dog."
+
+
+@pytest.fixture(scope="module")
+def model(tiny_models):
+    m = Model(tiny_models["mtp"], load_mtp=True)
+    yield m
+    m.close()
+
+
+def ctx(model, **kw):
+    return Context(model, ContextParams(n_ctx=512, n_threads=1, **kw))
+
+
+def test_the_model_has_one_head_loaded(model, tiny_models):
+    assert model.n_layer_nextn == 1 and model.mtp_loaded
+    assert model.n_layer == 2  # the trunk: llama.cpp counts the nextn block apart
+    plain = Model(tiny_models["mtp"])  # without load_mtp: no head to draft with
+    assert plain.n_layer_nextn == 1 and not plain.mtp_loaded
+    plain.close()
+
+
+def test_the_staging_symbols_are_derived_from_name_and_arguments():
+    assert backend.cxx_symbol("llama_set_embeddings_nextn", ("ctx", "bool", "bool")) == \
+        "_Z26llama_set_embeddings_nextnP13llama_contextbb"
+    assert backend.cxx_symbol("llama_get_embeddings_nextn_ith", ("ctx", "int32")) == \
+        "_Z30llama_get_embeddings_nextn_ithP13llama_contexti"
+    assert set(backend.staging_calls()) == set(backend._STAGING)
+
+
+def test_greedy_mtp_equals_plain_and_its_drafts_are_accepted(model):
+    c = ctx(model)
+    prompt = model.tokenize(PROMPT, add_special=True)
+    plain, _ = run(c, prompt, NoDrafter(), max_tokens=80, ignore_eos=True)
+    head = c.use_mtp(True)
+    drafter = MtpDrafter(head, DraftParams(n_max=4, n_min=0, p_min=0.0))
+    spec, steps = run(c, prompt, drafter, max_tokens=80, ignore_eos=True)
+    assert spec.tokens == plain.tokens
+    # the head copies the trunk's last layer: most of its drafts are the target's tokens
+    assert spec.stats.drafted > 40 and spec.stats.accepted > spec.stats.drafted // 2, spec.stats
+    assert head.n == len(c.tokens)  # the head's cache follows the target's
+    # a second answer on the same context (the prompt's prefix reused, the rest rolled back)
+    again, _ = run(c, prompt, drafter, max_tokens=80, ignore_eos=True)
+    assert again.tokens == plain.tokens and again.stats.accepted == spec.stats.accepted
+    c.close()
+
+
+def test_a_head_that_missed_decodes_brings_the_target_back(model):
+    """Off, the target decodes without it; on again, the target goes back to where the head
+    stopped (the next prompt re-reads the rest) and the drafts are as before."""
+    c = ctx(model)
+    prompt = model.tokenize(PROMPT, add_special=True)
+    head = c.use_mtp(True)
+    drafter = MtpDrafter(head, DraftParams(n_max=4, n_min=0, p_min=0.0))
+    first, _ = run(c, prompt, drafter, max_tokens=40, ignore_eos=True)
+    held = head.n
+    assert c.use_mtp(False) is None
+    run(c, prompt + list(first.tokens), NoDrafter(), max_tokens=20, ignore_eos=True)
+    assert len(c.tokens) > held == head.n
+    assert c.use_mtp(True) is head and len(c.tokens) == held
+    again, _ = run(c, prompt, drafter, max_tokens=40, ignore_eos=True)
+    assert again.tokens == first.tokens and again.stats.accepted == first.stats.accepted
+    c.close()
+
+
+def test_sampled_mtp_drafts_keep_the_targets_distribution(model):
+    """Positions 0 and 1 at T=1 with top-k 8, plain against mtp (independent seeds),
+    chi-square per position; 1500 samples a side."""
+    c = ctx(model)
+    prompt = model.tokenize(PROMPT, add_special=True)
+    n = 1500
+    plain, _, _ = sampled_first_tokens(c, prompt, NoDrafter(), range(n))
+    drafter = MtpDrafter(c.use_mtp(True), DraftParams(n_max=4, n_min=0, p_min=0.0))
+    spec, drafted, rejected = sampled_first_tokens(c, prompt, drafter, range(10**6, 10**6 + n))
+    assert drafted >= 2 * n and rejected > n // 10, (drafted, rejected)
+    assert_same_first_tokens(plain, spec, "mtp")
+    c.close()
+
+
+def test_a_library_without_the_staging_calls_is_a_clear_error(monkeypatch, tiny_models):
+    """No crash: the load fails with the version and a hint, before any MTP context exists."""
+    monkeypatch.setattr(backend, "_staging", None)
+    monkeypatch.setitem(backend._STAGING, "llama_get_embeddings_nextn_ith",
+                        (("ctx", "int32", "int32"), None))  # a symbol no libllama has
+    with pytest.raises(ModelError) as err:
+        Model(tiny_models["mtp"], load_mtp=True)
+    assert backend.LLAMA_CPP_VERSION in err.value.message
+    assert "llama_get_embeddings_nextn_ith" in err.value.message and err.value.hint
+    monkeypatch.setattr(backend, "_libllama", lambda: None)  # no library found at all
+    monkeypatch.setattr(backend, "_staging", None)
+    with pytest.raises(ModelError):
+        backend.staging_calls()
+    Model(tiny_models["mtp"]).close()  # without load_mtp nothing is asked of it
+
+
+# ----- the command line
+
+
+@pytest.fixture(scope="module")
+def mtp_cli(tiny_models, tmp_path_factory):
+    """`tandem run --json -m MODEL` (the target alone); returns (answer, stats, stderr)."""
+    base = tmp_path_factory.mktemp("mtp-cli")
+
+    def go(*args, strategy: str, model: str = "mtp", rc: int = 0):
+        env = {**os.environ, "TANDEM_HOME": str(base / strategy), "NO_COLOR": "1"}
+        cmd = [sys.executable, "-m", "tandem", "run", "-m", str(tiny_models[model]),
+               "--strategy", strategy, "-n", "80", "--temp", "0", "--draft-p-min", "0",
+               "--draft-max", "4", "-t", "1", "--json", "--no-history", *args, PROMPT]
+        res = subprocess.run(cmd, capture_output=True, env=env, timeout=120)
+        assert res.returncode == rc, res.stderr.decode()
+        if rc:
+            return None, None, res.stderr.decode()
+        out = json.loads(res.stdout)
+        return out["text"], out["stats"], res.stderr.decode()
+
+    return go
+
+
+@pytest.mark.parametrize("mode", [(), ("--exact",)], ids=["fast", "exact"])
+def test_tandem_run_mtp_equals_none(mtp_cli, mode):
+    plain, _, _ = mtp_cli(*mode, strategy="none")
+    answer, stats, _ = mtp_cli(*mode, strategy="mtp")
+    assert answer == plain
+    assert stats["strategy"] == "mtp" and stats["accepted"] > 0, stats
+
+
+def test_mtp_on_a_model_without_heads_is_a_usage_error_with_a_hint(mtp_cli):
+    _, _, err = mtp_cli(strategy="mtp", model="target", rc=2)
+    assert "Error: strategy 'mtp' needs a model with MTP heads" in err
+    assert "target.gguf has none" in err and "Hint:" in err and "Traceback" not in err
+
+
+def test_the_head_reads_the_targets_hidden_rows(model):
+    """The rows the engine carries to the head matter: with them zeroed the head's first
+    draft token differs somewhere (its weights mix HEAD_H_GAIN of the row in)."""
+    c = ctx(model)
+    head = c.use_mtp(True)
+    tokens = model.tokenize(PROMPT, add_special=True)
+    c.prefill(tokens[:-1])
+    real = head.start(tokens[-1])
+    head.end()
+    head._pending = np.zeros_like(head._pending)
+    zeroed = head.start(tokens[-1])
+    head.end()
+    assert not np.array_equal(real, zeroed)
+    c.close()
+
+
+# ----- through PairSession: the target alone, strategies switched, a grammar's forced tokens
+
+
+@pytest.fixture(scope="module")
+def session(tiny_models):
+    from tandem.engine.backend.llama import exact_context
+    from tandem.engine.pair import PairSession, SessionOptions
+
+    opts = SessionOptions(strategy="mtp", draft=DraftParams(n_max=4, n_min=0, p_min=0.0),
+                          target_ctx=exact_context(ContextParams(n_ctx=512, n_threads=1)),
+                          repack=False)
+    with PairSession(tiny_models["mtp"], None, opts) as s:
+        s.pricing.keep_knowledge = False
+        yield s
+
+
+def test_the_session_switches_between_mtp_and_plain_and_keeps_the_output(session):
+    from tandem.engine.loop.speculative import GenParams
+
+    gen = GenParams(max_tokens=60, ignore_eos=True)
+    prompt = session.tokenize(PROMPT, add_special=True)
+    plain = session_done(session, prompt, gen, "none")
+    spec = session_done(session, prompt, gen, "mtp")
+    again = session_done(session, prompt, gen, "none")  # the heads stop following: plain costs
+    assert spec.tokens == plain.tokens == again.tokens and spec.stats.accepted > 0
+    assert session.target_ctx._mirror is None
+    for strategy in ("ngram", "auto"):  # the other target-alone strategies still run
+        assert session_done(session, prompt, gen, strategy).tokens == plain.tokens, strategy
+
+
+def test_a_grammars_forced_tokens_go_first_and_the_head_drafts_after_them(session):
+    from tandem.engine.constrain.grammar import Constraint
+    from tandem.engine.loop.speculative import GenParams
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                               "tags": {"type": "array", "maxItems": 3,
+                                                        "items": {"type": "string",
+                                                                  "maxLength": 6}}},
+              "required": ["name", "tags"], "additionalProperties": False}
+    gen = GenParams(max_tokens=80, constraint=Constraint("json_schema", json.dumps(schema)))
+    prompt = session.tokenize(PROMPT, add_special=True)
+    plain = session_done(session, prompt, gen, "none")
+    spec = session_done(session, prompt, gen, "mtp")
+    assert spec.tokens == plain.tokens and plain.complete
+    json.loads(spec.text)
+    forced = spec.stats.by_source.get("grammar", [0, 0])
+    assert forced[0] > 0  # the keys came as free drafts
+    assert spec.stats.accepted > forced[1], spec.stats  # and the head's drafts after them
+    assert spec.stats.n_steps < plain.stats.n_steps
