@@ -92,8 +92,8 @@ def test_pairs_json_catalog_shape(cli, home):
     for p in pairs:
         assert p["good_for"] and p["memory"] and p["approx_size"], p["name"]
         assert p["drafted_by"] and p["target"]["memory_type"], p["name"]
-        if p["draft"] is None:  # no small sibling: n-grams and copies draft
-            assert p["drafted_by"] == catalog.NO_DRAFT_MODEL
+        if p["draft"] is None:  # no small sibling: n-grams and copies, or its own MTP heads
+            assert p["drafted_by"] == (catalog.MTP_HEADS if p["mtp"] else catalog.NO_DRAFT_MODEL)
         for m in (p["target"], p["draft"]) if p["draft"] else (p["target"],):
             assert re.fullmatch(r"[\w.-]+/[\w.-]+", m["repo"])
             assert m["file"].lower().endswith("q4_k_m.gguf"), m
@@ -388,3 +388,35 @@ def test_a_pair_without_a_draft_model_runs_auto_on_its_target(cli, hub, monkeypa
     monkeypatch.setenv("TANDEM_STRATEGY", "draft")
     code, out, err = cli("run", "solo", "-n", "4", "hello")
     assert code == 2 and "strategy 'draft' needs a draft model" in err
+
+
+def test_a_model_with_mtp_heads_is_listed_and_runs_them(cli, hub, monkeypatch, tiny_models):
+    """At least one MTP family in the catalog, shown as drafted by its built-in MTP; `tandem
+    run PAIR` for such a pair drafts with the target's heads unless a strategy is given."""
+    pytest.importorskip("llama_cpp")
+    mtp_pairs = [p for p in catalog.load_catalog().values() if p.mtp]
+    assert mtp_pairs and all(p.draft is None and p.drafted_by == catalog.MTP_HEADS
+                             for p in mtp_pairs)
+    code, out, _ = cli("pairs")
+    assert code == 0 and catalog.MTP_HEADS in out
+    hub.add(REPO, "mtp.gguf", tiny_models["mtp"].read_bytes())
+    solo = catalog.PairSpec("heads", catalog.ModelSpec("heads-target", REPO, "mtp.gguf"), None,
+                            mtp=True)
+    monkeypatch.setattr(catalog, "get_pair", lambda name=None, path=None: solo)
+    monkeypatch.setattr(catalog, "find_pair", lambda name, path=None: solo)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))
+    code, out, err = cli("run", "heads", "--yes", "--json", "-n", "8", "--no-history", "hello")
+    assert code == 0, err
+    assert json.loads(out)["stats"]["strategy"] == "mtp"
+    code, out, err = cli("run", "heads", "--json", "-n", "4", "--strategy", "ngram", "hello")
+    assert code == 0 and json.loads(out)["stats"]["strategy"] == "ngram", err
+
+
+def test_the_catalog_refuses_mtp_beside_a_draft_model(tmp_path):
+    doc = {"default": "p", "models": {"t": {"repo": "a/b", "filename": "t.gguf"},
+                                      "d": {"repo": "a/b", "filename": "d.gguf"}},
+           "pairs": {"p": {"target": "t", "draft": "d", "mtp": True}}}
+    path = tmp_path / "catalog.yaml"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(catalog.CatalogError, match="'mtp' must be true or false"):
+        catalog.load_catalog(path)

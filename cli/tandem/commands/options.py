@@ -297,7 +297,9 @@ def prepare_pair(pair, model, model_draft, flags: dict, verbose: bool, yes: bool
         from tandem.models import catalog
 
         spec = catalog.find_pair(pair)
-        if spec is not None and spec.draft is None:  # no draft model: n-grams and copies
+        if spec is not None and spec.mtp:  # the target's own heads draft
+            flags = {**flags, "strategy": "mtp"}
+        elif spec is not None and spec.draft is None:  # no draft model: n-grams and copies
             flags = {**flags, "strategy": "auto"}  # over a profile's (or config's) draft
     from tandem.commands.progress import download_view
 

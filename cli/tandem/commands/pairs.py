@@ -121,7 +121,8 @@ def list_pairs(
         "estimated from the catalog, the rest from the files on disk. Sizes are approximate "
         "(~) where the catalog has no exact size. TYPE: the target's memory (attention, "
         "sliding window, hybrid, recurrent: docs/models.md says how each rolls drafts back). "
-        "DRAFT none: no draft model, `auto` drafts from n-grams, history and prompt copies. "
+        "DRAFT none: no draft model, `auto` drafts from n-grams, history and prompt copies; "
+        f"{catalog.MTP_HEADS}: the target's own MTP heads draft (--strategy mtp). "
         "`tandem pull PAIR` downloads a pair.")
 
 
@@ -148,7 +149,10 @@ def _memory(pairs: dict[str, catalog.PairSpec], store: Store) -> dict[str, tuple
 
 
 def _draft_text(p: catalog.PairSpec, wide: bool) -> str:
-    """What drafts for the pair: its draft model's file, or none (n-grams and copies)."""
+    """What drafts for the pair: its draft model's file, the target's own MTP heads, or none
+    (n-grams and copies)."""
+    if p.mtp:
+        return catalog.MTP_HEADS
     if p.draft is None:
         return "none (n-gram, history, prompt)"
     return p.draft.key if wide else p.draft.filename
@@ -201,7 +205,7 @@ def _pair_json(p: catalog.PairSpec, is_default: bool, store: Store,
         "approx_size": p.approx_size,
         "target": _model_json(p.target, store),
         "draft": _model_json(p.draft, store) if p.draft is not None else None,
-        "drafted_by": p.drafted_by,
+        "drafted_by": p.drafted_by, "mtp": p.mtp,
     }
 
 

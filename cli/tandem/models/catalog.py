@@ -92,6 +92,8 @@ ModelRef = ModelSpec
 
 # what drafts for a pair without a draft model (`draft: null`: a model with no small sibling)
 NO_DRAFT_MODEL = "n-gram, history and prompt copies (no draft model)"
+# what drafts for a target with its own multi-token-prediction heads (`mtp: true`)
+MTP_HEADS = "built-in MTP"
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,7 @@ class PairSpec:
     description: str = ""
     aliases: tuple[str, ...] = ()
     good_for: str = ""
+    mtp: bool = False  # the target drafts with its own MTP heads (--strategy mtp), no draft
 
     @property
     def models(self) -> tuple[ModelSpec, ...]:
@@ -113,6 +116,8 @@ class PairSpec:
     @property
     def drafted_by(self) -> str:
         """What drafts for this pair, in the words `tandem pairs` shows."""
+        if self.mtp:
+            return MTP_HEADS
         if self.draft is None:
             return NO_DRAFT_MODEL
         return "itself" if self.draft.key == self.target.key else self.draft.name
@@ -258,6 +263,9 @@ def _parse(doc: Any, origin: str) -> _Catalog:
         if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
             raise _bad(where, "'aliases' must be a list of names")
         desc = raw.get("description") or ""
+        mtp = raw.get("mtp", False)
+        if not isinstance(mtp, bool) or (mtp and specs[1] is not None):
+            raise _bad(where, "'mtp' must be true or false, and true only with 'draft: null'")
         pairs[pname] = PairSpec(
             name=pname,
             target=specs[0],  # type: ignore[arg-type]  (required above)
@@ -265,6 +273,7 @@ def _parse(doc: Any, origin: str) -> _Catalog:
             description=str(desc),
             aliases=tuple(aliases),
             good_for=str(raw.get("good_for") or ""),
+            mtp=mtp,
         )
         for n in (pname, *aliases):
             k = n.lower()
