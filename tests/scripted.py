@@ -112,6 +112,9 @@ class ScriptedContext:
     def checkpoint(self) -> None:
         pass  # attention memory: truncate() goes back anywhere (Context.checkpoint)
 
+    def copy_marks(self, n: int, start: int = 0) -> tuple[int, ...]:
+        return ()  # attention memory keeps no copies (Context.copy_marks)
+
     def reuse(self, tokens: Sequence[int]) -> int:
         return 0  # a scripted context never moves cached runs (Context.reuse)
 

@@ -237,7 +237,7 @@ def test_gpu_box_with_cpu_only_binding_plans_for_the_cpu(tmp_path):
     hw = machine("rtx4090", backend=CPU_ONLY)
     r = resolve({}, env={}, home=tmp_path, hardware=hw)
     assert r.settings.profile == "rtx-4090" and r.backend == "cpu"
-    assert any("--backend cuda" in w for w in r.warnings)
+    assert any("-DGGML_CUDA=on" in w and "pip install" in w for w in r.warnings)
     assert MemoryBudget.for_hardware(hw, backend=r.backend).backend == "cpu"
 
 
