@@ -141,11 +141,13 @@ def mtp_cli(tiny_models, tmp_path_factory):
 
 
 @pytest.mark.parametrize("mode", [(), ("--exact",)], ids=["fast", "exact"])
-def test_tandem_run_mtp_equals_none(mtp_cli, mode):
+def test_tandem_run_mtp_and_auto_equal_none(mtp_cli, mode):
     plain, _, _ = mtp_cli(*mode, strategy="none")
     answer, stats, _ = mtp_cli(*mode, strategy="mtp")
     assert answer == plain
     assert stats["strategy"] == "mtp" and stats["accepted"] > 0, stats
+    answer, stats, _ = mtp_cli(*mode, strategy="auto")  # its heads loaded: off, they cost a step
+    assert answer == plain and stats["strategy"] == "auto", stats
 
 
 def test_mtp_on_a_model_without_heads_is_a_usage_error_with_a_hint(mtp_cli):
@@ -219,3 +221,32 @@ def test_a_grammars_forced_tokens_go_first_and_the_head_drafts_after_them(sessio
     assert forced[0] > 0  # the keys came as free drafts
     assert spec.stats.accepted > forced[1], spec.stats  # and the head's drafts after them
     assert spec.stats.n_steps < plain.stats.n_steps
+
+
+def test_auto_drafts_with_the_heads_where_they_pay_and_keeps_the_output(session, monkeypatch):
+    """auto on a target with heads and no draft model: the heads are its model source, priced
+    by a head step measured when auto starts; where they do not pay (this tiny model's head
+    costs a whole target step) they are off and stop following the target; where the costs
+    say they pay (made so here: a real model's head is one layer of many) they draft. Greedy
+    output equal to plain either way."""
+    from tandem.engine.drafting import auto
+    from tandem.engine.loop.speculative import GenParams
+
+    gen = GenParams(max_tokens=60, ignore_eos=True)
+    prompt = session.tokenize(PROMPT, add_special=True)
+    plain = session_done(session, prompt, gen, "none")
+    off = session_done(session, prompt, gen, "auto")
+    assert off.tokens == plain.tokens
+    assert any(n.startswith("MTP heads off:") for n in off.stats.notes), off.stats.notes
+    assert session.target_ctx._mirror is None
+    assert session.costs(True).draft_token > 0  # a head step, measured
+    monkeypatch.setattr(auto, "model_draft_gain", lambda costs, n_max, accept: 2.0)
+    for costs in (session.costs(False), session.costs(True)):  # and a draft step cheap
+        monkeypatch.setattr(costs, "draft_token", 1e-7)
+    drafter = session.drafter("auto")
+    drafter.budget.balance = 1.0  # as if earned: the first model draft is a probe paid from it
+    on, _ = run(session.target_ctx, prompt, drafter, max_tokens=60, ignore_eos=True)
+    assert on.tokens == plain.tokens
+    assert on.stats.by_source.get("model", [0, 0])[0] > 0, (on.stats.by_source,
+                                                            on.stats.notes)
+    assert session.target_ctx._mirror is not None

@@ -33,7 +33,7 @@ from tandem.engine.drafting.drafters import DraftParams
 from tandem.engine.drafting.strategies import (DrafterParts, make_drafter, need_draft_model,
                                                need_mtp_heads)
 from tandem.engine.tuning.threads import NO_THREADS, ThreadControl, ThreadTuner, cpu_load
-from tandem.errors import UsageError
+from tandem.errors import TandemError, UsageError
 
 if TYPE_CHECKING:
     from tandem.engine.backend.llama import Context, Model, MtpHead
@@ -182,17 +182,20 @@ class PairSession:
             self.threads = ThreadControl(ThreadTuner(default_threads()),
                                          lambda: (self.target_ctx, self.draft_ctx), cpu_load())
 
-        from tandem.engine.backend.llama import Model  # the backend, loaded with the models
 
         def load(path: Path, label: str, **how) -> Model:
             return Model(path, verbose=options.verbose, **how,
                          progress=None if progress is None else (lambda f: progress(label, f)))
 
-        # the MTP heads' weights only where they draft (llama-server: --spec-type draft-mtp)
+        from tandem.engine.backend.llama import Model, staging_calls  # the backend, loaded here
+
+        # the MTP heads' weights only where they may draft (llama-server: --spec-type
+        # draft-mtp): mtp, or auto where this library can drive them
         mtp = options.strategy == "mtp"
         self.target = load(self.target_path, self.target_path.name,
                            n_gpu_layers=options.target_gpu_layers, repack=options.repack,
-                           load_mtp=mtp)
+                           load_mtp=mtp or (options.strategy == "auto" and _drives_mtp(
+                               staging_calls)))
         if mtp and not self.target.n_layer_nextn:
             self.target.close()
             raise need_mtp_heads(self.target_path.name)
@@ -317,7 +320,7 @@ class PairSession:
                             DrafterParts(self.draft_ctx, self.target_ctx.verify_limit,
                                          lambda calibrated: self.costs(calibrated),
                                          self.pricing.take_notes, self.library,
-                                         self.knowledge, self._mtp))
+                                         self.knowledge, self._mtp, self.target.mtp_loaded))
 
     def _mtp(self, on: bool) -> MtpHead | None:
         """The target's MTP heads following the active target context (on), or not."""
@@ -381,3 +384,13 @@ class PairSession:
             knowledge = self.knowledge()
             drafter.learnt(knowledge)
             self.pricing.keep(self._cost_key, knowledge)
+
+
+def _drives_mtp(staging_calls: Callable[[], Any]) -> bool:
+    """Whether this libllama has the calls MTP heads need (auto then loads them where the
+    model has some; --strategy mtp says why not instead)."""
+    try:
+        staging_calls()
+    except TandemError:
+        return False
+    return True

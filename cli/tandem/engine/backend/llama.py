@@ -488,6 +488,8 @@ class Context:
         chooses n); llama.cpp takes it on the live context, nothing is reallocated."""
         if (n, n) != (self.n_threads, self.n_threads_batch):
             _lc.llama_set_n_threads(self._ptr, n, n)
+            if self.mtp is not None:  # the heads decode beside this context, on its cores
+                _lc.llama_set_n_threads(self.mtp._ptr, n, n)
             self.n_threads = self.n_threads_batch = n
 
     def use_mtp(self, on: bool) -> MtpHead | None:
@@ -896,6 +898,18 @@ class MtpHead:
     def end(self) -> None:
         """Remove the draft's positions (the target's verify batch is mirrored next)."""
         _lc.llama_memory_seq_rm(self._mem, 0, self.n, -1)
+
+    def step_cost(self, steps: int = 8) -> float:
+        """Seconds per draft step, timed now over `steps` steps after the cached tokens (what
+        auto prices the heads by, as it prices a draft model's token)."""
+        token = self._target.tokens[-1] if self._target.tokens else 0
+        t0 = time.perf_counter()
+        self.start(token)
+        for _ in range(steps - 1):
+            self.step(token)
+        took = time.perf_counter() - t0
+        self.end()
+        return took / steps
 
     def close(self) -> None:
         if getattr(self, "_ptr", None):

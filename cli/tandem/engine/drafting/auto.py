@@ -74,8 +74,8 @@ class AutoDrafter:
         if model is not None:
             gain = model_draft_gain(calibrated or costs, n_max, AUTO_MODEL_ACCEPT)
             if gain < AUTO_MODEL_GAIN:
-                model = None
-                decided.append(f"draft model off: this machine's costs predict {gain:.2f}x at "
+                label, model = model.label, None
+                decided.append(f"{label} off: this machine's costs predict {gain:.2f}x at "
                                f"{AUTO_MODEL_ACCEPT:.0%} acceptance "
                                f"(needs {AUTO_MODEL_GAIN:.2f}x)")
         self.model, self.costs, self.library = model, costs, library

@@ -161,6 +161,7 @@ class DraftModelDrafter:
     """
 
     name = "draft"
+    label = "draft model"  # what drafts, in auto's notes
     notes: Sequence[str] = ()
     step_sources: StepSources = ()
 

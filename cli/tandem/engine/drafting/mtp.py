@@ -1,4 +1,5 @@
-"""Drafting with the target's own multi-token-prediction heads (`--strategy mtp`).
+"""Drafting with the target's own multi-token-prediction heads (`--strategy mtp`, and auto's
+model source where a target has them and no draft model is loaded).
 
 Models trained with MTP layers ("nextn": GLM-4.5, Qwen3.5/3.6, step35...) predict the token
 after next from the token and the target's last hidden row. llama.cpp runs such a head in a
@@ -26,8 +27,13 @@ class MtpDrafter:
     """Drafts from the target's MTP head (llama.cpp's draft-mtp, single-head mode)."""
 
     name = "mtp"
+    label = "MTP heads"  # what drafts, in auto's notes
     notes: Sequence[str] = ()
     step_sources: StepSources = ()
+    # what a HybridDrafter (auto) reads of its model: the head never lags the target, so there
+    # is no catch-up to time apart
+    last_sync_tokens = 0
+    last_sync_s = 0.0
 
     def __init__(self, head: MtpHead, draft: DraftParams):
         self.head = head
@@ -36,7 +42,10 @@ class MtpDrafter:
         self.last_decode_s = 0.0
 
     def propose(self, tokens, room, sampling, rng, sample) -> Draft:
-        k = min(self.n_max, room)
+        return self.draft(tokens, min(self.n_max, room), sampling, rng, sample)
+
+    def draft(self, tokens, k, sampling, rng, sample) -> Draft:
+        """Up to k tokens, whatever n_max says: auto's HybridDrafter chooses k by its policy."""
         head = self.head
         # the head follows the target, which holds every token but the last and those a
         # grammar forced after it: the head reads them as draft steps before drafting on

@@ -55,6 +55,7 @@ class DrafterParts:
     knowledge: Callable[[], Knowledge]
     # the target's MTP heads made to follow it (True) or not (False): None where it has none
     mtp: Callable[[bool], MtpHead | None] = lambda on: None
+    mtp_loaded: bool = False  # the target was loaded with its heads: auto may draft with them
 
 
 def make_drafter(strategy: str, draft: DraftParams, parts: DrafterParts) -> Drafter:
@@ -76,6 +77,18 @@ def make_drafter(strategy: str, draft: DraftParams, parts: DrafterParts) -> Draf
     if strategy == "hybrid":  # fixed lengths: its costs are only recorded, never read
         return HybridDrafter(model, draft, CostModel(), HybridPolicy(), sources=None, budget=None)
     costs, calibrated = parts.costs(False), parts.costs(True)
-    return AutoDrafter(model, draft, costs, verify_limit=parts.verify_limit,
+    heads = None
+    if model is None and parts.mtp_loaded:  # no draft model: the target's heads draft
+        heads = MtpDrafter(parts.mtp(True), draft)
+        # priced as a draft model's token: a head step measured now (this configuration has
+        # no draft model whose token cost the calibration would hold)
+        if calibrated.draft_token <= 0:
+            calibrated.draft_token = heads.head.step_cost()
+        if costs.draft_token <= 0:
+            costs.draft_token = calibrated.draft_token
+    auto = AutoDrafter(heads or model, draft, costs, verify_limit=parts.verify_limit,
                        calibrated=calibrated, notes=parts.notes(), library=parts.library,
                        knowledge=parts.knowledge())
+    if heads is not None and auto.model is None:  # they do not pay: they stop following
+        parts.mtp(False)
+    return auto
