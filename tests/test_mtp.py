@@ -44,6 +44,15 @@ def test_the_model_has_one_head_loaded(model, tiny_models):
     plain.close()
 
 
+def test_the_memory_plan_counts_the_heads_block(tiny_models):
+    """block_count counts the nextn block: its weights and one layer of KV (the heads'
+    context's) are planned with the trunk's."""
+    from tandem.machine.fit import model_shape
+
+    shape = model_shape(tiny_models["mtp"])
+    assert shape.n_layer == 3 and len(shape.layer_bytes) == 3 and all(shape.n_head_kv)
+
+
 def test_the_staging_symbols_are_derived_from_name_and_arguments():
     assert backend.cxx_symbol("llama_set_embeddings_nextn", ("ctx", "bool", "bool")) == \
         "_Z26llama_set_embeddings_nextnP13llama_contextbb"
