@@ -259,3 +259,19 @@ def test_auto_drafts_with_the_heads_where_they_pay_and_keeps_the_output(session,
     assert on.stats.by_source.get("model", [0, 0])[0] > 0, (on.stats.by_source,
                                                             on.stats.notes)
     assert session.target_ctx._mirror is not None
+
+
+def test_spec_bench_has_an_mtp_row_equal_to_plain(tiny_models, tmp_path):
+    """spec-bench --strategies mtp on the target alone: its heads loaded for the mtp row, plain
+    decoding measured without them following; greedy output equal to plain on every prompt."""
+    env = {**os.environ, "TANDEM_HOME": str(tmp_path / "home"), "NO_COLOR": "1"}
+    cmd = [sys.executable, "-m", "tandem", "spec-bench", "-m", str(tiny_models["mtp"]), "-t", "1",
+           "--strategies", "mtp", "--quick", "--category", "code", "-n", "24", "--no-cost-curve",
+           "--json"]
+    res = subprocess.run(cmd, capture_output=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr.decode()
+    doc = json.loads(res.stdout)
+    plain = {r["prompt_id"]: r["tokens"] for r in doc["runs"] if r["config"] == "plain"}
+    runs = [r for r in doc["runs"] if r["config"] == "mtp"]
+    assert runs and all(r["tokens"] == plain[r["prompt_id"]] for r in runs), runs
+    assert sum(r["accepted"] for r in runs) > 0

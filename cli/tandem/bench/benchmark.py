@@ -177,7 +177,9 @@ class BenchSession:
         A remote target's server that dies or stalls raises RemoteError (exit 6) from here
         within the stall limit; self.results keeps the runs recorded until then."""
         # never the user's history: each run's library is what the workload says it is
-        opts = replace(self.planned, strategy="none", verbose=verbose, history=False)
+        # the target's MTP heads are loaded only where a strategy drafts with them
+        heads = next((s for s in self.request.strategies if s in ("mtp", "auto")), "none")
+        opts = replace(self.planned, strategy=heads, verbose=verbose, history=False)
         work = Work(tuple(self.configs), tuple(self.prompts), tuple(self.conversations),
                     self.gen, self.request.reps, self.request.warmup, self.request.cost_curve,
                     self.total)
