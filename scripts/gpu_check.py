@@ -235,15 +235,38 @@ def pair_line(_: str, pair: dict) -> str:
 class Section:
     """One key of the result, measured and saved on its own, so that a run cut short keeps
     what finished. per "shape": one entry per shape, result[name][shape], measure(ns, path);
-    per "pair": one entry, result[name], measure(ns, target, draft)."""
+    per "pair": one entry, result[name], measure(ns, target, draft); per "once": one entry,
+    result[name], measure(ns) (a synthetic model of its own)."""
     name: str
     per: str
     measure: Callable[..., dict]
     line: Callable[[str, dict], str]  # the summary of a measured entry
 
 
-# In the order they run. Pending, one entry each once their synthetic models exist (docs/
-# benchmarks.md, section 9): a hybrid model's rollback, an MTP head's cost against its body.
+def measure_mtp(ns) -> dict:
+    """The synthetic MTP model's head against its body on this device (scripts/mtp_costs.py:
+    a head step, verify batches with the heads following, acceptance per position) and the
+    speedups they predict; and greedy `--strategy mtp` output equal to plain decoding."""
+    import mtp_costs
+    from tiny_mtp_models import make_mtp_models
+
+    ns.models_dir.mkdir(parents=True, exist_ok=True)
+    path = make_mtp_models(ns.models_dir)["mtp"]
+    measured = mtp_costs.measure(path, max(ns.reps, 20), ns.ngl, ns.threads or 1)
+    return {"measured": measured, "predicted": mtp_costs.predict(measured),
+            "greedy_equal": mtp_costs.greedy_equal(path, ns.ngl, ns.threads or 1)}
+
+
+def mtp_line(_: str, m: dict) -> str:
+    p = m["predicted"]
+    through = ", ".join(f"{a:.2f}" for a in p["accepted_through"])
+    return (f"  mtp: head step {p['head_over_t1']:.2f} t1, heads reading a 5-row batch "
+            f"{p['mirror_over_t1'][5]:.2f} t1, accepted through 1-4: {through}, greedy = "
+            f"plain: {m['greedy_equal']}")
+
+
+# In the order they run ("once": one entry, no model from the shapes). Pending, once its
+# synthetic model exists (docs/benchmarks.md, section 9): a hybrid model's rollback.
 SECTIONS = (
     Section("shapes", "shape", lambda ns, path: measure_shape(path, ns), shape_line),
     Section("seq_batch", "shape", lambda ns, path: measure_seq_batch(path, ns),
@@ -251,6 +274,7 @@ SECTIONS = (
     Section("offload", "pair", lambda ns, target, draft: check_offload(target, draft),
             offload_line),
     Section("pair", "pair", lambda ns, target, draft: measure_pair(target, draft, ns), pair_line),
+    Section("mtp", "once", lambda ns: measure_mtp(ns), mtp_line),
 )
 
 
@@ -410,6 +434,9 @@ def main(argv: list[str] | None = None) -> int:
             pair_shapes = pair_shapes or [by_size[-1], by_size[0]]
             if all(s in paths for s in pair_shapes):
                 check_pair()
+    for section in (s for s in SECTIONS if s.per == "once"):
+        result[section.name] = run(section, section.name)
+        save()
     result["seconds"] = round(time.monotonic() - t_start, 1)
     save()
     print(summary(result))

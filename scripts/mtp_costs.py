@@ -41,7 +41,7 @@ def _median_s(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def measure(path: Path, repeats: int) -> dict:
+def measure(path: Path, repeats: int, n_gpu_layers: int = 0, threads: int = 1) -> dict:
     from tandem.engine.backend.context_params import ContextParams
     from tandem.engine.backend.llama import Context, Model
     from tandem.engine.drafting.drafters import DraftParams
@@ -49,8 +49,8 @@ def measure(path: Path, repeats: int) -> dict:
     from tandem.engine.loop.events import DoneEvent
     from tandem.engine.loop.speculative import GenParams, generate
 
-    model = Model(path, load_mtp=True)
-    ctx = Context(model, ContextParams(n_ctx=1024, n_threads=1))
+    model = Model(path, load_mtp=True, n_gpu_layers=n_gpu_layers)
+    ctx = Context(model, ContextParams(n_ctx=1024, n_threads=threads))
     prompt = model.tokenize(PROMPTS[0], add_special=True)
     base = len(prompt)
 
@@ -83,6 +83,33 @@ def measure(path: Path, repeats: int) -> dict:
     model.close()
     return {"t1_s": plain[1], "verify_s": plain, "verify_following_s": following,
             "head_step_s": t_head, "drafted_at": drafted_at, "accepted_at": accepted_at}
+
+
+def greedy_equal(path: Path, n_gpu_layers: int = 0, threads: int = 1) -> bool:
+    """Whether greedy `--strategy mtp` output equals plain decoding on the three prompts."""
+    from tandem.engine.backend.context_params import ContextParams
+    from tandem.engine.backend.llama import Context, Model
+    from tandem.engine.drafting.drafters import DraftParams, NoDrafter
+    from tandem.engine.drafting.mtp import MtpDrafter
+    from tandem.engine.loop.events import DoneEvent
+    from tandem.engine.loop.speculative import GenParams, generate
+
+    model = Model(path, load_mtp=True, n_gpu_layers=n_gpu_layers)
+    ctx = Context(model, ContextParams(n_ctx=1024, n_threads=threads))
+    try:
+        out = []
+        for drafter in (NoDrafter(), None):
+            if drafter is None:
+                drafter = MtpDrafter(ctx.use_mtp(True), DraftParams(n_max=K_MAX, n_min=0,
+                                                                    p_min=0.0))
+            out.append([[ev.tokens for ev in generate(
+                ctx, model.tokenize(text, add_special=True), drafter,
+                GenParams(max_tokens=80, ignore_eos=True)) if isinstance(ev, DoneEvent)]
+                for text in PROMPTS])
+        return out[0] == out[1]
+    finally:
+        ctx.close()
+        model.close()
 
 
 def predict(m: dict, head_share: float | None = None,

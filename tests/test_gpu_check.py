@@ -265,3 +265,13 @@ def test_the_bundle_carries_the_list():
                           "--ignore-requires-python", "--target", "/nonexistent", *tags, *reqs],
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_the_mtp_section_measures_the_synthetic_head(result):
+    """The synthetic MTP model's head against its body, and greedy mtp output equal to plain
+    (issue 42): what a lent GPU reports next to the shapes."""
+    m = result["mtp"]
+    assert "error" not in m, m.get("error")
+    assert m["greedy_equal"] is True
+    assert m["predicted"]["head_over_t1"] > 0 and len(m["predicted"]["accepted_through"]) == 4
+    assert set(map(str, m["predicted"]["by_k"])) == {"1", "2", "3", "4"}
