@@ -82,7 +82,8 @@ def test_hw_names_each_models_memory_type(home, monkeypatch, tiny_models):
     memory = json.loads(res.stdout)["memory"]
     assert memory["target"]["type"] == "hybrid" and "snapshots" in memory["target"]["rollback"]
     assert memory["draft"] == {"type": "attention",
-                               "rollback": "drafts rolled back by truncating the KV cache"}
+                               "rollback": "drafts rolled back by truncating the KV cache",
+                               "mtp_heads": 0}
     res = run_hw(monkeypatch, "cpu-box", "-m", str(tiny_models["recurrent"]))
     assert "Memory of the target: recurrent" in res.stdout
 

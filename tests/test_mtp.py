@@ -275,3 +275,15 @@ def test_spec_bench_has_an_mtp_row_equal_to_plain(tiny_models, tmp_path):
     runs = [r for r in doc["runs"] if r["config"] == "mtp"]
     assert runs and all(r["tokens"] == plain[r["prompt_id"]] for r in runs), runs
     assert sum(r["accepted"] for r in runs) > 0
+
+
+def test_tandem_hw_names_the_heads(tiny_models, tmp_path):
+    env = {**os.environ, "TANDEM_HOME": str(tmp_path / "home"), "NO_COLOR": "1"}
+    base = [sys.executable, "-m", "tandem", "hw", "-m"]
+    res = subprocess.run(base + [str(tiny_models["mtp"]), "--json"], capture_output=True,
+                         env=env, timeout=120)
+    assert res.returncode == 0, res.stderr.decode()
+    assert json.loads(res.stdout)["memory"]["target"]["mtp_heads"] == 1
+    res = subprocess.run(base + [str(tiny_models["target"]), "--json"], capture_output=True,
+                         env=env, timeout=120)
+    assert json.loads(res.stdout)["memory"]["target"]["mtp_heads"] == 0

@@ -199,12 +199,19 @@ def state_line(m, checkpoints: int) -> str:
 
 def _memory_types(paths) -> dict:
     """Each model's memory type and how its drafts go back, from the headers of the files
-    on disk (models/memory_type.py); {} when they are not there yet."""
+    on disk (models/memory_type.py), and its MTP heads (nextn layers: planned with its
+    layers, `--strategy mtp` drafts with them); {} when they are not there yet."""
     from tandem.models.gguf_meta import read_gguf_header
     from tandem.models.memory_type import describe
 
-    return {role: dict(zip(("type", "rollback"), describe(read_gguf_header(p), role)))
-            for role, p in zip(("target", "draft"), paths or ()) if p is not None}
+    out = {}
+    for role, p in zip(("target", "draft"), paths or ()):
+        if p is not None:
+            header = read_gguf_header(p)
+            heads = header.arch_get("nextn_predict_layers", 0)
+            out[role] = {**dict(zip(("type", "rollback"), describe(header, role))),
+                         "mtp_heads": heads if isinstance(heads, int) else 0}
+    return out
 
 
 def report_json(r: dict) -> dict:
@@ -373,6 +380,9 @@ def _render_plan(r: dict, console) -> None:
     console.print(f"Status: {status}")
     for role, m in r.get("memory", {}).items():
         console.print(f"Memory of the {role}: {m['type']}; {m['rollback']}")
+        if m.get("mtp_heads"):
+            console.print(f"MTP heads of the {role}: {m['mtp_heads']} nextn layer(s), planned "
+                          "with its layers; `--strategy mtp` drafts with them")
     for m in plan.models:
         if m.state or m.copies:
             console.print(state_line(m, plan.ctx.checkpoints))
