@@ -4,6 +4,7 @@ wheel users to run scripts/bootstrap.sh, which only a checkout has)."""
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shutil
 import subprocess
@@ -72,20 +73,24 @@ def installed(tmp_path_factory):
     (Path(site) / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     res = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps",
                           "--no-build-isolation", "--no-index", str(src)],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, env=ENV)
     assert res.returncode == 0, res.stderr[-2000:]
     return python, Path(site) / "tandem"
 
 
+# the install alone: no PYTHONPATH (a suite run from a checkout may set one to its cli/)
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 def _tandem(python: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(python.parent / "tandem"), *args], capture_output=True,
-                          text=True, cwd=python.parents[2], timeout=300)
+                          text=True, cwd=python.parents[2], timeout=300, env=ENV)
 
 
 def test_installed_tandem_is_not_the_checkout(installed):
     python, package = installed
     res = subprocess.run([str(python), "-c", "import tandem; print(tandem.__file__)"],
-                         capture_output=True, text=True, check=True)
+                         capture_output=True, text=True, check=True, env=ENV)
     assert Path(res.stdout.strip()).parent == package
     assert not (package / "bench" / "native.py").exists()  # checkout-only code stays out
 
@@ -108,11 +113,11 @@ def test_the_rebuild_hint_runs_in_the_install(installed):
     python, _ = installed
     code = "from tandem.build_flags import rebuild_hint; print(rebuild_hint('cuda'))"
     hint = subprocess.run([str(python), "-c", code], capture_output=True, text=True,
-                          check=True).stdout.strip()
+                          check=True, env=ENV).stdout.strip()
     assert f"{python} -m pip install --force-reinstall" in hint
     assert "-DGGML_CUDA=on" in hint and "-DGGML_RPC=ON" in hint
     pin = next(r for r in ROOT.joinpath("pyproject.toml").read_text().splitlines()
                if '"llama-cpp-python==' in r).strip().strip('",')
     assert hint.endswith(pin)
-    assert subprocess.run([str(python), "-m", "pip", "--version"],
-                          capture_output=True).returncode == 0
+    assert subprocess.run([str(python), "-m", "pip", "--version"], capture_output=True,
+                          env=ENV).returncode == 0
