@@ -287,3 +287,17 @@ def test_tandem_hw_names_the_heads(tiny_models, tmp_path):
     res = subprocess.run(base + [str(tiny_models["target"]), "--json"], capture_output=True,
                          env=env, timeout=120)
     assert json.loads(res.stdout)["memory"]["target"]["mtp_heads"] == 0
+
+
+def test_heads_of_an_architecture_llama_cpp_does_not_run_are_refused(tiny_models, monkeypatch):
+    """nextn layers that llama.cpp keeps unused (glm4's dense models): no MTP context (its
+    graph would be the trunk's: an abort), a usage error instead."""
+    from tandem.engine.pair import PairSession, SessionOptions
+    from tandem.errors import UsageError
+
+    monkeypatch.setattr(backend, "MTP_ARCHS", frozenset({"qwen35"}))
+    with pytest.raises(UsageError, match=r"runs no MTP head for its architecture \(glm4moe\)"):
+        PairSession(tiny_models["mtp"], None, SessionOptions(strategy="mtp"))
+    m = Model(tiny_models["mtp"], load_mtp=True)
+    assert m.n_layer_nextn == 1 and not m.mtp_loaded
+    m.close()

@@ -196,9 +196,11 @@ class PairSession:
                            n_gpu_layers=options.target_gpu_layers, repack=options.repack,
                            load_mtp=mtp or (options.strategy == "auto" and _drives_mtp(
                                staging_calls)))
-        if mtp and not self.target.n_layer_nextn:
+        if mtp and not self.target.mtp_loaded:
+            heads = self.target.n_layer_nextn
             self.target.close()
-            raise need_mtp_heads(self.target_path.name)
+            raise need_mtp_heads(self.target_path.name,
+                                 arch=self.target.arch if heads else None)
         if self.target.fully_on_gpu:
             self.threads = None  # the CPU's threads do not compute the target's steps
         self.drafts, self.draft_paths = load_drafts(paths, lambda p, label: load(

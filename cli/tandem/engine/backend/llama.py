@@ -111,6 +111,12 @@ _STAGING = {
 _CXX_ARGS = {"ctx": ("P13llama_context", ctypes.c_void_p), "bool": ("b", ctypes.c_bool),
              "int32": ("i", ctypes.c_int32)}  # int32_t is int on every platform llama.cpp builds
 _staging: dict[str, Callable] | None = None
+# the architectures whose graph runs an MTP head (src/models/*.cpp that build
+# LLM_GRAPH_TYPE_DECODER_MTP); others with nextn layers (glm4's dense models) keep them unused,
+# and an MTP context of theirs would run the trunk's graph on the head's inputs (an abort)
+MTP_ARCHS = frozenset({"bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "deepseek4",
+                       "glm-dsa", "glm4moe", "glm5-next", "hy_v3", "mimo2", "nemotron_h_moe",
+                       "qwen35", "qwen35moe", "qwen3next", "step35"})
 
 
 def cxx_symbol(name: str, args: Sequence[str]) -> str:
@@ -206,7 +212,8 @@ class Model:
         # MTP heads: how many the file has, and whether they were loaded (an MTP context on a
         # model loaded without them would run a graph whose weights are missing)
         self.n_layer_nextn = _lc.llama_model_n_layer_nextn(ptr)
-        self.mtp_loaded = load_mtp and self.n_layer_nextn > 0
+        self.arch = self.meta("general.architecture") or "unknown"
+        self.mtp_loaded = load_mtp and self.n_layer_nextn > 0 and self.arch in MTP_ARCHS
         if self.mtp_loaded:
             staging_calls()  # the check at load: a library without them fails here, clearly
         # every layer and the output on the GPU (llama.cpp offloads the output layer only when

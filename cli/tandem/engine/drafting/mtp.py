@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Sequence
 
+from tandem.config.schema import MAX_DRAFT
 from tandem.engine.drafting.drafters import Draft, DraftParams, StepSources, draft_tokens
 from tandem.engine.loop.events import StepEvent
 
@@ -50,8 +51,8 @@ class MtpDrafter:
         # the head follows the target, which holds every token but the last and those a
         # grammar forced after it: the head reads them as draft steps before drafting on
         unread = tokens[head.n:]
-        if k <= 0 or k < self.n_min or not unread:
-            return Draft()
+        if k <= 0 or k < self.n_min or not 0 < len(unread) <= 1 + MAX_DRAFT:
+            return Draft()  # (more unread: a head that does not follow; never one step each)
         t0 = time.perf_counter()
         self.last_decodes = len(unread)
         try:

@@ -29,16 +29,20 @@ def need_draft_model(strategy: str) -> UsageError:
                       "pass --model-draft PATH, a pair name, or --strategy ngram")
 
 
-def need_mtp_heads(model: str, loaded: bool = False) -> UsageError:
+def need_mtp_heads(model: str, loaded: bool = False, arch: str | None = None) -> UsageError:
     """The one refusal of --strategy mtp where the target has no MTP heads (or they were not
-    loaded: a chat started with another strategy)."""
+    loaded: a chat started with another strategy; or llama.cpp runs no head for its
+    architecture, `arch`)."""
+    others = ("use --strategy ngram or auto with this model, or a draft model (-md DRAFT "
+              "--strategy draft); `tandem pairs` lists models with MTP heads")
+    if arch is not None:
+        return UsageError(f"{model} has MTP layers, but llama.cpp runs no MTP head for its "
+                          f"architecture ({arch})", others)
     if loaded:
         return UsageError(f"{model} was loaded without its MTP heads",
                           "start with --strategy mtp to load them")
     return UsageError(f"strategy 'mtp' needs a model with MTP heads (nextn layers); {model} "
-                      "has none",
-                      "use --strategy ngram or auto with this model, or a draft model "
-                      "(-md DRAFT --strategy draft); `tandem pairs` lists models with MTP heads")
+                      "has none", others)
 
 
 @dataclass
