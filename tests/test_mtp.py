@@ -301,3 +301,46 @@ def test_heads_of_an_architecture_llama_cpp_does_not_run_are_refused(tiny_models
     m = Model(tiny_models["mtp"], load_mtp=True)
     assert m.n_layer_nextn == 1 and not m.mtp_loaded
     m.close()
+
+
+@pytest.fixture(scope="module")
+def echo_model(tmp_path_factory):
+    """The tiny MTP model with a head that only echoes the row it is given: eh_proj takes the
+    hidden row alone, the head's layer adds nothing, so its logits are the output layer's on
+    that row: the target's own logits at the row's position (the rows are after the output
+    norm). Whichever row the engine carries to the head, the head names it."""
+    from make_tiny_models import N_EMBD, _printable_mask, spm_vocab, write_gguf
+    from tiny_mtp_models import MTP_SEED, TRUNK_LAYERS, _glm4moe_hparams, glm4moe_mtp_weights
+
+    vocab = spm_vocab()
+    w = glm4moe_mtp_weights(len(vocab[0]), _printable_mask(vocab[0]), MTP_SEED)
+    p = f"blk.{TRUNK_LAYERS}."
+    w[p + "nextn.eh_proj.weight"] = np.concatenate(
+        [np.zeros((N_EMBD, N_EMBD)), np.eye(N_EMBD)], axis=1).astype(np.float32)
+    for name in ("attn_output.weight", "ffn_down_shexp.weight"):
+        w[p + name] = np.zeros_like(w[p + name])
+    path = write_gguf(tmp_path_factory.mktemp("echo") / "echo.gguf", "glm4moe", "tiny-echo", w,
+                      vocab, _glm4moe_hparams)
+    m = Model(path, load_mtp=True)
+    yield m
+    m.close()
+
+
+def test_the_head_gets_the_targets_row_of_the_position_before(echo_model):
+    """After the prompt, the pending row is the target's at the last cached position; after
+    a verify batch rolled back to the accepted drafts, the row of the last one kept (llama.cpp's
+    accept()). The echo head's first draft is the target's argmax there."""
+    m = echo_model
+    c = ctx(m)
+    head = c.use_mtp(True)
+    tokens = m.tokenize(PROMPT, add_special=True)
+    rows = np.array(c.decode(tokens[:-1], all_logits=True))
+    assert int(np.argmax(head.start(tokens[-1]))) == int(np.argmax(rows[-1]))
+    head.end()
+    batch = [tokens[-1], 70, 71, 72]  # a verify batch, then two of its drafts rejected
+    rows = np.array(c.decode(batch, all_logits=True))
+    c.truncate(len(tokens) + 1)  # kept: the last prompt token and the first draft (70)
+    assert head.n == len(c.tokens) == len(tokens) + 1
+    assert int(np.argmax(head.start(99))) == int(np.argmax(rows[1]))
+    head.end()
+    c.close()
