@@ -514,7 +514,7 @@ class Context:
         return self.mtp if on else None
 
     def close(self) -> None:
-        if self.mtp is not None:
+        if getattr(self, "mtp", None) is not None:  # (a context that failed to init has none)
             self.mtp.close()  # before the context it reads from
             self.mtp = None
         if getattr(self, "_ptr", None):
