@@ -159,7 +159,11 @@ def test_the_drafter_continues_the_forced_tokens_in_the_same_batch(kind):
     assert spec.tokens == plain.tokens == (0, 1, 2, 3, 4)
     first = steps[0]
     assert first.forced == 2 and first.drafted > 2 and first.accepted == first.drafted
-    assert first.sources == (("grammar", 2, 2),)  # neither tells its own drafts' sources
+    # the drafter's own tokens under its own sources, after the grammar's
+    assert first.sources[0] == ("grammar", 2, 2) and len(first.sources) > 1
+    assert {s for s, _, _ in first.sources[1:]} <= {"model", "prompt"}
+    assert sum(d for _, d, _ in first.sources[1:]) == first.drafted - 2
+    assert sum(a for _, _, a in first.sources[1:]) == first.accepted - 2
     assert spec.stats.by_source["grammar"] == [2, 2]
 
 

@@ -23,6 +23,7 @@ from tandem.engine.loop.sampling import SamplingParams
 from tandem.engine.loop.speculative import GenParams
 from tandem.errors import TandemError
 from tandem.serve import prompt
+from tandem.serve.metrics import ServeMetrics
 from tandem.serve.prompt import PromptBudget
 
 
@@ -61,6 +62,7 @@ class EngineThread:
         self.busy = False  # a job is being generated (for /health)
         self.served = 0
         self.cancelled = 0
+        self.metrics = ServeMetrics()  # every answer's figures (GET /metrics)
         self.last_cancel: dict | None = None  # how far the last cancelled answer went
 
     @property
@@ -167,6 +169,8 @@ class EngineThread:
                 _deliver(job, "text", tail)
             if limit.stopped:  # the rule's end, not an interruption
                 answer.text, answer.reason = limit.text, "limit"
+        if answer.stats is not None and outcome[0] in ("done", "cancelled"):
+            self.metrics.add(answer.stats)
         if outcome[0] == "cancelled":
             self.cancelled += 1
             self.last_cancel = {"generated": answer.stats.n_generated,

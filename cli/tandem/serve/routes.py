@@ -26,13 +26,14 @@ from typing import Callable
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from tandem.errors import TandemError
 from tandem.serve import llama_api, protocol, responses, structured
 from tandem.serve.connection import IDLE_TIMEOUT, REQUEST_TIMEOUT, guarded
 from tandem.serve.protocol import ApiError
+from tandem.serve.metrics import CONTENT_TYPE
 from tandem.serve.engine_thread import (
     Defaults,
     EngineThread,
@@ -147,6 +148,11 @@ def build_app(engine: EngineThread, config: ServeConfig) -> Starlette:
         return JSONResponse({"status": "ok", "busy": engine.busy, "waiting": engine.waiting,
                              "queue": engine.capacity, "served": engine.served,
                              "cancelled": engine.cancelled, "last_cancel": engine.last_cancel})
+
+    async def metrics(request: Request):
+        authorize(request)
+        text = engine.metrics.prometheus(processing=int(engine.busy), deferred=engine.waiting)
+        return PlainTextResponse(text, media_type=CONTENT_TYPE)
 
     async def models(request: Request):
         authorize(request)
@@ -336,7 +342,8 @@ def build_app(engine: EngineThread, config: ServeConfig) -> Starlette:
                Route("/tokenize", tokenize, methods=["POST"]),
                Route("/detokenize", detokenize, methods=["POST"]),
                Route("/apply-template", apply_template, methods=["POST"]),
-               Route("/props", props, methods=["GET"])]
+               Route("/props", props, methods=["GET"]),
+               Route("/metrics", metrics, methods=["GET"])]
     middleware = []
     if config.cors:
         from starlette.middleware import Middleware

@@ -108,6 +108,12 @@ class NoDrafter:
         pass
 
 
+def one_source(source: str, step: StepEvent) -> StepSources:
+    """A step's own drafts (the grammar's forced ones aside) as one source's."""
+    own = step.drafted - step.forced
+    return ((source, own, min(max(step.accepted - step.forced, 0), own)),) if own > 0 else ()
+
+
 def recent(tokens: Sequence[int], extra: Sequence[int], sampling: SamplingParams) -> list[int]:
     """The history the repetition penalty looks at (empty when the penalty is off)."""
     if sampling.repeat_penalty == 1.0:
@@ -208,7 +214,7 @@ class DraftModelDrafter:
             self.ctx.prefill(prompt[:-1])
 
     def observe(self, step: StepEvent) -> None:
-        pass
+        self.step_sources = one_source("model", step)
 
 
 class NgramDrafter:
@@ -238,4 +244,4 @@ class NgramDrafter:
         self.index.sync(prompt)
 
     def observe(self, step: StepEvent) -> None:
-        pass
+        self.step_sources = one_source("prompt", step)

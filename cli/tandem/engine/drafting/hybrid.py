@@ -66,7 +66,11 @@ class NgramSources:
         return self.index.lookup(k, extra=drafted)
 
     def split(self, draft: Draft, step: StepEvent) -> StepSources:
-        return ()
+        # the model's tokens come first in a draft, the n-grams' after them (continue_draft)
+        n_model = min(draft.n_model, step.drafted)
+        parts = (("model", n_model, min(step.accepted, n_model)),
+                 ("prompt", step.drafted - n_model, max(step.accepted - n_model, 0)))
+        return tuple(p for p in parts if p[1] > 0)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING, Sequence
 
 from tandem.config.schema import MAX_DRAFT
-from tandem.engine.drafting.drafters import Draft, DraftParams, StepSources, draft_tokens
+from tandem.engine.drafting.drafters import Draft, DraftParams, StepSources, draft_tokens, one_source
 from tandem.engine.loop.events import StepEvent
 
 if TYPE_CHECKING:
@@ -75,4 +75,4 @@ class MtpDrafter:
         pass  # the head read the prompt while the target did
 
     def observe(self, step: StepEvent) -> None:
-        pass
+        self.step_sources = one_source("model", step)  # the heads are auto's model source too
