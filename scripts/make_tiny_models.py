@@ -92,36 +92,54 @@ def _printable_mask(tokens: list[str]) -> np.ndarray:
     return mask
 
 
+def mat(rng: np.random.Generator, rows: int, cols: int, gain: float) -> np.ndarray:
+    """A random (rows, cols) matrix whose outputs have about `gain` times its inputs' scale."""
+    return (rng.standard_normal((rows, cols)) * gain / np.sqrt(cols)).astype(np.float32)
+
+
+def attention_weights(rng: np.random.Generator, gain_out: float = 1.5) -> dict[str, np.ndarray]:
+    """One layer's q, k, v and output projections (names without the blk.N. prefix)."""
+    return {"attn_q.weight": mat(rng, N_EMBD, N_EMBD, 2.0),
+            "attn_k.weight": mat(rng, N_EMBD, N_EMBD, 2.0),
+            "attn_v.weight": mat(rng, N_EMBD, N_EMBD, 1.0),
+            "attn_output.weight": mat(rng, N_EMBD, N_EMBD, gain_out)}
+
+
+def ffn_weights(rng: np.random.Generator, gain_down: float = 1.5) -> dict[str, np.ndarray]:
+    """One layer's gated FFN (names without the blk.N. prefix)."""
+    return {"ffn_gate.weight": mat(rng, N_FF, N_EMBD, 1.0),
+            "ffn_up.weight": mat(rng, N_FF, N_EMBD, 1.0),
+            "ffn_down.weight": mat(rng, N_EMBD, N_FF, gain_down)}
+
+
+def output_weights(rng: np.random.Generator, n_vocab: int, printable: np.ndarray) -> np.ndarray:
+    """The output matrix, rows of non-printable tokens (control tokens, bytes >= 0x7F) shrunk
+    so that greedy text stays printable ASCII."""
+    out = mat(rng, n_vocab, N_EMBD, 4.0)
+    out[~printable] *= 0.05
+    return out
+
+
+def in_layer(i: int, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {f"blk.{i}.{name}": a for name, a in weights.items()}
+
+
 def random_weights(n_vocab: int, printable: np.ndarray, seed: int) -> dict[str, np.ndarray]:
     """Random llama weights, numpy shapes (out, in) as GGUFWriter expects.
 
     Attention and FFN outputs are scaled up so that context (not just the last token) moves
-    the logits, which keeps greedy generation varied. Output rows of non-printable tokens
-    (control tokens, bytes >= 0x7F) are shrunk so greedy text stays printable ASCII.
+    the logits, which keeps greedy generation varied.
     """
     rng = np.random.default_rng(seed)
-
-    def mat(rows: int, cols: int, gain: float) -> np.ndarray:
-        return (rng.standard_normal((rows, cols)) * gain / np.sqrt(cols)).astype(np.float32)
-
     w: dict[str, np.ndarray] = {
         "token_embd.weight": rng.standard_normal((n_vocab, N_EMBD)).astype(np.float32),
     }
     for i in range(N_LAYER):
-        p = f"blk.{i}."
-        w[p + "attn_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
-        w[p + "attn_q.weight"] = mat(N_EMBD, N_EMBD, 2.0)
-        w[p + "attn_k.weight"] = mat(N_EMBD, N_EMBD, 2.0)
-        w[p + "attn_v.weight"] = mat(N_EMBD, N_EMBD, 1.0)
-        w[p + "attn_output.weight"] = mat(N_EMBD, N_EMBD, 1.5)
-        w[p + "ffn_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
-        w[p + "ffn_gate.weight"] = mat(N_FF, N_EMBD, 1.0)
-        w[p + "ffn_up.weight"] = mat(N_FF, N_EMBD, 1.0)
-        w[p + "ffn_down.weight"] = mat(N_EMBD, N_FF, 1.5)
+        one = np.ones(N_EMBD, dtype=np.float32)
+        w.update(in_layer(i, {"attn_norm.weight": one, **attention_weights(rng),
+                              "ffn_norm.weight": one.copy(), **ffn_weights(rng)}))
     w["output_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
-    out = mat(n_vocab, N_EMBD, 4.0)
-    out[~printable] *= 0.05
-    w["output.weight"] = out
+    w["output.weight"] = output_weights(rng, n_vocab, printable)
     return w
 
 

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from make_tiny_models import N_EMBD, N_FF, N_HEAD, _printable_mask, spm_vocab, write_gguf
+from make_tiny_models import (N_EMBD, N_FF, N_HEAD, _printable_mask, attention_weights, ffn_weights,
+                              output_weights, spm_vocab, write_gguf)
 
 TRUNK_LAYERS = 2  # dense; block TRUNK_LAYERS is the nextn head
 N_EXPERT = 2  # the head's MoE: routed experts (zero output) beside the shared expert
@@ -34,23 +35,12 @@ HEAD_H_GAIN = 0.05  # the share of the target's hidden row in the head's input
 MTP_SEED = 4321
 
 
-def _mat(rng: np.random.Generator, rows: int, cols: int, gain: float) -> np.ndarray:
-    return (rng.standard_normal((rows, cols)) * gain / np.sqrt(cols)).astype(np.float32)
-
-
-def _attention(rng, gain_out: float) -> dict[str, np.ndarray]:
+def _layer(rng, gain: float) -> dict[str, np.ndarray]:
+    """A trunk layer: its norms, attention and FFN, both scaled by `gain`."""
     return {"attn_norm.weight": np.ones(N_EMBD, dtype=np.float32),
-            "attn_q.weight": _mat(rng, N_EMBD, N_EMBD, 2.0),
-            "attn_k.weight": _mat(rng, N_EMBD, N_EMBD, 2.0),
-            "attn_v.weight": _mat(rng, N_EMBD, N_EMBD, 1.0),
-            "attn_output.weight": _mat(rng, N_EMBD, N_EMBD, gain_out),
-            "post_attention_norm.weight": np.ones(N_EMBD, dtype=np.float32)}
-
-
-def _ffn(rng, gain_down: float) -> dict[str, np.ndarray]:
-    return {"ffn_gate.weight": _mat(rng, N_FF, N_EMBD, 1.0),
-            "ffn_up.weight": _mat(rng, N_FF, N_EMBD, 1.0),
-            "ffn_down.weight": _mat(rng, N_EMBD, N_FF, gain_down)}
+            **attention_weights(rng, gain),
+            "post_attention_norm.weight": np.ones(N_EMBD, dtype=np.float32),
+            **ffn_weights(rng, gain)}
 
 
 def glm4moe_mtp_weights(n_vocab: int, printable: np.ndarray, seed: int) -> dict[str, np.ndarray]:
@@ -62,7 +52,7 @@ def glm4moe_mtp_weights(n_vocab: int, printable: np.ndarray, seed: int) -> dict[
     layers = []
     for i in range(TRUNK_LAYERS):
         gain = FIRST_LAYER_GAIN if i == 0 else 1.5
-        layer = {**_attention(rng, gain), **_ffn(rng, gain)}
+        layer = _layer(rng, gain)
         layers.append(layer)
         w.update({f"blk.{i}.{name}": a for name, a in layer.items()})
     last, p = layers[-1], f"blk.{TRUNK_LAYERS}."
@@ -81,9 +71,7 @@ def glm4moe_mtp_weights(n_vocab: int, printable: np.ndarray, seed: int) -> dict[
     w[p + "nextn.enorm.weight"] = np.ones(N_EMBD, dtype=np.float32)
     w[p + "nextn.hnorm.weight"] = np.ones(N_EMBD, dtype=np.float32)
     w["output_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
-    out = _mat(rng, n_vocab, N_EMBD, 4.0)
-    out[~printable] *= 0.05  # greedy text stays printable
-    w["output.weight"] = out
+    w["output.weight"] = output_weights(rng, n_vocab, printable)
     return w
 
 

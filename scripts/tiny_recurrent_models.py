@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from make_tiny_models import (DRAFT_NOISE, DRAFT_SEED, N_EMBD, N_FF, N_HEAD, _printable_mask,
-                              add_noise, spm_vocab, write_gguf)
+                              add_noise, attention_weights, ffn_weights, in_layer, mat,
+                              output_weights, spm_vocab, write_gguf)
 
 # LFM2: which layers attend (the others are short convolutions); their head_count_kv is 0
 LFM2_ATTENTION = (False, True, False)
@@ -33,17 +34,6 @@ RECURRENT_SEED = 1357
 SLIDING_SEED = 8642
 
 
-def _mat(rng: np.random.Generator, rows: int, cols: int, gain: float) -> np.ndarray:
-    return (rng.standard_normal((rows, cols)) * gain / np.sqrt(cols)).astype(np.float32)
-
-
-def _output(rng, w: dict, n_vocab: int, printable: np.ndarray) -> None:
-    # the output rows of non-printable tokens are shrunk so that greedy text stays printable
-    out = _mat(rng, n_vocab, N_EMBD, 4.0)
-    out[~printable] *= 0.05
-    w["output.weight"] = out
-
-
 def lfm2_weights(n_vocab: int, printable: np.ndarray, seed: int) -> dict[str, np.ndarray]:
     """Random LFM2 weights, numpy shapes (out, in) as GGUFWriter expects."""
     rng = np.random.default_rng(seed)
@@ -56,22 +46,17 @@ def lfm2_weights(n_vocab: int, printable: np.ndarray, seed: int) -> dict[str, np
         if attends:
             w[p + "attn_q_norm.weight"] = np.ones(head, dtype=np.float32)
             w[p + "attn_k_norm.weight"] = np.ones(head, dtype=np.float32)
-            w[p + "attn_q.weight"] = _mat(rng, N_EMBD, N_EMBD, 2.0)
-            w[p + "attn_k.weight"] = _mat(rng, N_EMBD, N_EMBD, 2.0)
-            w[p + "attn_v.weight"] = _mat(rng, N_EMBD, N_EMBD, 1.0)
-            w[p + "attn_output.weight"] = _mat(rng, N_EMBD, N_EMBD, 1.5)
+            w.update(in_layer(i, attention_weights(rng)))
         else:
             # the convolution over the last L_CACHE tokens is what makes the state recurrent
-            w[p + "shortconv.conv.weight"] = _mat(rng, N_EMBD, L_CACHE, 1.5)
-            w[p + "shortconv.in_proj.weight"] = _mat(rng, 3 * N_EMBD, N_EMBD, 1.5)
-            w[p + "shortconv.out_proj.weight"] = _mat(rng, N_EMBD, N_EMBD, 1.5)
+            w[p + "shortconv.conv.weight"] = mat(rng, N_EMBD, L_CACHE, 1.5)
+            w[p + "shortconv.in_proj.weight"] = mat(rng, 3 * N_EMBD, N_EMBD, 1.5)
+            w[p + "shortconv.out_proj.weight"] = mat(rng, N_EMBD, N_EMBD, 1.5)
         w[p + "ffn_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
-        w[p + "ffn_gate.weight"] = _mat(rng, N_FF, N_EMBD, 1.0)
-        w[p + "ffn_up.weight"] = _mat(rng, N_FF, N_EMBD, 1.0)
-        w[p + "ffn_down.weight"] = _mat(rng, N_EMBD, N_FF, 1.5)
+        w.update(in_layer(i, ffn_weights(rng)))
     # LFM2's output norm is stored under this name (llama-arch.cpp: OUTPUT_NORM_LFM2)
     w["token_embd_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
-    _output(rng, w, n_vocab, printable)
+    w["output.weight"] = output_weights(rng, n_vocab, printable)
     return w
 
 
@@ -83,19 +68,19 @@ def mamba_weights(n_vocab: int, printable: np.ndarray, seed: int) -> dict[str, n
     for i in range(MAMBA_LAYERS):
         p = f"blk.{i}."
         w[p + "attn_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
-        w[p + "ssm_in.weight"] = _mat(rng, 2 * d_inner, N_EMBD, 1.5)
-        w[p + "ssm_conv1d.weight"] = _mat(rng, d_inner, D_CONV, 1.0)
+        w[p + "ssm_in.weight"] = mat(rng, 2 * d_inner, N_EMBD, 1.5)
+        w[p + "ssm_conv1d.weight"] = mat(rng, d_inner, D_CONV, 1.0)
         w[p + "ssm_conv1d.bias"] = np.zeros(d_inner, dtype=np.float32)
-        w[p + "ssm_x.weight"] = _mat(rng, DT_RANK + 2 * D_STATE, d_inner, 1.0)
-        w[p + "ssm_dt.weight"] = _mat(rng, d_inner, DT_RANK, 1.0)
+        w[p + "ssm_x.weight"] = mat(rng, DT_RANK + 2 * D_STATE, d_inner, 1.0)
+        w[p + "ssm_dt.weight"] = mat(rng, d_inner, DT_RANK, 1.0)
         w[p + "ssm_dt.bias"] = np.full(d_inner, -2.0, dtype=np.float32)  # softplus: small steps
         # A is stored as -exp(A_log) (convert_hf_to_gguf.py): negative, so the state decays
         a_log = np.log(np.tile(np.arange(1, D_STATE + 1, dtype=np.float32), (d_inner, 1)))
         w[p + "ssm_a"] = -np.exp(a_log).astype(np.float32)
         w[p + "ssm_d"] = np.ones(d_inner, dtype=np.float32)
-        w[p + "ssm_out.weight"] = _mat(rng, N_EMBD, d_inner, 1.5)
+        w[p + "ssm_out.weight"] = mat(rng, N_EMBD, d_inner, 1.5)
     w["output_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
-    _output(rng, w, n_vocab, printable)
+    w["output.weight"] = output_weights(rng, n_vocab, printable)
     return w
 
 
@@ -110,15 +95,9 @@ def gemma3_weights(n_vocab: int, printable: np.ndarray, seed: int) -> dict[str, 
             w[p + norm + ".weight"] = np.ones(N_EMBD, dtype=np.float32)
         w[p + "attn_q_norm.weight"] = np.ones(head, dtype=np.float32)
         w[p + "attn_k_norm.weight"] = np.ones(head, dtype=np.float32)
-        w[p + "attn_q.weight"] = _mat(rng, N_EMBD, N_EMBD, 2.0)
-        w[p + "attn_k.weight"] = _mat(rng, N_EMBD, N_EMBD, 2.0)
-        w[p + "attn_v.weight"] = _mat(rng, N_EMBD, N_EMBD, 1.0)
-        w[p + "attn_output.weight"] = _mat(rng, N_EMBD, N_EMBD, 1.5)
-        w[p + "ffn_gate.weight"] = _mat(rng, N_FF, N_EMBD, 1.0)
-        w[p + "ffn_up.weight"] = _mat(rng, N_FF, N_EMBD, 1.0)
-        w[p + "ffn_down.weight"] = _mat(rng, N_EMBD, N_FF, 1.5)
+        w.update(in_layer(i, {**attention_weights(rng), **ffn_weights(rng)}))
     w["output_norm.weight"] = np.ones(N_EMBD, dtype=np.float32)
-    _output(rng, w, n_vocab, printable)
+    w["output.weight"] = output_weights(rng, n_vocab, printable)
     return w
 
 

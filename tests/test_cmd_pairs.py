@@ -367,14 +367,19 @@ def test_a_pair_without_a_draft_model_pulls_its_target_only(cli, hub, monkeypatc
         parse_ref("gemma3-270m", "draft")
 
 
+def _run_only(monkeypatch, pair) -> None:
+    """`tandem run` finds `pair` whatever it is asked for, with nothing piped in."""
+    monkeypatch.setattr(catalog, "get_pair", lambda name=None, path=None: pair)
+    monkeypatch.setattr(catalog, "find_pair", lambda name, path=None: pair)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))
+
+
 def test_a_pair_without_a_draft_model_runs_auto_on_its_target(cli, hub, monkeypatch):
     """`tandem run PAIR` for a model with no small sibling: the target alone, drafted by
     `auto`'s n-grams and copies unless a strategy is given (a profile's `draft` would refuse)."""
     pytest.importorskip("llama_cpp")
     solo = catalog.PairSpec("solo", catalog.ModelSpec("solo-target", REPO, "target.gguf"), None)
-    monkeypatch.setattr(catalog, "get_pair", lambda name=None, path=None: solo)
-    monkeypatch.setattr(catalog, "find_pair", lambda name, path=None: solo)
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))
+    _run_only(monkeypatch, solo)
     code, out, err = cli("run", "solo", "--yes", "--json", "-n", "4", "--no-history", "hello")
     assert code == 0, err
     assert json.loads(out)["stats"]["strategy"] == "auto"
@@ -402,9 +407,7 @@ def test_a_model_with_mtp_heads_is_listed_and_runs_them(cli, hub, monkeypatch, t
     hub.add(REPO, "mtp.gguf", tiny_models["mtp"].read_bytes())
     solo = catalog.PairSpec("heads", catalog.ModelSpec("heads-target", REPO, "mtp.gguf"), None,
                             mtp=True)
-    monkeypatch.setattr(catalog, "get_pair", lambda name=None, path=None: solo)
-    monkeypatch.setattr(catalog, "find_pair", lambda name, path=None: solo)
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))
+    _run_only(monkeypatch, solo)
     code, out, err = cli("run", "heads", "--yes", "--json", "-n", "8", "--no-history", "hello")
     assert code == 0, err
     assert json.loads(out)["stats"]["strategy"] == "mtp"
