@@ -12,7 +12,8 @@ here, RemotePair (engine/remote/worker.py) when the target's layers are on RPC s
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence
 
@@ -20,12 +21,13 @@ from tandem.config.schema import FIELDS_BY_KEY, check_strategy
 from tandem.engine.backend import template
 from tandem.engine.backend.fim import Chunk, FimTokens, infill_prompt
 from tandem.engine.drafting.auto import BUCKETS, ORDER, AutoDrafter
-from tandem.engine.tuning.costs import CostModel
+from tandem.engine.tuning.costs import BatchCosts, CostModel
 from tandem.engine.drafting.drafters import Drafter
 from tandem.engine.loop.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
 from tandem.engine.drafting.history import HistoryStore, Library, read_context_file
 from tandem.engine.tuning.knowledge import Knowledge
-from tandem.engine.backend.context_params import ContextParams, default_threads
+from tandem.engine.backend.context_params import MAX_OUTPUTS, ContextParams, default_threads
+from tandem.engine.backend.sequences import SeqContext, StepBatcher
 from tandem.engine.backend.loading import ContextCache, check_pair, draft_paths, load_drafts
 from tandem.engine.tuning.pricing import PROBE_TEXT, Pricing, cost_key
 from tandem.engine.loop.speculative import GenParams, generate
@@ -72,6 +74,9 @@ class SessionOptions:
     # (llama-server's --cache-reuse; Context.reuse): a server's editors; 0 off, and exact
     # mode never (a moved run's keys are not bit-identical to evaluating them)
     cache_reuse: int = 0
+    # sequences both contexts hold for `serve`'s slots, decoded in one batch per step
+    # (engine/backend/sequences.py); 1: the one sequence run, chat and spec-bench use
+    sequences: int = 1
 
     def __post_init__(self):
         check_strategy(self.strategy)
@@ -152,6 +157,25 @@ class Pair(Protocol):
     def __exit__(self, *exc: object) -> None: ...
 
 
+@dataclass(eq=False)
+class Slot:
+    """One of a session's sequences (SessionOptions.sequences > 1): the target's and the
+    draft model's views of it, which a generation on this slot decodes through."""
+
+    index: int
+    target: SeqContext
+    draft: SeqContext | None
+
+
+def shared_context(params: ContextParams, sequences: int) -> ContextParams:
+    """A context that holds `sequences` slots of params.n_ctx tokens each in one unified KV
+    cache (llama-server's layout), plus sequence 0, the session's own (a calibration's
+    probe: one ubatch), with logits rows for every slot's verify batch."""
+    return replace(params, n_ctx=params.n_ctx * sequences + params.n_ubatch,
+                   n_seq_max=sequences + 1, kv_unified=True,
+                   n_outputs_max=MAX_OUTPUTS * sequences)
+
+
 class PairSession:
     """A target and one or more drafts, loaded once. Contexts are made per ContextParams on
     demand (spec-bench sweeps batch sizes and threads) and kept for reuse."""
@@ -213,8 +237,21 @@ class PairSession:
         self._cost_key = ""
         self.draft: Model | None = None
         self.draft_label: str | None = None
-        self.configure(options.target_ctx, options.draft_ctx or options.target_ctx,
-                       next(iter(self.drafts), None))
+        slots = options.sequences if options.sequences > 1 else 0
+        target_params = options.target_ctx
+        draft_params = options.draft_ctx or options.target_ctx
+        if slots:
+            target_params = shared_context(target_params, slots)
+            draft_params = shared_context(draft_params, slots)
+        self.configure(target_params, draft_params, next(iter(self.drafts), None))
+        # the slots' views of both contexts, and where their decodes meet
+        self.batcher = StepBatcher()
+        self._recording = threading.Lock()
+        per_slot = (options.target_ctx.n_ctx, (options.draft_ctx or options.target_ctx).n_ctx)
+        self.slots = [Slot(i, SeqContext(self.target_ctx, i + 1, per_slot[0], self.batcher),
+                           SeqContext(self.draft_ctx, i + 1, per_slot[1], self.batcher)
+                           if self.draft_ctx is not None else None)
+                      for i in range(slots)]
         # files the user named and earlier answers: what auto drafts from besides the prompt
         self.library = Library(
             HistoryStore(options.home, self.target_path, n_vocab=self.target.n_vocab)
@@ -235,7 +272,8 @@ class PairSession:
 
     @property
     def n_ctx(self) -> int:
-        return self.target_ctx.n_ctx
+        """A generation's context: the target context's, or one slot's."""
+        return self.slots[0].target.n_ctx if self.slots else self.target_ctx.n_ctx
 
     @property
     def cached_tokens(self) -> Sequence[int]:
@@ -315,14 +353,27 @@ class PairSession:
                should_stop: Callable[[], bool] | None = None) -> Iterator[Any]:
         yield from func(self, *args, should_stop=should_stop or (lambda: False), tick=None)
 
-    def drafter(self, strategy: str | None = None, draft: DraftParams | None = None) -> Drafter:
+    def drafter(self, strategy: str | None = None, draft: DraftParams | None = None,
+                slot: Slot | None = None) -> Drafter:
         """The drafter for `strategy` and `draft` (default: the session's options) over the
-        active configuration."""
+        active configuration, or over one slot's sequences: priced for the batch it joins
+        (BatchCosts), without the MTP heads (they follow sequence 0 only)."""
+        if slot is None:
+            return make_drafter(strategy or self.options.strategy, draft or self.options.draft,
+                                DrafterParts(self.draft_ctx, self.target_ctx.verify_limit,
+                                             lambda calibrated: self.costs(calibrated),
+                                             self.pricing.take_notes, self.library,
+                                             self.knowledge, self._mtp, self.target.mtp_loaded))
+
+        def costs(calibrated: bool) -> CostModel:
+            with self.batcher.exclusive():  # a calibration decodes on sequence 0
+                model = self.costs(calibrated)
+            return model if calibrated else BatchCosts(model, lambda: slot.target.others)
+
         return make_drafter(strategy or self.options.strategy, draft or self.options.draft,
-                            DrafterParts(self.draft_ctx, self.target_ctx.verify_limit,
-                                         lambda calibrated: self.costs(calibrated),
+                            DrafterParts(slot.draft, slot.target.verify_limit, costs,
                                          self.pricing.take_notes, self.library,
-                                         self.knowledge, self._mtp, self.target.mtp_loaded))
+                                         self.knowledge))
 
     def _mtp(self, on: bool) -> MtpHead | None:
         """The target's MTP heads following the active target context (on), or not."""
@@ -359,23 +410,36 @@ class PairSession:
         return template.prompt_tokens(self.target, messages, raw, tools)
 
     def generate(self, prompt: Sequence[int], gen: GenParams, strategy: str | None = None,
-                 draft: DraftParams | None = None, record: bool = True) -> Iterator[Event]:
+                 draft: DraftParams | None = None, record: bool = True,
+                 slot: Slot | None = None) -> Iterator[Event]:
         """generate() with the drafter for `strategy` built from `draft` (default: the
         session's options). Each finished answer joins the library's history, and what an
         auto request learnt is kept (`record`: unless it is a measurement, not an answer)."""
         # the thread count first: a busy core stalls the prompt and auto's calibration too
-        threads = self.threads.begin() if self.threads is not None else NO_THREADS
-        drafter = self.drafter(strategy, draft)
+        # (several slots decode in one batch: the thread count stays as it is)
+        threads = self.threads.begin() if self.threads is not None and slot is None \
+            else NO_THREADS
+        drafter = self.drafter(strategy, draft, slot)
         if gen.prediction and isinstance(drafter, AutoDrafter):  # a source of auto's only
             drafter.expect(gen.prediction)
-        inner = generate(self.target_ctx, prompt, drafter, gen, threads)
+        if slot is None:
+            yield from self._generate(generate(self.target_ctx, prompt, drafter, gen, threads),
+                                      drafter, record)
+            return
+        with self.batcher.member():  # from here the other slots' batches wait for this one
+            yield from self._generate(generate(slot.target, prompt, drafter, gen, threads),
+                                      drafter, record)
+
+    def _generate(self, inner: Iterator[Event], drafter: Drafter,
+                  record: bool) -> Iterator[Event]:
         try:
             for ev in inner:
                 if self._progress is not None:
                     self._progress("generate", 0.0)
                 if isinstance(ev, DoneEvent) and record:
-                    self.library.record(ev.tokens)
-                    self._learn(drafter)
+                    with self._recording:  # slots finish in their own threads
+                        self.library.record(ev.tokens)
+                        self._learn(drafter)
                 yield ev
         finally:
             inner.close()

@@ -28,6 +28,10 @@ EXACT_BATCH = 7
 # tokens, costs.MAX_BATCH - 1); the session asks for more when --draft-max does.
 ROLLBACK_TOKENS = 16
 
+# Which rows of one sequence's tokens in a batch want logits (Context.decode_batch): none (a
+# prompt chunk), the last (a draft model's step) or every one (a verify batch)
+NONE, LAST, ALL = 0, 1, 2
+
 
 @dataclass(frozen=True)
 class ContextParams:
@@ -47,6 +51,9 @@ class ContextParams:
     # sequences one context holds (decode_seqs); out of repr, which names cost files: every
     # context that is costed holds one
     n_seq_max: int = field(default=1, repr=False)
+    # one KV cache all sequences share (llama-server's default with several slots): the
+    # session sizes it for every slot (engine/backend/sequences.py); out of repr
+    kv_unified: bool = field(default=False, repr=False)
     # the snapshots a hybrid model's context keeps (ROLLBACK_TOKENS); out of repr, which
     # names cost files: the timings do not depend on it
     rollback: int = field(default=ROLLBACK_TOKENS, repr=False)

@@ -20,7 +20,8 @@ import numpy as np
 
 from tandem.build_flags import rebuild_hint
 from tandem.engine.backend.context_params import (  # noqa: F401 - re-exported: the backend's API
-    EXACT_BATCH, MAX_OUTPUTS, ContextParams, common_prefix, default_threads, exact_context)
+    ALL, EXACT_BATCH, LAST, MAX_OUTPUTS, ContextParams, common_prefix, default_threads,
+    exact_context)
 from tandem.engine.backend.fim import FimTokens
 from tandem.engine.backend.memory import (EXACT_ROWS, HYBRID, RECURRENT, RollbackPlan, StateCopies,
                                           keeps_copies, memory_type)
@@ -157,6 +158,7 @@ def staging_calls() -> dict[str, Callable]:
 
 # copies of the recurrent state only: the attention KV of a hybrid is truncated as usual
 _PARTIAL = _lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+_NO_ROWS = np.empty((0, 0), dtype=np.float32)  # a batch that asked for no logits
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 
@@ -361,6 +363,7 @@ def _llama_context_params(params: ContextParams):
     cp.n_batch = params.n_batch
     cp.n_ubatch = min(params.n_ubatch, params.n_batch)
     cp.n_seq_max = params.n_seq_max
+    cp.kv_unified = params.kv_unified
     cp.n_outputs_max = params.n_outputs_max
     threads = params.n_threads or default_threads()
     cp.n_threads = threads
@@ -662,38 +665,50 @@ class Context:
         memory: truncate_seq() rolls a sequence back by removing its positions."""
         if self._mirror is not None:
             raise ValueError("decode_seqs() on a context that MTP heads follow (sequence 0 only)")
-        rows = sum(len(t) for t in tokens_by_seq.values())
-        out_rows = rows if all_logits else len(tokens_by_seq)
-        if not 0 < rows <= self.n_batch or out_rows > self._max_rows:
-            raise ValueError("decode_seqs() takes 1 to n_batch tokens, logits on at most "
-                             "n_outputs_max rows")
         for seq, toks in tokens_by_seq.items():
-            if not 0 <= seq < self.n_seq_max or not toks:
-                raise ValueError(f"sequence {seq}: ids go from 0 to {self.n_seq_max - 1} "
-                                 "(n_seq_max), each with at least one token")
             if len(self._seq_tokens.get(seq, ())) + len(toks) > self.n_ctx_seq:
                 raise ContextOverflowError(f"sequence {seq} would pass its {self.n_ctx_seq} "
                                            "positions", "raise the context size")
+        want = ALL if all_logits else LAST
+        rows = self.decode_batch([(seq, len(self._seq_tokens.get(seq, ())), toks, want)
+                                  for seq, toks in tokens_by_seq.items()])
+        for seq, toks in tokens_by_seq.items():
+            self._seq_tokens.setdefault(seq, []).extend(toks)
+        return rows
+
+    def decode_batch(self, entries: Sequence[tuple[int, int, Sequence[int], int]]) -> np.ndarray:
+        """The one llama_decode of several sequences' tokens: entries of (sequence, position
+        of the first token, tokens, which rows want logits: NONE, LAST or ALL). Positions are
+        the caller's to keep (engine/backend/sequences.py); returns the wanted rows in the
+        entries' order, a view as decode()'s."""
+        n = sum(len(e[2]) for e in entries)
+        out = sum(len(e[2]) if e[3] == ALL else (1 if e[3] == LAST else 0) for e in entries)
+        if not 0 < n <= self.n_batch or out > self._max_rows:
+            raise ValueError("a batch takes 1 to n_batch tokens, logits on at most "
+                             "n_outputs_max rows")
         tok, pos, want, seq_id = self._tok, self._pos, self._want, self._batch.seq_id
         i = 0
-        for seq, toks in tokens_by_seq.items():
-            start = len(self._seq_tokens.get(seq, ()))
+        for seq, start, toks, rows in entries:
+            if not 0 <= seq < self.n_seq_max or not toks:
+                raise ValueError(f"sequence {seq}: ids go from 0 to {self.n_seq_max - 1} "
+                                 "(n_seq_max), each with at least one token")
+            last = len(toks) - 1
             for j, t in enumerate(toks):
                 tok[i], pos[i], seq_id[i][0] = t, start + j, seq
-                want[i] = 1 if all_logits or j == len(toks) - 1 else 0
+                want[i] = 1 if rows == ALL or (rows == LAST and j == last) else 0
                 i += 1
-        self._batch.n_tokens = rows
+        self._batch.n_tokens = n
         try:
             rc = self._llama_decode(self._ptr, self._batch)
         finally:
-            for i in range(rows):  # decode() writes tokens and positions only: sequence 0's
+            for i in range(n):  # decode() writes tokens and positions only: sequence 0's
                 seq_id[i][0] = 0
         if rc != 0:
             _decode_failed(rc)
-        for seq, toks in tokens_by_seq.items():
-            self._seq_tokens.setdefault(seq, []).extend(toks)
-        self.n_decoded += rows
-        return self._logits_view(out_rows)
+        self.n_decoded += n
+        if out > self.max_logit_rows:
+            self.max_logit_rows = out
+        return self._logits_view(out) if out else _NO_ROWS
 
     def truncate_seq(self, seq: int, n: int) -> None:
         """Forget positions n.. of one sequence (sequence 0: truncate())."""
@@ -702,10 +717,31 @@ class Context:
             return
         held = self._seq_tokens.get(seq, [])
         if n < len(held):
-            if not self._seq_rm(self._mem, seq, n, -1):
-                raise ModelError("llama.cpp could not roll back the KV cache",
-                                 "this model's memory type does not support partial removal")
+            self.seq_rm(seq, n)
             del held[n:]
+
+    def seq_rm(self, seq: int, n: int) -> None:
+        """Remove positions n.. of a sequence whose positions the caller keeps (attention
+        memory: engine/backend/sequences.py)."""
+        if not self._seq_rm(self._mem, seq, n, -1):
+            raise ModelError("llama.cpp could not roll back the KV cache",
+                             "this model's memory type does not support partial removal")
+
+    def seq_state(self, seq: int) -> bytes:
+        """A copy of one sequence's cache (llama-server's --cache-ram keeps them)."""
+        size = _lc.llama_state_seq_get_size(self._ptr, seq)
+        buf = (ctypes.c_uint8 * size)()
+        if _lc.llama_state_seq_get_data(self._ptr, buf, size, seq) != size:
+            raise ModelError("llama.cpp could not copy a sequence's cache",
+                             "run with --verbose to see llama.cpp's log")
+        return bytes(buf)
+
+    def set_seq_state(self, seq: int, data: bytes) -> bool:
+        """Put a copy from seq_state() into sequence `seq` (emptied first); False where
+        llama.cpp found no room for it."""
+        self._seq_rm(self._mem, seq, 0, -1)
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        return _lc.llama_state_seq_set_data(self._ptr, buf, len(data), seq) > 0
 
     def _fill(self, chunk: Sequence[int], pos0: int, all_logits: bool, last_chunk: bool) -> None:
         tok, pos, want = self._tok, self._pos, self._want
@@ -724,10 +760,14 @@ class Context:
         does (server-context.cpp): a keystroke that changes the prefix's end then costs the
         changed span, not the suffix and the chunks after it. Returns how many tokens moved;
         the cache then holds a longer common prefix with `tokens`."""
-        if self.reuse_min <= 0 or self._mirror is not None \
-                or not _lc.llama_memory_can_shift(self._mem):  # (MTP heads do not move)
+        if self.reuse_min <= 0 or self._mirror is not None:  # (MTP heads do not move)
             return 0
-        cache = self.tokens
+        return self.reuse_seq(0, self.tokens, tokens, self.reuse_min)
+
+    def reuse_seq(self, seq: int, cache: list[int], tokens: Sequence[int], min_run: int) -> int:
+        """reuse() on sequence `seq`, whose tokens `cache` lists (updated in place)."""
+        if not _lc.llama_memory_can_shift(self._mem):
+            return 0
         head_c = head_p = common_prefix(cache, tokens)
         moved = 0
         while head_c < len(cache) and head_p < len(tokens):
@@ -735,9 +775,9 @@ class Context:
             while (head_c + n < len(cache) and head_p + n < len(tokens)
                    and cache[head_c + n] == tokens[head_p + n]):
                 n += 1
-            if n >= self.reuse_min:
-                self._seq_rm(self._mem, 0, head_p, head_c)
-                _lc.llama_memory_seq_add(self._mem, 0, head_c, head_c + n, head_p - head_c)
+            if n >= min_run:
+                self._seq_rm(self._mem, seq, head_p, head_c)
+                _lc.llama_memory_seq_add(self._mem, seq, head_c, head_c + n, head_p - head_c)
                 cache[head_p:head_p + n] = cache[head_c:head_c + n]
                 head_c += n
                 head_p += n
@@ -745,7 +785,7 @@ class Context:
             else:
                 head_c += 1
         if moved:
-            self._seq_rm(self._mem, 0, head_p, -1)
+            self._seq_rm(self._mem, seq, head_p, -1)
             del cache[head_p:]
             self.n_reused += moved
         return moved

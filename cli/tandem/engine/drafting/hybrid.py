@@ -192,7 +192,8 @@ class HybridDrafter:
 
     def observe(self, step: StepEvent) -> None:
         d = self._last
-        batch, produced = step.drafted + 1, step.accepted + 1  # forced tokens included
+        # forced tokens included; in a shared batch the timing is the whole batch's
+        batch, produced = self.costs.rows(step.drafted + 1), step.accepted + 1
         if step.forced:  # the grammar's tokens went first: only the rest were this drafter's
             step = replace(step, drafted=step.drafted - step.forced,
                            accepted=max(step.accepted - step.forced, 0), forced=0)
@@ -208,7 +209,8 @@ class HybridDrafter:
         n_ng = step.drafted - n_model
         if n_ng and step.accepted >= n_model and self._last_ngram is not None:
             self._last_ngram.feedback(n_ng, step.accepted - n_model)
-        seconds = step.t_draft + step.t_verify + step.t_sample
+        seconds = self.costs.attributed(step.drafted + 1,
+                                        step.t_draft + step.t_verify + step.t_sample)
         if model_ran:
             # re-reading tokens decoded while the model was off is the price of the pause,
             # not of speculation: counted, it would make every resumption look slow

@@ -10,7 +10,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Sequence
+from typing import Annotated, Callable, Sequence
 
 import msgspec
 
@@ -30,7 +30,9 @@ DISAGREE = 2.5
 # plain steps: 18%, 8%, 11%, 19%)
 UNKNOWN_SPREAD = 0.15
 SPREAD_WEIGHT = 0.2  # the observed noise's moving average (as observe_verify's own)
-MAX_CACHED_BATCH = 65  # contexts cap logits at 65 rows: no verify batch is larger
+# a verify batch has at most 65 rows (the contexts' logits cap), but a served batch holds
+# every slot's rows (engine/backend/sequences.py): its timings are kept at its total size
+MAX_CACHED_BATCH = 4096
 # a measurement during which other processes used more than this share of the CPU was taken
 # on a busy machine (cpu_snapshot/others_share; pricing.py, machine/load.py)
 BUSY_SHARE = 0.25
@@ -69,6 +71,16 @@ class CostModel:
             return self.verify[lo] + max(slope, 0.0) * (n - lo)
         w = (n - lo) / (hi - lo)
         return self.verify[lo] * (1 - w) + self.verify[hi] * w
+
+    def rows(self, n: int) -> int:
+        """The tokens of the llama_decode a verify batch of n went into: n (BatchCosts: with
+        the other sequences' rows)."""
+        return n
+
+    def attributed(self, n: int, seconds: float) -> float:
+        """The part of a step's `seconds` that is this sequence's (BatchCosts: its share of
+        a shared batch's time, as verify_cost prices it); alone, all of it."""
+        return seconds
 
     def spread_of(self, n: int) -> float:
         """Relative spread of a verify batch of n tokens: measured, else the larger of the
@@ -170,6 +182,38 @@ class CostModel:
 
         f = read_state(path, _CostFile, "the cached costs", remove, check=_check_cost_file)
         return None if f is None else cls.from_file(f)
+
+
+class BatchCosts(CostModel):
+    """The cost model as one sequence of a shared batch sees it (serve --parallel; o: the
+    other sequences' tokens in its latest llama_decode). Its plain step is its share of the
+    batch's, raw(o + 1) / (o + 1), and a draft of k tokens adds what its rows add to the
+    batch, raw(o + 1 + k) - raw(o + 1): drafts pay where their accepted tokens per second
+    added beat the batch's own rate. On a flat curve (a GPU) rows are nearly free and drafts
+    stay long; on a steep one (this CPU) they shrink as the batch grows. The curve and its
+    noise are the session's (shared dicts): a batch's timing refines it at rows(n)."""
+
+    def __init__(self, base: CostModel, others: Callable[[], int]):
+        super().__init__(base.verify, base.draft_token, base.source, base.when, base.busy,
+                         base.spread)
+        self._others = others
+
+    def rows(self, n: int) -> int:
+        return n + self._others()
+
+    def verify_cost(self, n: int) -> float:
+        o = self._others()
+        if o <= 0:
+            return super().verify_cost(n)
+        one = super().verify_cost(o + 1)
+        return one / (o + 1) + super().verify_cost(o + n) - one
+
+    def spread_of(self, n: int) -> float:
+        return super().spread_of(self.rows(n))
+
+    def attributed(self, n: int, seconds: float) -> float:
+        whole = super().verify_cost(self.rows(n))
+        return seconds * self.verify_cost(n) / whole if whole > 0 else seconds
 
 
 # seconds: a cost above this is not a timing (inf, 1e300); a slow remote step takes seconds

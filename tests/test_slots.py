@@ -1,0 +1,169 @@
+"""Several generations in one batch (engine/backend/sequences.py, PairSession slots): each
+answer equals the same request alone, whatever the strategy, a grammar or sampling; a
+generation that stops leaves the batch and the others go on; drafts are priced for the batch
+they join (BatchCosts) with scripted cost curves of a steep host and a flat one."""
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from tandem.engine.backend.context_params import ContextParams
+from tandem.engine.drafting.adaptive import LengthController
+from tandem.engine.loop.events import DoneEvent, TokenEvent
+from tandem.engine.loop.sampling import SamplingParams
+from tandem.engine.loop.speculative import GenParams
+from tandem.engine.pair import PairSession, SessionOptions
+from tandem.engine.tuning.costs import BatchCosts, CostModel
+
+from engine_helpers import assert_same_as_plain
+
+CTX = ContextParams(n_ctx=512, n_threads=2)
+PROMPTS = [[1, 5, 17, 99, 3, 42, 7] * 3, [1, 8, 8, 8, 120, 64] * 4,
+           [1, 200, 2, 41, 41, 9, 10, 11] * 2, [1, 33, 44, 55]]
+
+
+def answer(session, prompt, gen, strategy, slot=None):
+    for ev in session.generate(prompt, gen, strategy, slot=slot, record=False):
+        if isinstance(ev, DoneEvent):
+            return ev.tokens
+
+
+def together(session, prompts, gen, strategy):
+    """Each prompt on its own slot, all at once (one thread each, as serve runs them)."""
+    out = [None] * len(prompts)
+
+    def one(i):
+        out[i] = answer(session, prompts[i], gen, strategy, session.slots[i])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return out
+
+
+@pytest.fixture(scope="module")
+def sessions(tiny_models):
+    t, d = tiny_models["target"], tiny_models["draft"]
+    alone = PairSession(t, d, SessionOptions(target_ctx=CTX))
+    shared = PairSession(t, d, SessionOptions(target_ctx=CTX, sequences=4))
+    yield alone, shared
+    alone.close()
+    shared.close()
+
+
+@pytest.mark.parametrize("strategy", ["none", "ngram", "draft", "hybrid", "auto"])
+def test_four_slots_in_one_batch_each_equal_alone(sessions, strategy):
+    """Greedy answers are token-identical, near-ties aside (a row's floats depend a little on
+    the batch: assert_same_as_plain allows a top-2 gap below 1e-3 where they part)."""
+    alone, shared = sessions
+    gen = GenParams(max_tokens=48, ignore_eos=True)
+    ref = [answer(alone, p, gen, strategy) for p in PROMPTS]
+    before = shared.batcher.figures.calls
+    for p, a, b in zip(PROMPTS, ref, together(shared, PROMPTS, gen, strategy)):
+        assert_same_as_plain(alone.target, p, a, b)
+    f = shared.batcher.figures
+    assert f.calls > before and f.widest == 4  # they did share batches
+
+
+def test_constrained_and_penalised_slots_beside_a_sampled_one_equal_alone(sessions):
+    """Each sequence keeps its own grammar state, penalty history and random stream. A
+    sampled answer is not compared token for token: a row's floats depend a little on the
+    batch it is in (other rows, other kernels), which moves a draw near a boundary."""
+    from tandem.engine.constrain.grammar import Constraint
+
+    alone, shared = sessions
+    schema = Constraint("json_schema", json.dumps({"type": "object", "properties": {
+        "a": {"type": "integer"}}, "required": ["a"]}))
+    gens = [GenParams(max_tokens=40, sampling=SamplingParams(temperature=0.8, seed=7),
+                      ignore_eos=True),
+            GenParams(max_tokens=40, constraint=schema),
+            GenParams(max_tokens=40, sampling=SamplingParams(repeat_penalty=1.3)),
+            GenParams(max_tokens=40, ignore_eos=True)]
+    ref = [answer(alone, p, g, "draft") for p, g in zip(PROMPTS, gens)]
+    out = [None] * 4
+
+    def one(i):
+        out[i] = answer(shared, PROMPTS[i], gens[i], "draft", shared.slots[i])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(out[0]) == 40
+    for i in (1, 2, 3):
+        assert_same_as_plain(alone.target, PROMPTS[i], ref[i], out[i])
+    assert "a" in json.loads(b"".join(alone.target.piece(t) for t in out[1]))
+
+
+def test_a_generation_that_stops_leaves_the_batch(sessions):
+    alone, shared = sessions
+    gen = GenParams(max_tokens=64, ignore_eos=True)
+    ref = answer(alone, PROMPTS[1], gen, "draft")
+    got: dict[str, object] = {}
+
+    def stopped():  # closed after five tokens, as a client that goes away
+        stream = shared.generate(PROMPTS[0], gen, "draft", slot=shared.slots[0], record=False)
+        n = 0
+        for ev in stream:
+            n += isinstance(ev, TokenEvent)
+            if n >= 5:
+                break
+        stream.close()
+        got["stopped"] = n
+
+    def whole():
+        got["whole"] = answer(shared, PROMPTS[1], gen, "draft", shared.slots[1])
+
+    threads = [threading.Thread(target=stopped), threading.Thread(target=whole)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert got["stopped"] == 5
+    assert_same_as_plain(alone.target, PROMPTS[1], ref, got["whole"])
+    assert shared.batcher.members == 0
+
+
+# Scripted verify curves, seconds for n rows: a CPU where a batch of 4 costs 2 plain steps,
+# and a GPU where rows are nearly free up to 64
+def steep() -> CostModel:
+    return CostModel(verify={n: 0.1 * (1 + (n - 1) / 3) for n in range(1, 66)})
+
+
+def flat() -> CostModel:
+    return CostModel(verify={n: 0.01 * (1 + 0.005 * (n - 1)) for n in range(1, 66)})
+
+
+def longest_paying(costs, accept=0.9, cap=16) -> int:
+    """The longest free (n-gram) draft the length controller would take at `accept`."""
+    ctl = LengthController(costs, 1, cap, uses_model=False)
+    return max((k for k in range(1, cap + 1) if ctl.pays(k, [accept] * k)), default=0)
+
+
+def test_batch_costs_are_a_share_of_the_step_plus_the_rows_added():
+    others, curve = [0], steep()
+    view = BatchCosts(curve, lambda: others[0])
+    assert view.verify_cost(5) == curve.verify_cost(5) and view.rows(5) == 5
+    others[0] = 3
+    assert view.plain == pytest.approx(curve.verify_cost(4) / 4)
+    assert view.verify_cost(3) - view.plain == pytest.approx(
+        curve.verify_cost(6) - curve.verify_cost(4))
+    assert view.rows(3) == 6
+    # a whole batch's time is split by the same prices: this sequence's part of it
+    assert view.attributed(3, curve.verify_cost(6)) == pytest.approx(view.verify_cost(3))
+    view.observe_verify(view.rows(1), 0.5)  # refines the session's curve at the batch size
+    assert curve.verify[4] != 0.2 and 4 in curve.spread
+
+
+def test_drafts_shrink_as_the_batch_grows_only_where_rows_cost():
+    """At 90% acceptance a draft's rows must beat the batch's rate (by the timings' spread):
+    alone 16 tokens pay on the steep host, beside one other row 6, beside 3 none; on the flat
+    one every length pays at every batch size."""
+    sizes = (0, 1, 3, 7, 15)
+    assert [longest_paying(BatchCosts(steep(), lambda o=o: o)) for o in sizes] == [16, 6, 0, 0, 0]
+    assert [longest_paying(BatchCosts(flat(), lambda o=o: o)) for o in sizes] == [16] * 5
