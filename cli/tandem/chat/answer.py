@@ -24,13 +24,14 @@ class Answer:
 
     def __init__(self, pair: Pair, tokens: Sequence[int], gen: GenParams,
                  strategy: str | None = None, draft: DraftParams | None = None,
-                 record: bool = True):
+                 record: bool = True, slot=None):
         self.pair = pair
         self.tokens = list(tokens)
         self.gen = gen
         self.strategy = strategy or pair.options.strategy
         self.draft = draft
         self.record = record
+        self.slot = slot  # a served answer's slot (engine.pair.Slot); None: the only one
         self.text = ""
         self.reason: str | None = None
         self.stats: GenStats | None = None
@@ -43,8 +44,10 @@ class Answer:
         inner = None
         t0 = time.perf_counter()
         try:
-            inner = self.pair.generate(self.tokens, self.gen, self.strategy, self.draft,
-                                       record=self.record)
+            inner = (self.pair.generate(self.tokens, self.gen, self.strategy, self.draft,
+                                        record=self.record) if self.slot is None else
+                     self.pair.generate(self.tokens, self.gen, self.strategy, self.draft,
+                                        record=self.record, slot=self.slot))
             for ev in inner:
                 partial.observe(ev)
                 if isinstance(ev, TokenEvent):

@@ -169,6 +169,47 @@ def prepare_session(cli: Mapping[str, Any] | None,
                     Path(target), Path(draft) if draft is not None else None)
 
 
+AUTO_SLOTS = 4  # llama-server's --parallel auto
+
+
+def serve_slots(prepared: Prepared, want: int) -> tuple[int, str | None]:
+    """The slots `serve` decodes together for --parallel `want` (-1 or 0: auto, AUTO_SLOTS
+    where memory allows), and why fewer where it must be one: with the target on RPC
+    servers, in exact mode, for a model whose state goes back only from copies (hybrid,
+    recurrent), and with MTP heads (they follow one sequence)."""
+    from tandem.errors import TandemError
+    from tandem.machine.planner import slots_that_fit
+    from tandem.models import memory_type
+    from tandem.models.gguf_meta import read_gguf_header
+
+    s, opts = prepared.settings, prepared.options
+    auto = want <= 0
+    one = None
+    if opts.rpc:
+        one = "the target is on RPC servers"
+    elif s.mode == "exact":
+        one = ("exact mode (a row decoded beside other sequences' rows is not bit-identical "
+               "to the same row alone)")
+    elif s.strategy == "mtp":
+        one = "the MTP heads follow one sequence"
+    else:
+        for path in (prepared.target, prepared.draft):
+            try:
+                header = read_gguf_header(path) if path is not None else None
+            except (TandemError, OSError):
+                header = None
+            kind = memory_type.describe(header)[0] if header is not None else None
+            if kind in (memory_type.HYBRID, memory_type.RECURRENT):
+                one = f"{path.name} is a {kind} model (its state goes back only from copies)"
+                break
+    if one is not None:
+        return 1, None if auto or want == 1 else f"--parallel {want}: one slot, {one}"
+    n = slots_that_fit(prepared.plan, AUTO_SLOTS if auto else want)
+    if n < (AUTO_SLOTS if auto else want) and not auto:
+        return n, f"--parallel {want}: {n} slots fit in memory"
+    return n, None
+
+
 def files_on_disk(store, target, draft):
     """(target, draft) paths when they are on disk already (never downloads), else None;
     `target`/`draft`: catalog ModelSpecs or paths (draft may be None)."""

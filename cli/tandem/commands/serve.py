@@ -40,6 +40,8 @@ def serve(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No line per request on stderr (route, tokens, time, tok/s, acceptance, status).")] = False,
     timeout: setting_flag("timeout", default=True, help="Seconds a client has to send a request's headers, and again its body; beyond, 408 and the connection closed.") = None,
     cache_reuse: setting_flag("cache_reuse", default=True, help="Move cached runs of at least N tokens that a new prompt holds at another position, instead of evaluating them again (llama-server's --cache-reuse; an editor's keystrokes); 0: off. Never in --exact mode.") = None,
+    parallel: setting_flag("parallel", "-np", default=True, help="Slots: requests decoded together, one batch per step, each with its own drafts (llama-server's -np); -1 or 0: auto, 4 where memory allows, 1 with --rpc, --exact, MTP heads or a hybrid or recurrent model. With 2 or more, one slot more is kept for short requests (an editor's keystroke), each slot holding --ctx-size tokens.") = None,
+    cache_ram: setting_flag("cache_ram", "-cram", default=True, help="MiB of RAM for the conversations idle slots held, put back when a request continues one (llama-server's --cache-ram); 0: off.") = None,
     cors: setting_flag("cors", help="Origins whose web pages may call the API from a browser, comma-separated (e.g. http://localhost:3000); off by default.") = None,
     model: options.TargetFile = None, model_draft: options.DraftFile = None, strategy: options.Strategy = None,
     n_max: options.DraftMax = None, n_min: options.DraftMin = None, p_min: options.DraftPMin = None,
@@ -52,7 +54,7 @@ def serve(
 ):
     """Serve the OpenAI API (chat/completions, completions, models) on the local pair.
 
-    One generation at a time; both models' KV caches are reused by prefix across requests (a client's turn 2 evaluates only its new tokens). The sampling flags are the defaults of requests that do not set temperature, top_p, top_k...
+    Several requests at once (--parallel slots, decoded in one batch per step, each with its own drafts); a request goes to the slot whose cache shares most of its prompt (a client's turn 2 evaluates only its new tokens). The sampling flags are the defaults of requests that do not set temperature, top_p, top_k...
 
     Examples:
 
@@ -66,7 +68,8 @@ def serve(
 
     Then point a client at http://127.0.0.1:8080/v1 (any API key unless --api-key is set).
     """
-    from tandem.commands.compose import open_pair
+    from tandem.commands.compose import open_pair, serve_slots
+    from tandem.serve import listening
 
     check_max_tokens(max_tokens)
     # the flags checked before any download, and again once env and config.yaml are read
@@ -80,9 +83,13 @@ def serve(
     api_key = checked_key(s.api_key or None, s.origin("api_key"))
     origins = cors_origins(s.cors or None, api_key)
     target_path, draft_path, opts = prepared.target, prepared.draft, prepared.options
-    opts = replace(opts, cache_reuse=s.cache_reuse)
+    n_slots, slots_note = serve_slots(prepared, s.parallel)
+    if slots_note:
+        listening.warn(slots_note)
+    # with several slots one more is kept for short requests (engine_thread.py)
+    opts = replace(opts, cache_reuse=s.cache_reuse,
+                   sequences=n_slots + 1 if n_slots > 1 else 1)
 
-    from tandem.serve import listening
     from tandem.serve import routes as server  # Starlette and uvicorn: only now
     from tandem.models.vocab import longest_token_bytes
     from tandem.serve.engine_thread import Defaults, EngineThread
@@ -97,7 +104,8 @@ def serve(
             for path, text in contexts:
                 session.add_context_file(path, text)
             engine = EngineThread(session, strategy=opts.strategy, draft=opts.draft,
-                                  queue_size=queue)
+                                  queue_size=queue, parallel=n_slots,
+                                  cache_ram_mib=s.cache_ram)
             budget = PromptBudget(session.n_ctx,
                             longest_token_bytes(target_path) or UNKNOWN_TOKEN_BYTES)
             config = server.ServeConfig(
@@ -107,10 +115,16 @@ def serve(
             draft = f" + {draft_path.name}" if draft_path else ""
             print(f"tandem serve: {listening.listen_note(host, sock)} · {target_path.name}{draft} · "
                   f"strategy {opts.strategy} · context {session.n_ctx} · "
-                  f"queue {queue} · Ctrl-C stops", file=sys.stderr, flush=True)
+                  f"{_slots_words(engine)} · queue {queue} · Ctrl-C stops", file=sys.stderr, flush=True)
             server.serve(engine, config, sock, verbose=verbose)
     finally:
         sock.close()
+
+
+def _slots_words(engine) -> str:
+    kept = len(engine.slots) - engine.parallel
+    return (f"{engine.parallel} slot" + ("s" if engine.parallel > 1 else "")
+            + (f" + {kept} for short requests" if kept else ""))
 
 
 def checked_key(key: str | None, where: str) -> str | None:

@@ -379,6 +379,11 @@ SETTING_FIELDS: tuple[Field, ...] = (
       label="request timeout (s)", flag="--timeout"),
     F("cache_reuse", ("serve", "cache_reuse"), "TANDEM_CACHE_REUSE", "int", 256, 0, 1 << 20,
       label="cache reuse (tokens)", flag="--cache-reuse"),
+    # slots decoded together (llama-server's -np; -1 or 0: auto), and the RAM prompt cache
+    F("parallel", ("serve", "parallel"), "TANDEM_PARALLEL", "int", -1, -1, 64,
+      label="parallel slots", flag="--parallel"),
+    F("cache_ram", ("serve", "cache_ram"), "TANDEM_CACHE_RAM", "float", 8192.0, 0.0,
+      float(1 << 20), label="prompt cache in RAM (MiB)", flag="--cache-ram"),
     F("cors", ("serve", "cors"), "TANDEM_CORS", "text", "", label="CORS origins",
       flag="--cors"),
     F("api_key", ("serve", "api_key"), "TANDEM_API_KEY", "text", "", label="API key",

@@ -94,6 +94,8 @@ class Settings:
     queue: int
     timeout: float
     cache_reuse: int
+    parallel: int  # slots (-1 or 0: auto) and the RAM prompt cache's MiB
+    cache_ram: float
     cors: str  # origins, comma-separated ("": none)
     api_key: str  # "": none
     sources: Mapping[str, Setting] = field(repr=False, default_factory=dict)

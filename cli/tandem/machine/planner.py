@@ -194,6 +194,21 @@ def plan(target: ModelShape, draft: ModelShape | None, budget: MemoryBudget, ctx
     return result
 
 
+def slots_that_fit(p: Plan, want: int) -> int:
+    """The most slots, up to `want`, whose KV caches fit beside the plan (which holds one
+    slot's): each slot more, and the one kept for short requests, adds both models' KV
+    cache where the plan puts it (serve --parallel)."""
+    gpu = sum(m.kv_gpu for m in p.models)
+    cpu = sum(m.kv_cpu for m in p.models)
+    for n in range(max(want, 1), 1, -1):
+        more = n  # n - 1 more slots, and the kept one
+        gpu_ok = gpu == 0 or p.gpu_left is None or more * gpu <= p.gpu_left
+        ram = more * (cpu + (gpu if p.unified else 0))
+        if gpu_ok and ram <= p.ram_left:
+            return n
+    return 1
+
+
 def require_fit(p: Plan, what: str = "the pair") -> Plan:
     """`p` if the models can be loaded (fully or partly offloaded); else PlanError whose hint
     says what to change."""

@@ -1,22 +1,30 @@
-"""The engine thread: one Pair, one generation at a time, fed by a bounded queue.
+"""The engine thread: the scheduler of one Pair's slots, fed by a bounded queue.
 
-llama.cpp contexts are not shared between generations (both models' KV caches hold one
-sequence, reused by prefix from one request to the next), so requests run strictly one after
-another in this thread; the HTTP side only queues jobs and reads what they produce. A job's
-output goes to its own sink only, so answers cannot mix. A job whose `cancel` is set (its client
-went away, the server stops) ends at the engine's next event, that is within one step.
+With one slot (--parallel 1, a pair on RPC servers) requests run strictly one after another in
+this thread, both models' KV caches reused by prefix from one request to the next. With
+several (the pair's slots: engine/backend/sequences.py), this thread places each request on
+a free slot, the one whose cache shares most of its prompt (llama-server's slot similarity),
+restoring a conversation from the RAM prompt cache where that shares more, and each slot's
+own thread runs the answer; their steps share one batch. A short request (an editor's
+keystroke, a title: INTERACTIVE_TOKENS or fewer) waits ahead of long ones and may take the
+slot kept for them when every other slot is busy. The HTTP side only queues jobs and reads
+what they produce; a job's output goes to its own sink only, so answers cannot mix. A job
+whose `cancel` is set (its client went away, the server stops) ends at its next event, that
+is within one step.
 """
 from __future__ import annotations
 
-import queue
 import sys
 import threading
+import time
 import traceback
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from tandem.chat.answer import Answer
 from tandem.config.schema import SERVE_MAX_TOKENS
+from tandem.engine.backend.context_params import common_prefix
 from tandem.engine.loop.events import PrefillEvent, TokenEvent
 from tandem.engine.pair import Pair
 from tandem.engine.loop.sampling import SamplingParams
@@ -25,17 +33,25 @@ from tandem.errors import TandemError
 from tandem.serve import prompt
 from tandem.serve.metrics import ServeMetrics
 from tandem.serve.prompt import PromptBudget
+from tandem.serve.prompt_cache import PromptCache
+
+# an answer of at most this many tokens is interactive (an editor's completion, a chat UI's
+# title): it is placed before longer ones and may take the slot kept for such requests
+INTERACTIVE_TOKENS = 128
+# a free slot is chosen for sharing a prompt's prefix when it shares at least this part of
+# it (llama-server's --slot-prompt-similarity); else the slot used least recently
+SLOT_SIMILARITY = 0.1
 
 
 class QueueFull(Exception):
     """Every place in the queue is taken: the client should retry later."""
 
 
-@dataclass
+@dataclass(eq=False)
 class GenerationJob:
     """One request's generation. `sink(kind, value)` receives, in order: ("prefilled", n) once
     the prompt is evaluated, ("text", str) per released piece of text, then exactly one of ("done", Answer), ("error", TandemError),
-    ("failed", Exception) or ("cancelled", None). It is called from the engine thread."""
+    ("failed", Exception) or ("cancelled", None). It is called from the engine's threads."""
 
     make: Callable[[Pair], tuple[Sequence[int], GenParams]] | None  # see prepare()
     sink: Callable[[str, object], None]
@@ -46,101 +62,268 @@ class GenerationJob:
     # instead of an answer, one call on the pair (a remote pair's tokenizer, between
     # answers): its value is delivered as ("done", value)
     call: Callable[[Pair], object] | None = None
+    # a short answer (INTERACTIVE_TOKENS): queued first, and the kept slot may take it
+    interactive: bool = False
+    slot: int | None = None  # the slot that ran it (the request's log line)
+
+
+@dataclass(eq=False)
+class SlotState:
+    """A slot as the scheduler sees it (and /slots shows it): its sequences (None: the
+    pair's only one), whether it is kept for short requests, and what it runs."""
+
+    index: int
+    slot: object = None  # engine.pair.Slot
+    reserved: bool = False
+    job: GenerationJob | None = None
+    task: int = -1
+    n_ctx: int = 0
+    n_predict: int = 0
+    n_decoded: int = 0
+    used: float = 0.0  # time.monotonic() of its latest request
+    inbox: deque = field(default_factory=deque)
+    thread: threading.Thread | None = None
+
+    @property
+    def cached(self) -> Sequence[int]:
+        return self.slot.target.tokens if self.slot is not None else ()
 
 
 class EngineThread:
     def __init__(self, pair: Pair, *, strategy: str | None = None, draft=None,
-                 record: bool = True, queue_size: int = 8):
+                 record: bool = True, queue_size: int = 8, parallel: int | None = None,
+                 cache_ram_mib: float = 0.0):
+        """`parallel`: the slots any request may take; the pair's slots beyond them are kept
+        for short requests (None: none kept). `cache_ram_mib`: the RAM prompt cache's bound
+        (0: none)."""
         self.pair = pair
         self.strategy = strategy
         self.draft = draft
         self.record = record
-        self._queue: queue.Queue[GenerationJob | None] = queue.Queue(
-            maxsize=max(1, queue_size))
+        self._capacity = max(1, queue_size)
+        self._waiting: deque[GenerationJob] = deque()
+        self._cond = threading.Condition()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tandem-engine", daemon=True)
-        self.busy = False  # a job is being generated (for /health)
+        pair_slots = list(getattr(pair, "slots", None) or ())
+        n = len(pair_slots)
+        regular = n if parallel is None else max(1, min(parallel, n))
+        self.slots = [SlotState(i, s, reserved=i >= regular, n_ctx=s.target.n_ctx)
+                      for i, s in enumerate(pair_slots)] or [SlotState(0, n_ctx=pair.n_ctx)]
+        self.prompt_cache = PromptCache(int(cache_ram_mib * 2 ** 20)) if n else None
         self.served = 0
         self.cancelled = 0
+        self.tasks = 0
         self.metrics = ServeMetrics()  # every answer's figures (GET /metrics)
         self.last_cancel: dict | None = None  # how far the last cancelled answer went
 
     @property
+    def parallel(self) -> int:
+        """Slots any request may take (the banner's and /props' figure)."""
+        return sum(not s.reserved for s in self.slots)
+
+    @property
+    def busy(self) -> bool:
+        return any(s.job is not None for s in self.slots)
+
+    @property
+    def processing(self) -> int:
+        return sum(s.job is not None for s in self.slots)
+
+    @property
     def waiting(self) -> int:
-        return self._queue.qsize()
+        return len(self._waiting)
 
     @property
     def capacity(self) -> int:
-        return self._queue.maxsize
+        return self._capacity
 
     def start(self) -> None:
         self._thread.start()
+        if self.slots[0].slot is not None:
+            for state in self.slots:
+                state.thread = threading.Thread(target=self._slot_loop, args=(state,),
+                                                name=f"tandem-slot-{state.index}", daemon=True)
+                state.thread.start()
 
     def submit(self, job: GenerationJob) -> None:
-        if self._stopping.is_set():
-            raise QueueFull("the server is stopping")
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            raise QueueFull(f"{self.capacity} requests are already waiting") from None
+        with self._cond:
+            if self._stopping.is_set():
+                raise QueueFull("the server is stopping")
+            if len(self._waiting) >= self._capacity:
+                raise QueueFull(f"{self.capacity} requests are already waiting")
+            if job.interactive:  # ahead of every long one, behind the short ones waiting
+                at = next((i for i, j in enumerate(self._waiting) if not j.interactive),
+                          len(self._waiting))
+                self._waiting.insert(at, job)
+            else:
+                self._waiting.append(job)
+            self._cond.notify_all()
 
     def stop(self, wait_s: float = 30.0) -> None:
-        """Cancel what waits and what runs, then end the thread."""
-        self._stopping.set()
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.cancel.set()
-                _deliver(job, "cancelled", None)
-        try:
-            self._queue.put_nowait(None)
-        except queue.Full:  # a submit raced in: the loop sees _stopping anyway
-            pass
-        if self._thread.is_alive():
-            self._thread.join(wait_s)
+        """Cancel what waits and what runs, then end the threads."""
+        with self._cond:
+            self._stopping.set()
+            waiting, self._waiting = list(self._waiting), deque()
+            for state in self.slots:
+                if state.job is not None:
+                    state.job.cancel.set()
+            self._cond.notify_all()
+        for job in waiting:
+            job.cancel.set()
+            _deliver(job, "cancelled", None)
+        for t in [self._thread] + [s.thread for s in self.slots if s.thread is not None]:
+            if t.is_alive():
+                t.join(wait_s)
+
+    def slot_states(self) -> list[dict]:
+        """The slots in llama-server's /slots fields, with tandem's `reserved`."""
+        out = []
+        for s in self.slots:
+            job = s.job
+            out.append({"id": s.index, "id_task": s.task, "n_ctx": s.n_ctx,
+                        "speculative": (self.strategy or "none") != "none",
+                        "is_processing": job is not None, "reserved": s.reserved,
+                        "n_cached": len(s.cached),
+                        "params": {"n_predict": s.n_predict},
+                        "next_token": [{"has_next_token": job is not None,
+                                        "n_remain": max(s.n_predict - s.n_decoded, 0)
+                                        if job is not None else -1,
+                                        "n_decoded": s.n_decoded}]})
+        return out
+
+    # -- the scheduler
+
+    def _free_for(self, job: GenerationJob) -> list[SlotState]:
+        return [s for s in self.slots if s.job is None and (job.interactive or not s.reserved)]
+
+    def _next(self) -> tuple[GenerationJob, list[SlotState]] | None:
+        """Under the lock: the first waiting job a free slot may take, and those slots."""
+        for job in self._waiting:
+            free = self._free_for(job)
+            if free:
+                self._waiting.remove(job)
+                return job, free
+        return None
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            try:
-                job = self._queue.get(timeout=0.5)
-            except queue.Empty:
+            with self._cond:
+                picked = self._next()
+                if picked is None:
+                    self._cond.wait(0.5)
+                    continue
+                job, free = picked
+                state = free[0]
+                state.job = job  # held while the request is prepared
+            if job.cancel.is_set() or self._stopping.is_set():
+                self.cancelled += 1
+                self._release(state)
+                _deliver(job, "cancelled", None)
                 continue
-            if job is None:
-                break
-            self.busy = True
-            try:
-                self._run(job)
-            finally:
-                self.busy = False
+            prepared = self._prepare(job)
+            if prepared is None:
+                self._release(state)
+                continue
+            if state.slot is None:  # the pair's one sequence: run here
+                self._begin(state, job, prepared)
+                self._run_and_release(job, state, *prepared)
+                continue
+            with self._cond:  # the best free slot for this prompt, now that it is known
+                self._release_locked(state)
+                free = self._free_for(job) or [state]
+                state = self._choose(free, prepared[0])
+                state.job = job
+            self._place(state, prepared[0])
+            self._begin(state, job, prepared)
+            with self._cond:
+                state.inbox.append(prepared)
+                self._cond.notify_all()
 
-    def _run(self, job: GenerationJob) -> None:
-        if job.cancel.is_set() or self._stopping.is_set():
-            self.cancelled += 1
-            _deliver(job, "cancelled", None)
-            return
+    def _prepare(self, job: GenerationJob):
+        """(prompt tokens, GenParams) of a job, or None once its answer (a call's value, a
+        refusal) was delivered."""
         try:
             if job.call is not None:
                 _deliver(job, "done", job.call(self.pair))
-                return
-            tokens, gen = job.make(self.pair)
+                return None
+            return job.make(self.pair)
         except TandemError as exc:
             _deliver(job, "error", exc)
-            return
         except Exception as exc:  # noqa: BLE001 - a bug: reported, and the thread lives on
             print("tandem serve: preparing a request failed:", file=sys.stderr)
             traceback.print_exc(file=sys.stderr)
             _deliver(job, "failed", exc)
-            return
-        answer = Answer(self.pair, tokens, gen, self.strategy, self.draft, record=self.record)
+        return None
+
+    def _choose(self, free: list[SlotState], tokens: Sequence[int]) -> SlotState:
+        """The free slot whose cache shares most of the prompt, where that is at least
+        SLOT_SIMILARITY of it; else the one used least recently (llama-server's rule)."""
+        best = max(free, key=lambda s: (common_prefix(s.cached, tokens), -s.used))
+        if common_prefix(best.cached, tokens) >= SLOT_SIMILARITY * len(tokens) > 0:
+            return best
+        return min(free, key=lambda s: s.used)
+
+    def _place(self, state: SlotState, tokens: Sequence[int]) -> None:
+        """Before a slot takes a prompt: keep the conversation it holds in the RAM cache
+        when the prompt does not continue it, and put back a cached one that the prompt
+        continues further than what the slot holds."""
+        cache, slot = self.prompt_cache, state.slot
+        shared = common_prefix(state.cached, tokens)
+        entry = cache.best(tokens) if cache is not None else None
+        if cache is not None and len(state.cached) > shared and shared < 0.5 * len(state.cached):
+            cache.keep(slot)
+        if entry is not None and entry.shared(tokens) > shared:
+            cache.restore(entry, slot)
+
+    def _begin(self, state: SlotState, job: GenerationJob, prepared) -> None:
+        self.tasks += 1
+        state.task, state.n_decoded = self.tasks, 0
+        state.n_predict = prepared[1].max_tokens
+        state.used = time.monotonic()
+        job.slot = state.index
+
+    def _release(self, state: SlotState) -> None:
+        with self._cond:
+            self._release_locked(state)
+
+    def _release_locked(self, state: SlotState) -> None:
+        state.job = None
+        self._cond.notify_all()
+
+    def _slot_loop(self, state: SlotState) -> None:
+        while True:
+            with self._cond:
+                while not state.inbox and not self._stopping.is_set():
+                    self._cond.wait(0.5)
+                if not state.inbox:
+                    return  # stopping
+                tokens, gen = state.inbox.popleft()
+            self._run_and_release(state.job, state, tokens, gen)
+
+    def _run_and_release(self, job: GenerationJob, state: SlotState, tokens, gen) -> None:
+        """Run the job, free its slot, then deliver its outcome: a client that has its answer
+        finds the slot free (/health, /metrics, its next request)."""
+        outcome: tuple[str, object] = ("cancelled", None)
+        try:
+            outcome = self._run(job, state, tokens, gen)
+        finally:
+            self._release(state)
+            _deliver(job, *outcome)
+
+    def _run(self, job: GenerationJob, state: SlotState, tokens, gen) -> tuple[str, object]:
+        if job.cancel.is_set() or self._stopping.is_set():
+            self.cancelled += 1
+            return ("cancelled", None)
+        answer = Answer(self.pair, tokens, gen, self.strategy, self.draft, record=self.record,
+                        slot=state.slot)
         stream = answer.events()
         outcome: tuple[str, object] = ("done", answer)
         limit = job.limit
         try:
             for ev in stream:
                 if isinstance(ev, TokenEvent) and ev.text:
+                    state.n_decoded += 1
                     text = ev.text if limit is None else limit.feed(ev.text)
                     if text:
                         _deliver(job, "text", text)
@@ -177,7 +360,7 @@ class EngineThread:
                                 "prompt_tokens": answer.stats.n_prompt}
         else:
             self.served += 1
-        _deliver(job, *outcome)
+        return outcome
 
 
 def _deliver(job: GenerationJob, kind: str, value) -> None:

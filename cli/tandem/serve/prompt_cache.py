@@ -1,0 +1,92 @@
+"""The RAM prompt cache (llama-server's --cache-ram): conversations a slot held before it
+took another prompt, kept as copies of both models' sequences within a bound in bytes, and
+put back into a slot when a later prompt continues one further than the slot's own cache
+does (a chat's next turn after the editors took its slot)."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from tandem.engine.backend.context_params import common_prefix
+
+
+@dataclass(eq=False)
+class CachedPrompt:
+    tokens: list[int]
+    target: bytes
+    draft_tokens: list[int] = field(default_factory=list)
+    draft: bytes | None = None
+    used: float = field(default_factory=time.monotonic)
+
+    @property
+    def size(self) -> int:
+        return len(self.target) + len(self.draft or b"")
+
+    def shared(self, tokens: Sequence[int]) -> int:
+        return common_prefix(self.tokens, tokens)
+
+
+@dataclass
+class CacheFigures:
+    kept: int = 0
+    restored: int = 0
+    evicted: int = 0
+    too_large: int = 0  # copies larger than the whole bound, not kept
+
+
+class PromptCache:
+    """Copies of slots' sequences (engine.pair.Slot) up to `limit` bytes; the least recently
+    used go first. 0: nothing is kept."""
+
+    def __init__(self, limit: int):
+        self.limit = max(0, limit)
+        self.entries: list[CachedPrompt] = []
+        self.figures = CacheFigures()
+        self._lock = threading.Lock()
+
+    @property
+    def size(self) -> int:
+        return sum(e.size for e in self.entries)
+
+    def best(self, tokens: Sequence[int]) -> CachedPrompt | None:
+        """The copy that shares most of `tokens` (None: none shares any)."""
+        with self._lock:
+            best = max(self.entries, key=lambda e: e.shared(tokens), default=None)
+        return best if best is not None and best.shared(tokens) > 0 else None
+
+    def keep(self, slot) -> bool:
+        """Copy what `slot` holds; False where the bound does not allow it."""
+        if self.limit <= 0 or not slot.target.tokens:
+            return False
+        entry = CachedPrompt(list(slot.target.tokens), slot.target.save())
+        if slot.draft is not None and slot.draft.tokens:
+            entry.draft_tokens, entry.draft = list(slot.draft.tokens), slot.draft.save()
+        if entry.size > self.limit:
+            self.figures.too_large += 1
+            return False
+        with self._lock:
+            # a copy this one extends says nothing more
+            self.entries = [e for e in self.entries
+                            if e.shared(entry.tokens) < len(e.tokens)]
+            while self.entries and self.size + entry.size > self.limit:
+                self.entries.remove(min(self.entries, key=lambda e: e.used))
+                self.figures.evicted += 1
+            self.entries.append(entry)
+            self.figures.kept += 1
+        return True
+
+    def restore(self, entry: CachedPrompt, slot) -> bool:
+        """Put `entry` into `slot` (and out of the cache); False where llama.cpp found no
+        room, the slot then empty."""
+        with self._lock:
+            if entry in self.entries:
+                self.entries.remove(entry)
+        ok = slot.target.load(entry.tokens, entry.target)
+        if ok and slot.draft is not None:
+            if entry.draft is None or not slot.draft.load(entry.draft_tokens, entry.draft):
+                slot.draft.truncate(0)
+        if ok:
+            self.figures.restored += 1
+        return ok
