@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench_peer import default_tandem, log, pair_parser, resolve_models
-from bench_serve import TandemServer, _median, llama_server_or_warn
+from bench_serve import TandemServer, _median, llama_server_or_warn, server_options
 from tandem.bench.editor_workload import Completion, agrees, fim_cases, typing_session
 from tandem.bench.llama_server import (
     BASE_SERVER_ARGS,
@@ -116,12 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--limit", type=int, help="at most this many requests per workload")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-c", "--ctx", type=int, default=8192)
-    ap.add_argument("--tandem-args", default="", help="extra `tandem serve` arguments")
-    ap.add_argument("--tandem-bin", help="tandem command (default: .venv/bin/tandem)")
-    ap.add_argument("--server-bin", type=Path, help="llama-server binary")
-    ap.add_argument("--build-native", action="store_true",
-                    help="build llama-server with scripts/build_native.sh if needed")
-    ap.add_argument("--no-llama", action="store_true", help="tandem serve only")
+    server_options(ap)
     ap.add_argument("--llama", action="append", choices=("plain", "draft", "ngram"),
                     help="llama-server configurations (default: plain, draft, ngram)")
     ap.add_argument("--record", type=Path,

@@ -252,6 +252,18 @@ def llama_server_or_warn(ns) -> Path | None:
     return server_bin
 
 
+def server_options(ap: argparse.ArgumentParser) -> None:
+    """The options of a benchmark of `tandem serve` against llama-server: the tandem command
+    and its extra arguments, the llama-server binary (llama_server_or_warn reads them)."""
+    ap.add_argument("--tandem-args", default="",
+                    help="extra `tandem serve` arguments (e.g. \"--strategy auto\")")
+    ap.add_argument("--tandem-bin", help="tandem command (default: .venv/bin/tandem)")
+    ap.add_argument("--server-bin", type=Path, help="llama-server binary")
+    ap.add_argument("--build-native", action="store_true",
+                    help="build llama-server with scripts/build_native.sh if needed")
+    ap.add_argument("--no-llama", action="store_true", help="tandem serve only")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = pair_parser(__doc__)
     ap.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS,
@@ -263,13 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-c", "--ctx", type=int, default=4096)
     ap.add_argument("--seed", type=int, default=42)
-    ap.add_argument("--tandem-args", default="",
-                    help="extra `tandem serve` arguments (e.g. \"--strategy auto\")")
-    ap.add_argument("--tandem-bin", help="tandem command (default: .venv/bin/tandem)")
-    ap.add_argument("--server-bin", type=Path, help="llama-server binary")
-    ap.add_argument("--build-native", action="store_true",
-                    help="build llama-server with scripts/build_native.sh if needed")
-    ap.add_argument("--no-llama", action="store_true", help="tandem serve only")
+    server_options(ap)
     ap.add_argument("--no-ngram", action="store_true", help="no llama-server n-gram config")
     ap.add_argument("--stream", action="store_true",
                     help="stream every answer (then the overhead line is per streamed token)")
