@@ -100,7 +100,9 @@ def test_dependency_rules():
     assert all(m.startswith("tandem.commands.") or m == "tandem.chat.tui" for m in ui), ui
     # the HTTP stack only where `tandem serve` runs it (tandem run never loads it)
     assert _importers("starlette") | _importers("uvicorn") == {
-        "tandem.serve.routes", "tandem.serve.request_flow", "tandem.serve.connection"}
+        "tandem.serve.routes", "tandem.serve.request_flow", "tandem.serve.connection",
+        "tandem.serve.completion_flow", "tandem.serve.openai_routes",
+        "tandem.serve.llama_routes", "tandem.serve.server_state"}
 
 
 # The one module that needs the compiled binding: every other module only names its types
@@ -922,3 +924,45 @@ def test_the_or_over_and_check_sees_one():
     tree = ast.parse("assert a and b or c\nassert (a or b) and c\nassert a or b\n"
                      "assert x == 1 and (y or (z and w))\nassert a and b\n")
     assert _or_over_and(tree) == [1, 4]
+
+
+# what makes an HTTP route in Starlette, besides a row of serve/routes.py's table
+_ROUTE_MAKERS = {"Route", "Mount", "Host", "WebSocketRoute", "Router", "add_route",
+                 "add_websocket_route", "route", "websocket_route"}
+
+
+def _served(app) -> set[tuple[str, str, object]]:
+    """An app's routes as (path, method, the handler its endpoint wraps, or the endpoint)."""
+    return {(r.path, m, getattr(r.endpoint, "__wrapped__", r.endpoint))
+            for r in app.routes for m in r.methods - {"HEAD"}}
+
+
+def test_every_route_of_serve_is_in_the_table():
+    """`tandem serve` answers exactly serve/routes.py's ROUTES, each (path, method) once and
+    each a named module-level handler of openai_routes.py or llama_routes.py (issue 41: one
+    table a reader scans, not routes among closures); no other module makes a route."""
+    import importlib
+    import inspect
+    from types import SimpleNamespace
+
+    from tandem.serve import routes
+    from tandem.serve.engine_thread import Defaults
+    from tandem.serve.prompt import PromptBudget
+
+    pair = SimpleNamespace(tokenizes_aside=True, fim_tokens=None, props=lambda: {"n_vocab": 9})
+    app = routes.build_app(SimpleNamespace(pair=pair), routes.ServeConfig(
+        model_id="m", defaults=Defaults(), budget=PromptBudget(64)))
+    table = {(e.path, e.method, e.handler) for e in routes.ROUTES}
+    assert len(table) == len({(e.path, e.method) for e in routes.ROUTES}) == len(routes.ROUTES)
+    assert _served(app) == table
+    for handler in {e.handler for e in routes.ROUTES}:
+        module = importlib.import_module(handler.__module__)
+        assert inspect.iscoroutinefunction(handler), handler
+        assert handler.__qualname__ == handler.__name__, handler  # not nested, not a lambda
+        assert getattr(module, handler.__name__) is handler, handler
+        assert module.__name__ in ("tandem.serve.openai_routes", "tandem.serve.llama_routes")
+    makers = {m for m, tree in _trees() for n in ast.walk(tree)
+              if (getattr(n, "id", None) or getattr(n, "attr", None)) in _ROUTE_MAKERS}
+    assert makers == {"tandem.serve.routes"}, makers
+    app.add_route("/slots", lambda request: None, methods=["GET"])  # the check sees one
+    assert _served(app) != table

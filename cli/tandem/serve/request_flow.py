@@ -1,7 +1,7 @@
 """One request's side of its exchange with the engine thread, under Starlette: the body read
 within limits, the client's disconnect watched, the job's events read (an answer whole, or as
-server-sent events), and the engine's failures turned into the API's errors. serve/routes.py
-composes these into its routes."""
+server-sent events), and the engine's failures turned into the API's errors.
+serve/completion_flow.py and serve/routes.py compose these into the routes."""
 from __future__ import annotations
 
 import asyncio

@@ -1,0 +1,123 @@
+"""A completion's whole life, shared by the four routes that generate (/v1/chat/completions,
+/v1/completions, llama-server's /infill and /completion): the cheap checks, the prompt off the
+engine thread, the queue, the prompt's verdict before any header, then the answer whole or
+streamed in the route's wire format, and the job cancelled however the request ends."""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from functools import partial
+
+from starlette.responses import JSONResponse
+
+from tandem.serve import llama_api, protocol, responses, structured
+from tandem.serve.engine_thread import GenerationJob, QueueFull, gen_params, prepare
+from tandem.serve.prompt import check_size as prompt_size_check
+from tandem.serve.prompt import request_tokens
+from tandem.serve.request_flow import (
+    EngineStream,
+    client_gone,
+    disconnected,
+    llama_stream,
+    next_event,
+    openai_stream,
+    raise_failure,
+    whole_answer,
+    whole_text,
+)
+from tandem.serve.server_state import ApiCall, ServerState
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def complete(state: ServerState, call: ApiCall, req: protocol.Request, id_prefix: str):
+    """The answer to a parsed completion request; refusals raise (QueueFull, TandemError and
+    ApiError, which the route's shared handling turns into the API's errors and logs)."""
+    engine, defaults, budget = state.engine, state.config.defaults, state.budget
+    if req.infill is not None and state.fim.missing():
+        raise llama_api.refusal_501(state.fim.missing())
+    limit = llama_api.Limiter(req.n_indent, req.t_max_predict_ms)
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue = asyncio.Queue()
+    log = partial(state.log, call)
+
+    def sink(what, value):  # the engine thread -> this request's queue, nobody else's
+        loop.call_soon_threadsafe(events.put_nowait, (what, value))
+
+    # cheap checks first, then the tokenizer, never in the engine thread when it can be
+    # elsewhere: a long prompt's preparation does not delay the answer being generated
+    prompt_size_check(req, budget)
+    if engine.waiting >= engine.capacity:
+        raise QueueFull(f"{engine.capacity} requests are already waiting")
+    if req.constraint is not None:  # compiled here, so the engine thread only looks up
+        await loop.run_in_executor(state.tokenizer, structured.prepare_grammar, req,
+                                   engine.pair.target if state.aside else None)
+    tokens = None
+    if state.aside:
+        tokens, prediction = await loop.run_in_executor(
+            state.tokenizer, request_tokens, engine.pair, req, budget)
+        gen = gen_params(req, defaults, prediction)
+        make = lambda pair: (tokens, gen)  # noqa: E731 - the job's one line
+    else:
+        make = partial(prepare, req=req, defaults=defaults, budget=budget)
+    job = GenerationJob(make=make, sink=sink, limit=limit if limit.active else None)
+    engine.submit(job)
+    rid = id_prefix + uuid.uuid4().hex[:24]
+    now = int(time.time())
+    watch = asyncio.ensure_future(disconnected(call.request))
+    handed_over = False  # the stream response owns the job from there
+    try:
+        # wait for the prompt to be evaluated (or refused) before any header goes out, so
+        # a prompt too long is a 400 even for a stream
+        first = await next_event(events, watch)
+        if first is None:
+            return client_gone(job, log)
+        raise_failure(first)
+        if req.native:
+            response = await native_answer(state, req, tokens, events, watch, first, log, job)
+            handed_over = isinstance(response, EngineStream)  # it cancels at its end
+            return response
+        model = state.config.model_id
+        if req.stream:
+            watch.cancel()  # from here the stream response watches the connection
+            stream = openai_stream(req, rid, now, model, events, first, log)
+            handed_over = True
+            return EngineStream(stream, job.cancel, media_type="text/event-stream",
+                                headers=SSE_HEADERS)
+        answer = await whole_answer(events, watch, first)
+        if answer is None:
+            return client_gone(job, log)
+        log(200, answer.stats)
+        return JSONResponse(responses.completion(req, rid, now, model, answer.text,
+                                                 answer.reason, answer.stats))
+    finally:
+        watch.cancel()
+        if not handed_over:  # answered, refused, or this handler cancelled: stop the job
+            job.cancel.set()
+
+
+async def native_answer(state: ServerState, req: protocol.Request, tokens, events, watch,
+                        first, log, job):
+    """/infill and /completion: llama-server's answer object, or its stream of them."""
+    n_ctx = state.engine.pair.n_ctx
+    shown = tokens is not None and (not req.response_fields or "prompt" in req.response_fields)
+    prompt_text = b"".join(await state.on_pair(lambda pair: pair.pieces(tokens))).decode(
+        "utf-8", "replace") if shown else None
+
+    def last(answer, text):
+        return llama_api.final(req, state.config.model_id, text, answer.reason, answer.stats,
+                               n_ctx, prompt_text, llama_api.sampling_json(answer.gen.sampling))
+
+    if req.stream:
+        watch.cancel()  # from here the stream response watches the connection
+        stream = llama_stream(events, first, lambda answer: last(answer, ""), log,
+                              len(tokens) if tokens is not None else 0)
+        return EngineStream(stream, job.cancel, media_type="text/event-stream",
+                            headers=SSE_HEADERS)
+    outcome = await whole_text(events, watch, first)
+    if outcome is None:
+        return client_gone(job, log)
+    text, answer = outcome
+    log(200, answer.stats)
+    return JSONResponse(last(answer, text))
