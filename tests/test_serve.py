@@ -334,7 +334,7 @@ def test_each_request_gets_a_log_line(server):
     # the count is the answer's own (an answer may end before max_tokens)
     n = resp.usage.completion_tokens
     for line in (plain, streamed):
-        assert re.match(r"tandem serve: POST /v1/chat/completions 200 · prompt \d+ "
+        assert re.match(r"tandem serve: POST /v1/chat/completions 200 · (slot \d · )?prompt \d+ "
                         rf"\(\d+ cached\) · {n} tokens · \d+\.\d\d s · [\d.]+ tok/s", line), line
     assert refused.startswith("tandem serve: POST /v1/chat/completions 400 · ")
 
@@ -613,6 +613,7 @@ def test_a_bug_is_a_500_json_error_and_the_app_goes_on():
 
     class Broken:
         busy, waiting, capacity, served, cancelled, last_cancel = False, 0, 1, 0, 0, None
+        slots, processing, prompt_cache = [], 0, None
         # prompts go to the engine thread; the vocabulary's facts are read at the start
         pair = SimpleNamespace(tokenizes_aside=False, fim_tokens=FimTokens(),
                                props=lambda: {"n_vocab": 10})

@@ -9,11 +9,15 @@ drafts from (engine/drafting/history.py).
 
 `Pair` is what the callers (run, chat, serve, spec-bench) use of a loaded pair: PairSession
 here, RemotePair (engine/remote/worker.py) when the target's layers are on RPC servers.
+
+Over 400 lines because the protocol and its one local implementation are read together: each
+method of Pair is answered by PairSession's a few lines below, and `serve`'s slots
+(engine/backend/sequences.py) are one more way into the same generate().
 """
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence
 
@@ -26,8 +30,8 @@ from tandem.engine.drafting.drafters import Drafter
 from tandem.engine.loop.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
 from tandem.engine.drafting.history import HistoryStore, Library, read_context_file
 from tandem.engine.tuning.knowledge import Knowledge
-from tandem.engine.backend.context_params import MAX_OUTPUTS, ContextParams, default_threads
-from tandem.engine.backend.sequences import SeqContext, StepBatcher
+from tandem.engine.backend.context_params import ContextParams, default_threads
+from tandem.engine.backend.sequences import SeqContext, Slot, StepBatcher, shared_context
 from tandem.engine.backend.loading import ContextCache, check_pair, draft_paths, load_drafts
 from tandem.engine.tuning.pricing import PROBE_TEXT, Pricing, cost_key
 from tandem.engine.loop.speculative import GenParams, generate
@@ -155,25 +159,6 @@ class Pair(Protocol):
     def __enter__(self) -> Pair: ...
 
     def __exit__(self, *exc: object) -> None: ...
-
-
-@dataclass(eq=False)
-class Slot:
-    """One of a session's sequences (SessionOptions.sequences > 1): the target's and the
-    draft model's views of it, which a generation on this slot decodes through."""
-
-    index: int
-    target: SeqContext
-    draft: SeqContext | None
-
-
-def shared_context(params: ContextParams, sequences: int) -> ContextParams:
-    """A context that holds `sequences` slots of params.n_ctx tokens each in one unified KV
-    cache (llama-server's layout), plus sequence 0, the session's own (a calibration's
-    probe: one ubatch), with logits rows for every slot's verify batch."""
-    return replace(params, n_ctx=params.n_ctx * sequences + params.n_ubatch,
-                   n_seq_max=sequences + 1, kv_unified=True,
-                   n_outputs_max=MAX_OUTPUTS * sequences)
 
 
 class PairSession:

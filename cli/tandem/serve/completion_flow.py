@@ -12,7 +12,8 @@ from functools import partial
 from starlette.responses import JSONResponse
 
 from tandem.serve import llama_api, protocol, responses, structured
-from tandem.serve.engine_thread import GenerationJob, QueueFull, gen_params, prepare
+from tandem.serve.engine_thread import (INTERACTIVE_TOKENS, GenerationJob, QueueFull,
+                                        gen_params, prepare)
 from tandem.serve.prompt import check_size as prompt_size_check
 from tandem.serve.prompt import request_tokens
 from tandem.serve.request_flow import (
@@ -61,7 +62,10 @@ async def complete(state: ServerState, call: ApiCall, req: protocol.Request, id_
         make = lambda pair: (tokens, gen)  # noqa: E731 - the job's one line
     else:
         make = partial(prepare, req=req, defaults=defaults, budget=budget)
-    job = GenerationJob(make=make, sink=sink, limit=limit if limit.active else None)
+    # an answer that short is an editor's or a title's: queued first, the kept slot may take it
+    n_predict = req.max_tokens if req.max_tokens is not None else defaults.max_tokens
+    job = call.job = GenerationJob(make=make, sink=sink, limit=limit if limit.active else None,
+                                   interactive=n_predict <= INTERACTIVE_TOKENS)
     engine.submit(job)
     rid = id_prefix + uuid.uuid4().hex[:24]
     now = int(time.time())

@@ -64,7 +64,7 @@ class GenerationJob:
     call: Callable[[Pair], object] | None = None
     # a short answer (INTERACTIVE_TOKENS): queued first, and the kept slot may take it
     interactive: bool = False
-    slot: int | None = None  # the slot that ran it (the request's log line)
+    slot: int | None = None  # the slot that ran it, of several (the request's log line)
 
 
 @dataclass(eq=False)
@@ -281,7 +281,7 @@ class EngineThread:
         state.task, state.n_decoded = self.tasks, 0
         state.n_predict = prepared[1].max_tokens
         state.used = time.monotonic()
-        job.slot = state.index
+        job.slot = state.index if state.slot is not None else None  # (one slot: not said)
 
     def _release(self, state: SlotState) -> None:
         with self._cond:

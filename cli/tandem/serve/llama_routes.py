@@ -50,18 +50,27 @@ async def apply_template(state: ServerState, call: ApiCall):
 
 async def props(state: ServerState, call: ApiCall):
     defaults = state.config.defaults
-    return JSONResponse(llama_api.props(state.config.model_id, state.engine.pair, state.facts,
+    return JSONResponse(llama_api.props(state.config.model_id, state.engine, state.facts,
                                         defaults.sampling, defaults.max_tokens))
 
 
 async def health(state: ServerState, call: ApiCall):
     engine = state.engine
+    cache = engine.prompt_cache
     return JSONResponse({"status": "ok", "busy": engine.busy, "waiting": engine.waiting,
                          "queue": engine.capacity, "served": engine.served,
-                         "cancelled": engine.cancelled, "last_cancel": engine.last_cancel})
+                         "cancelled": engine.cancelled, "last_cancel": engine.last_cancel,
+                         "slots": len(engine.slots), "processing": engine.processing,
+                         "prompt_cache": None if cache is None else {
+                             "entries": len(cache.entries), "bytes": cache.size,
+                             "limit": cache.limit, **vars(cache.figures)}})
+
+
+async def slots(state: ServerState, call: ApiCall):
+    return JSONResponse(state.engine.slot_states())
 
 
 async def metrics(state: ServerState, call: ApiCall):
     engine = state.engine
-    text = engine.metrics.prometheus(processing=int(engine.busy), deferred=engine.waiting)
+    text = engine.metrics.prometheus(processing=engine.processing, deferred=engine.waiting)
     return PlainTextResponse(text, media_type=CONTENT_TYPE)

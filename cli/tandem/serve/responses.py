@@ -107,11 +107,14 @@ def chunk(req: Request, rid: str, created: int, model: str, *, text: str | None 
     return out
 
 
-def log_line(method: str, path: str, status: int, seconds: float, stats=None) -> str:
+def log_line(method: str, path: str, status: int, seconds: float, stats=None,
+             slot: int | None = None) -> str:
     """The server's line for one request: what was asked, what it cost, how it went.
-    `POST /v1/chat/completions 200 · prompt 120 (98 cached) · 64 tokens · 1.92 s ·
+    `POST /v1/chat/completions 200 · slot 1 · prompt 120 (98 cached) · 64 tokens · 1.92 s ·
     33.3 tok/s · drafts 41/60 accepted`."""
     parts = [f"{method} {clip(path, 80)} {status}"]
+    if slot is not None:
+        parts.append(f"slot {slot}")
     if stats is not None:
         cached = max(stats.n_prompt - stats.n_prompt_eval, 0)
         parts.append(f"prompt {stats.n_prompt} ({cached} cached)")

@@ -60,6 +60,7 @@ ROUTES: tuple[Endpoint, ...] = (
     Endpoint("/apply-template", "POST", llama_routes.apply_template),
     Endpoint("/props", "GET", llama_routes.props),
     Endpoint("/metrics", "GET", llama_routes.metrics),
+    Endpoint("/slots", "GET", llama_routes.slots),
 )
 
 

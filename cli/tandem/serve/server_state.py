@@ -50,6 +50,7 @@ class ApiCall:
     request: Request
     body: dict | None = None
     started: float = field(default_factory=time.monotonic)
+    job: GenerationJob | None = None  # a completion's job (its slot, for the log line)
 
 
 @dataclass
@@ -119,7 +120,8 @@ class ServerState:
         config = self.config
         if not config.quiet:
             print(responses.log_line(call.request.method, call.request.url.path, status,
-                                     time.monotonic() - call.started, stats),
+                                     time.monotonic() - call.started, stats,
+                                     call.job.slot if call.job is not None else None),
                   file=sys.stderr, flush=True)
         if status == 200 and config.notice is not None:
             note = config.notice()

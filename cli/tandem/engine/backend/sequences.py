@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
-from tandem.engine.backend.context_params import ALL, LAST, MAX_OUTPUTS, NONE, common_prefix
+from tandem.engine.backend.context_params import (ALL, LAST, MAX_OUTPUTS, NONE, ContextParams,
+                                                   common_prefix)
 from tandem.errors import ContextOverflowError
 
 if TYPE_CHECKING:
@@ -232,3 +233,22 @@ class SeqContext:
                 self.ctx.seq_rm(self.seq, 0)
         self.tokens[:] = list(tokens) if ok else []
         return ok
+
+
+@dataclass(eq=False)
+class Slot:
+    """One of a session's sequences (SessionOptions.sequences > 1): the target's and the
+    draft model's views of it, which a generation on this slot decodes through."""
+
+    index: int
+    target: SeqContext
+    draft: SeqContext | None
+
+
+def shared_context(params: ContextParams, sequences: int) -> ContextParams:
+    """A context that holds `sequences` slots of params.n_ctx tokens each in one unified KV
+    cache (llama-server's layout), plus sequence 0, the session's own (a calibration's
+    probe: one ubatch), with logits rows for every slot's verify batch."""
+    return replace(params, n_ctx=params.n_ctx * sequences + params.n_ubatch,
+                   n_seq_max=sequences + 1, kv_unified=True,
+                   n_outputs_max=MAX_OUTPUTS * sequences)

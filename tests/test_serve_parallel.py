@@ -1,0 +1,228 @@
+"""`tandem serve --parallel`: the scheduler of slots (serve/engine_thread.py) on the tiny
+models. Mixed requests in flight at once each equal the same request alone; a cancelled
+stream frees its slot for the next; a full server answers 429; a short request takes the slot
+kept for it while long ones hold the others; a slot's next turn reuses its prefix; the RAM
+prompt cache puts back a conversation whose slot another took."""
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+
+import pytest
+
+from serve_helpers import Server
+from tandem.engine.backend.context_params import ContextParams, common_prefix
+from tandem.engine.loop.speculative import GenParams
+from tandem.engine.pair import PairSession, SessionOptions
+from tandem.serve.engine_thread import EngineThread, GenerationJob, QueueFull
+
+
+# -- the scheduler itself, on a session of three sequences (two slots + the kept one)
+
+@pytest.fixture(scope="module")
+def session(tiny_models, tmp_path_factory):
+    opts = SessionOptions(strategy="draft", sequences=3,
+                          target_ctx=ContextParams(n_ctx=1024, n_threads=1, n_threads_batch=1))
+    with PairSession(tiny_models["target"], tiny_models["draft"], opts) as s:
+        yield s
+
+
+class Job:
+    """A job whose sink records what it gets. (A sink never blocks: a slot's thread waiting
+    in one would hold every slot's batch.)"""
+
+    def __init__(self, prompt, gen, interactive=False):
+        self.got: list = []
+        self.done = threading.Event()
+        self.started = threading.Event()
+
+        def sink(kind, value):
+            self.got.append((kind, value))
+            if kind == "text":
+                self.started.set()
+            elif kind != "prefilled":
+                self.done.set()
+
+        self.job = GenerationJob(make=lambda pair: (prompt, gen), sink=sink,
+                                 interactive=interactive)
+
+    @property
+    def outcome(self):
+        assert self.done.wait(120), self.got
+        return self.got[-1]
+
+
+def prompt_of(session, text):
+    return session.prompt_tokens([{"role": "user", "content": text}])
+
+
+LONG = GenParams(max_tokens=900, ignore_eos=True)  # seconds, beside the short ones
+
+
+def test_a_short_request_takes_the_kept_slot_while_long_ones_hold_the_others(session):
+    engine = EngineThread(session, strategy="draft", record=False, queue_size=4, parallel=2)
+    engine.start()
+    try:
+        assert engine.parallel == 2 and [s.reserved for s in engine.slots] == [False, False, True]
+        longs = [Job(prompt_of(session, f"essay {i}"), LONG) for i in range(3)]
+        for j in longs:
+            engine.submit(j.job)
+        assert longs[0].started.wait(60) and longs[1].started.wait(60)
+        assert engine.waiting == 1  # the third long one may not take the kept slot
+        short = Job(prompt_of(session, "complete this"), GenParams(max_tokens=8),
+                    interactive=True)
+        engine.submit(short.job)
+        assert short.outcome[0] == "done" and short.job.slot == 2
+        assert not longs[0].done.is_set() and not longs[1].done.is_set()  # it did not wait
+        assert [j.outcome[0] for j in longs] == ["done"] * 3
+        assert {j.job.slot for j in longs} <= {0, 1}
+    finally:
+        engine.stop()
+
+
+def test_a_cancelled_answer_frees_its_slot_and_a_full_queue_refuses(session):
+    engine = EngineThread(session, strategy="draft", record=False, queue_size=1, parallel=2)
+    engine.start()
+    try:
+        a, b = (Job(prompt_of(session, t), LONG) for t in ("first", "second"))
+        engine.submit(a.job)
+        assert a.started.wait(60)
+        engine.submit(b.job)
+        assert b.started.wait(60)
+        waiting = Job(prompt_of(session, "third"), GenParams(max_tokens=16))
+        engine.submit(waiting.job)
+        with pytest.raises(QueueFull):  # both slots busy, the one place in the queue taken
+            engine.submit(Job(prompt_of(session, "fourth"), GenParams(max_tokens=4)).job)
+        a.job.cancel.set()
+        assert a.outcome[0] == "cancelled"
+        assert waiting.outcome[0] == "done" and waiting.outcome[1].stats.n_generated == 16
+        assert waiting.job.slot == a.job.slot and not b.done.is_set()  # a's slot, b still on
+        assert b.outcome[0] == "done" and b.outcome[1].stats.n_generated == 900
+    finally:
+        engine.stop()
+
+
+def test_next_turns_find_their_slot_and_the_ram_cache_restores_an_evicted_one(session):
+    engine = EngineThread(session, strategy="draft", record=False, queue_size=4, parallel=2,
+                          cache_ram_mib=64)
+    engine.start()
+    try:
+        def turn(text, max_tokens=12):
+            j = Job(prompt_of(session, text), GenParams(max_tokens=max_tokens))
+            engine.submit(j.job)
+            kind, answer = j.outcome
+            assert kind == "done"
+            return answer, j.job.slot
+
+        def reused(answer, earlier: str, now: str) -> bool:
+            """The answer evaluated nothing of what its prompt shares with an earlier one
+            (but the last token, which every answer evaluates again)."""
+            shared = common_prefix(prompt_of(session, earlier), prompt_of(session, now))
+            return answer.stats.n_prompt - answer.stats.n_prompt_eval >= shared - 1
+
+        first = "tell me about the sea " * 6
+        a1, slot_a = turn(first)
+        b1, slot_b = turn("a different conversation about the mountains " * 6)
+        assert slot_b != slot_a  # the least recently used (empty) slot
+        a2, slot = turn(first + a1.text + " and more")  # the next turn finds its slot
+        assert slot == slot_a and reused(a2, first, first + a1.text + " and more")
+        # a third conversation takes the least recently used slot (B's): B goes to the cache
+        turn("yet another topic, the stars " * 6)
+        assert engine.prompt_cache.figures.kept >= 1
+        # B's next turn: both slots hold others; the cache puts B's back in the one it takes
+        b = "a different conversation about the mountains " * 6
+        b2, _ = turn(b + b1.text + " go on")
+        assert engine.prompt_cache.figures.restored == 1 and reused(b2, b, b + b1.text + " go on")
+    finally:
+        engine.stop()
+
+
+# -- over HTTP: four kinds of request streamed at once, each equal to itself alone
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]
+REQUESTS = [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello there"}],
+                              "max_tokens": 40}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a person"}],
+                              "max_tokens": 60, "response_format": {
+                                  "type": "json_schema", "json_schema": {"name": "p", "schema": {
+                                      "type": "object", "properties": {
+                                          "name": {"type": "string"},
+                                          "age": {"type": "integer"}},
+                                      "required": ["name", "age"]}}}}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "weather in Paris?"}],
+                              "max_tokens": 60, "tools": TOOLS, "tool_choice": "required"}),
+    ("/infill", {"input_prefix": "def add(a, b):\n    return", "input_suffix": "\n\nprint(add(1, 2))\n",
+                 "n_predict": 24}),
+]
+
+
+def streamed(srv: Server, path: str, body: dict) -> list:
+    """The answer's content pieces, tool-call pieces and end reasons, in order (ids and
+    times left out)."""
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=120)
+    try:
+        conn.request("POST", path, body=json.dumps({**body, "stream": True, "temperature": 0}),
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200, resp.read()
+        data = resp.read().decode()
+    finally:
+        conn.close()
+    out = []
+    for line in data.splitlines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        ev = json.loads(line[6:])
+        if "choices" in ev:
+            for c in ev["choices"]:
+                d = c.get("delta", {})
+                out.append((d.get("content"), json.dumps(d.get("tool_calls"), sort_keys=True)
+                            if d.get("tool_calls") else None, c.get("finish_reason")))
+        else:
+            out.append((ev.get("content"), None, ev.get("stop")))
+    return [o for o in out if o != (None, None, None)]
+
+
+def strip_ids(pieces):
+    """Tool calls carry a fresh id per answer: compare them without it."""
+    out = []
+    for content, calls, end in pieces:
+        if calls:
+            calls = json.dumps([{k: v for k, v in c.items() if k != "id"}
+                                for c in json.loads(calls)], sort_keys=True)
+        out.append((content, calls, end))
+    return out
+
+
+def test_four_mixed_streams_at_once_each_equal_alone(tiny_models, tmp_path):
+    srv = Server(["-m", str(tiny_models["fim"]), "-md", str(tiny_models["fim_draft"]),
+                  "-t", "1", "--parallel", "3", "--strategy", "draft", "--no-history"], tmp_path)
+    try:
+        alone = [strip_ids(streamed(srv, p, b)) for p, b in REQUESTS]
+        assert all(alone)
+        got: list = [None] * len(REQUESTS)
+        start = threading.Barrier(len(REQUESTS))
+
+        def one(i):
+            start.wait()
+            got[i] = strip_ids(streamed(srv, *REQUESTS[i]))
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(REQUESTS))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+        assert got == alone
+        status, slots, _ = srv.raw("GET", "/slots")
+        assert status == 200 and len(slots) == 4 and [s["reserved"] for s in slots] == [
+            False, False, False, True]
+        status, props, _ = srv.raw("GET", "/props")
+        assert props["total_slots"] == 3
+        assert any("slot" in line for line in srv.log)
+    finally:
+        srv.stop()
