@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from tandem.engine.backend.context_params import ContextParams
-from tandem.engine.drafting.adaptive import LengthController
+from tandem.engine.drafting.adaptive import longest_paying
 from tandem.engine.loop.events import DoneEvent, TokenEvent
 from tandem.engine.loop.sampling import SamplingParams
 from tandem.engine.loop.speculative import GenParams
@@ -137,12 +137,6 @@ def steep() -> CostModel:
 
 def flat() -> CostModel:
     return CostModel(verify={n: 0.01 * (1 + 0.005 * (n - 1)) for n in range(1, 66)})
-
-
-def longest_paying(costs, accept=0.9, cap=16) -> int:
-    """The longest free (n-gram) draft the length controller would take at `accept`."""
-    ctl = LengthController(costs, 1, cap, uses_model=False)
-    return max((k for k in range(1, cap + 1) if ctl.pays(k, [accept] * k)), default=0)
 
 
 def test_batch_costs_are_a_share_of_the_step_plus_the_rows_added():

@@ -21,7 +21,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from tandem.engine.backend.context_params import ContextParams
 
@@ -150,6 +150,43 @@ def measure_shape(model, plan: CostPlan) -> dict:
     return out
 
 
+def time_layouts(ctx, prompts: Sequence[Sequence[int]], layouts: Sequence[tuple[int, ...]],
+                 reps: int, prompt_tokens: int = PROMPT_TOKENS, first_seq: int = 0,
+                 before_rep: Callable[[], None] = lambda: None) -> dict[tuple[int, ...], list[float]]:
+    """Seconds of one llama_decode per layout, `reps` each: a layout is the rows per sequence
+    (sequence first_seq + i decodes layout[i] rows, logits on every one, as a verify step).
+    Sequence first_seq + i first holds prompt_tokens of prompts[i]; its timed rows are the
+    tokens after them and are removed again after each timing, so positions stay put. The
+    largest layout is decoded once first (first-use costs); then each repetition runs
+    before_rep and every layout in turn (interleaved: a load change touches every size
+    alike)."""
+    n = max(len(layout) for layout in layouts)
+    width = max(max(layout) for layout in layouts)
+    if len(prompts) < n or any(len(p) < prompt_tokens + width for p in prompts[:n]):
+        raise RuntimeError(f"{n} prompts of {prompt_tokens + width} tokens needed")
+    for i in range(n):
+        ctx.decode_seqs({first_seq + i: prompts[i][:prompt_tokens]}, all_logits=False)
+    clock = time.perf_counter
+
+    def step(layout: tuple[int, ...]) -> float:
+        rows = {first_seq + i: prompts[i][prompt_tokens:prompt_tokens + w]
+                for i, w in enumerate(layout)}
+        t0 = clock()
+        ctx.decode_seqs(rows)  # returns once the logits are on the host
+        took = clock() - t0
+        for s in rows:
+            ctx.truncate_seq(s, prompt_tokens)
+        return took
+
+    step(max(layouts, key=sum))
+    times: dict[tuple[int, ...], list[float]] = {layout: [] for layout in layouts}
+    for _ in range(reps):
+        before_rep()
+        for layout in layouts:
+            times[layout].append(step(layout))
+    return times
+
+
 def measure_seq_batch(model, plan: CostPlan) -> dict:
     """ms and ratio[rows per sequence][N]: rows 1 (plain) and 1 + plan.drafted (a verify
     step); ratio 1.0 is one sequence's single-token step. Every sequence first holds
@@ -169,19 +206,6 @@ def measure_seq_batch(model, plan: CostPlan) -> dict:
     clock = time.perf_counter
     try:
         alone.prefill(tokens[:PROMPT_TOKENS])
-        starts = [SHIFT * s for s in range(n)]
-        for s, a in enumerate(starts):
-            ctx.decode_seqs({s: tokens[a:a + PROMPT_TOKENS]}, all_logits=False)
-
-        def step(seqs: int, width: int) -> float:
-            rows = {s: tokens[starts[s] + PROMPT_TOKENS:starts[s] + PROMPT_TOKENS + width]
-                    for s in range(seqs)}
-            t0 = clock()
-            ctx.decode_seqs(rows)  # returns once the logits are on the host
-            took = clock() - t0
-            for s in rows:
-                ctx.truncate_seq(s, PROMPT_TOKENS)
-            return took
 
         def lone() -> float:
             t0 = clock()
@@ -190,21 +214,18 @@ def measure_seq_batch(model, plan: CostPlan) -> dict:
             alone.truncate(PROMPT_TOKENS)
             return took
 
-        step(n, max(widths))  # warm-up: first-use costs of the largest batch
-        lone()
-        times: dict[int, dict[int, list[float]]] = {w: {k: [] for k in SEQS} for w in widths}
-        lone_times = []
-        for _ in range(plan.reps):  # interleaved: a load change touches every size alike
-            lone_times.append(lone())
-            for w in widths:
-                for k in SEQS:
-                    times[w][k].append(step(k, w))
+        lone()  # warm-up
+        lone_times: list[float] = []
+        # each sequence's prompt starts SHIFT tokens after the previous one's
+        times = time_layouts(ctx, [tokens[SHIFT * s:] for s in range(n)],
+                             [(w,) * k for w in widths for k in SEQS], plan.reps,
+                             before_rep=lambda: lone_times.append(lone()))
         context = {"n_seq_max": ctx.n_seq_max, "n_ctx_seq": ctx.n_ctx_seq,
                    "flash_attn": ctx.params.flash_attn, "type_k": ctx.params.type_k}
     finally:
         ctx.close()
         alone.close()
-    ms = {str(w): {str(k): _median_ms(v) for k, v in by_n.items()} for w, by_n in times.items()}
+    ms = {str(w): {str(k): _median_ms(times[(w,) * k]) for k in SEQS} for w in widths}
     base = ms["1"]["1"]
     return {"ms": ms, "ratio": {w: {k: round(v / base, 4) for k, v in by_n.items()}
                                 for w, by_n in ms.items()},

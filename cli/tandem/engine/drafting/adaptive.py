@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tandem.engine.tuning.costs import CostModel
+from tandem.engine.tuning.costs import MAX_BATCH, CostModel
 
 
 @dataclass
@@ -289,3 +289,11 @@ def model_draft_gain(costs: CostModel, n_max: int, accept: float = 0.9) -> float
     best = max((costs.expected_rate(k, [accept] * k) for k in range(1, max(n_max, 1) + 1)),
                default=0.0)
     return max(best / plain_rate, 1.0) if best > 0 else 1.0
+
+
+def longest_paying(costs: CostModel, accept: float = 0.9, cap: int = MAX_BATCH - 1) -> int:
+    """The longest free (n-gram) draft, up to `cap`, that the length controller finds paying
+    at a steady `accept` per position with these costs (0: none; a BatchCosts prices it for
+    the batch it joins)."""
+    ctl = LengthController(costs, 1, cap, uses_model=False)
+    return max((k for k in range(1, cap + 1) if ctl.pays(k, [accept] * k)), default=0)
