@@ -29,7 +29,9 @@ slot, C = -c):
   with auto slots, `-c 4*C`;
 - `tandem`: `tandem serve --ctx-size C` plus `--parallel N` (--tandem-parallel, default 4)
   when `tandem serve --help` lists --parallel (each of its sequences gets its own C); without
-  that flag it serves one request at a time.
+  that flag it serves one request at a time;
+- `tandem -np 1`: `tandem serve --parallel 1`, one request at a time as tandem served before
+  --parallel: the reference of "one request alone" (--no-tandem-one leaves it out).
 
 Interleaving: restarting a server per scenario costs more than the scenarios, so a server is
 started once per repetition, warmed up untimed, runs every scenario of that repetition, and is
@@ -86,6 +88,7 @@ from tandem.machine.load import BUSY_SHARE, busy
 
 BASELINE = "llama defaults"
 TANDEM = "tandem"
+TANDEM_ONE = "tandem -np 1"  # one slot: tandem as it served before --parallel
 AUTO_SLOTS = 4  # llama-server's slots when no -np is given (this llama.cpp: 4, unified KV)
 INFILL, FOUR, ALONE = "infill-during-chat", "four-at-once", "alone"
 SCENARIOS = (INFILL, FOUR, ALONE)
@@ -418,6 +421,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--tandem-parallel", type=int, default=AUTO_SLOTS,
                     help="tandem serve --parallel N, when it has that flag (default %(default)s)")
+    ap.add_argument("--no-tandem-one", action="store_true",
+                    help="leave out `tandem -np 1` (tandem serve --parallel 1: one request at a "
+                         "time, the reference for the one request alone)")
     server_options(ap)
     ap.add_argument("--llama", action="append", choices=tuple(LLAMA_CONFIGS),
                     help="llama-server configurations (default: defaults, np1, draft)")
@@ -442,12 +448,15 @@ def main(argv: list[str] | None = None) -> int:
     if not parallel:
         log("note: `tandem serve --help` lists no --parallel: tandem serves one request at a "
             "time")
-    cmd = [*tandem, "serve", *([pair_name] if pair_name else model_args), "--port", "0",
-           "-t", str(ns.threads), "--ctx-size", str(ns.ctx),
-           *(["--parallel", str(ns.tandem_parallel)] if parallel else []),
+    base = [*tandem, "serve", *([pair_name] if pair_name else model_args), "--port", "0",
+            "-t", str(ns.threads), "--ctx-size", str(ns.ctx)]
+    cmd = [*base, *(["--parallel", str(ns.tandem_parallel)] if parallel else []),
            *shlex.split(ns.tandem_args)]
     env = {**os.environ, "TANDEM_HISTORY": "off"}
     makers = {TANDEM: lambda d: TandemServer(cmd, env, d / "tandem-serve.log")}
+    one = [*base, "--parallel", "1", *shlex.split(ns.tandem_args)]
+    if parallel and not ns.no_tandem_one:
+        makers[TANDEM_ONE] = lambda d: TandemServer(one, env, d / "tandem-np1-serve.log")
     server_bin = llama_server_or_warn(ns)
     llama = {}
     if server_bin is not None:
@@ -456,7 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, args in llama.items():
         makers[name] = (lambda d, name=name, args=args:
                         LlamaServer(name, server_bin, target, args, d))
-    names = [n for n in (BASELINE, "llama -np 1", "llama draft", TANDEM) if n in makers]
+    names = [n for n in (BASELINE, "llama -np 1", "llama draft", TANDEM, TANDEM_ONE)
+             if n in makers]
 
     quiet, said = (None, "skipped (--no-quiet-check)") if ns.no_quiet_check else quiet_check()
     if quiet is False:
@@ -473,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
           f"threads, context {ns.ctx} per slot; {ns.reps} "
           f"repetition{'s' if ns.reps > 1 else ''})\n", flush=True)
     print(f"- `{TANDEM}`: {shlex.join(cmd)}", flush=True)
+    if TANDEM_ONE in makers:
+        print(f"- `{TANDEM_ONE}`: {shlex.join(one)}", flush=True)
     for name, args in llama.items():
         print(f"- `{name}`: llama-server {shlex.join(args)}", flush=True)
     print(f"- quiet-check: {said.splitlines()[0] if said else '-'}", flush=True)

@@ -175,7 +175,7 @@ def test_bench_concurrency_on_tiny_models(tiny_models, tmp_path):
          str(tiny_models["fim"]), "-md", str(tiny_models["fim_draft"]), "--no-llama",
          "--no-quiet-check", "--reps", "1", "-n", "16", "--chat-tokens", "32",
          "--infill-delay", "0", "-t", "1", "-c", "4096", "--out", str(out),
-         "--log-dir", str(tmp_path / "logs")],
+         "--log-dir", str(tmp_path / "logs"), "--no-tandem-one"],
         capture_output=True, text=True, timeout=600,
         env={**os.environ, "TANDEM_HOME": str(tmp_path / "home")})
     assert res.returncode == 0, res.stderr

@@ -353,7 +353,9 @@ class PairSession:
         def costs(calibrated: bool) -> CostModel:
             with self.batcher.exclusive():  # a calibration decodes on sequence 0
                 model = self.costs(calibrated)
-            return model if calibrated else BatchCosts(model, lambda: slot.target.others)
+            view = slot.target
+            return model if calibrated else BatchCosts(model, lambda: view.others,
+                                                       lambda: view.decode_s)
 
         return make_drafter(strategy or self.options.strategy, draft or self.options.draft,
                             DrafterParts(slot.draft, slot.target.verify_limit, costs,

@@ -17,6 +17,7 @@ Attention memory only: a sequence goes back by removing its positions (Context.s
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Iterator, Sequence
@@ -52,6 +53,7 @@ class BatchFigures:
 
     calls: int = 0
     tokens: int = 0
+    seconds: float = 0.0  # inside llama_decode
     widest: int = 0
     by_width: dict[int, int] = field(default_factory=dict)  # sequences in a call -> calls
 
@@ -128,6 +130,7 @@ class StepBatcher:
             n += len(job.tokens)
             outs += job.outputs
         for i, call in enumerate(calls):
+            t0 = time.perf_counter()
             try:
                 rows = ctx.decode_batch([(j.view.seq, len(j.view.tokens), j.tokens, j.want)
                                          for j in call])
@@ -135,6 +138,7 @@ class StepBatcher:
                 for job in call:
                     job.error = exc
                 continue
+            seconds = time.perf_counter() - t0
             if i < len(calls) - 1:  # the next call on this context overwrites the buffer
                 rows = np.array(rows)
             total = sum(len(j.tokens) for j in call)
@@ -143,9 +147,11 @@ class StepBatcher:
                 job.rows = rows[at:at + job.outputs]
                 at += job.outputs
                 job.view.others = total - len(job.tokens)
+                job.view.decode_s = seconds
             f = self.figures
             f.calls += 1
             f.tokens += total
+            f.seconds += seconds
             f.widest = max(f.widest, len(call))
             f.by_width[len(call)] = f.by_width.get(len(call), 0) + 1
 
@@ -166,6 +172,9 @@ class SeqContext:
         self.reuse_min = ctx.reuse_min
         self.tokens: list[int] = []
         self.others = 0  # tokens of other sequences in this one's latest llama_decode
+        # that llama_decode's own seconds: what decode() took less the wait for the others
+        # (their host work, the other model's decodes), which the cost model must not learn
+        self.decode_s = 0.0
         self.n_decoded = 0
 
     def decode(self, tokens: Sequence[int], all_logits: bool = False,

@@ -149,8 +149,12 @@ class HybridDrafter:
         return self._probe
 
     def prefill(self, prompt: Sequence[int]) -> None:
+        """The sources read the prompt, and the draft model too, in the prompt phase as
+        llama.cpp's does, except in a shared batch (serve's slots), where every slot would
+        wait for it: there its first draft reads what it lacks (DraftModelDrafter.draft), so
+        a request the model never drafts for never pays for its prompt."""
         self.sources.read_prompt(prompt)
-        if self.model is not None:
+        if self.model is not None and not self.costs.shared:
             self.model.prefill(prompt)
 
     def propose(self, tokens, room, sampling, rng, sample) -> Draft:
@@ -174,6 +178,10 @@ class HybridDrafter:
             return self._last
         k = self.model_len.choose(room) if self.adaptive else min(room, self.model_max)
         self._probe = self.adaptive and self.model_len.last_was_probe
+        if self._probe and self.costs.shared and self.costs.rows(0) > 0:
+            # beside other sequences a probe's catch-up (the model re-reading what it
+            # lacks) stalls every one of them: the model drafts there only where it pays
+            k, self._probe = 0, False
         if k <= 0:
             return self._last
         # a probe after a plain stretch first re-reads the lagged tokens in one batch; that
@@ -198,8 +206,9 @@ class HybridDrafter:
             step = replace(step, drafted=step.drafted - step.forced,
                            accepted=max(step.accepted - step.forced, 0), forced=0)
         self.step_sources = self.sources.split(d, step)
-        self._check_costs(batch, step.t_verify)
-        self.costs.observe_verify(batch, step.t_verify)
+        t_verify = self.costs.timing(step.t_verify)  # a shared batch's own decode time
+        self._check_costs(batch, t_verify)
+        self.costs.observe_verify(batch, t_verify)
         model_ran = self._model_ran and self.model is not None
         if model_ran and self.model.last_decodes:
             self.costs.observe_draft(self.model.last_decodes, self.model.last_decode_s)
@@ -210,7 +219,7 @@ class HybridDrafter:
         if n_ng and step.accepted >= n_model and self._last_ngram is not None:
             self._last_ngram.feedback(n_ng, step.accepted - n_model)
         seconds = self.costs.attributed(step.drafted + 1,
-                                        step.t_draft + step.t_verify + step.t_sample)
+                                        step.t_draft + t_verify + step.t_sample)
         if model_ran:
             # re-reading tokens decoded while the model was off is the price of the pause,
             # not of speculation: counted, it would make every resumption look slow

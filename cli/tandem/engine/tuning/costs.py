@@ -72,10 +72,17 @@ class CostModel:
         w = (n - lo) / (hi - lo)
         return self.verify[lo] * (1 - w) + self.verify[hi] * w
 
+    shared = False  # the costs of one sequence of a shared batch (BatchCosts)
+
     def rows(self, n: int) -> int:
         """The tokens of the llama_decode a verify batch of n went into: n (BatchCosts: with
         the other sequences' rows)."""
         return n
+
+    def timing(self, seconds: float) -> float:
+        """A verify decode's own seconds, from the `seconds` its step measured (BatchCosts:
+        the shared llama_decode's time, without the wait for the batch to form)."""
+        return seconds
 
     def attributed(self, n: int, seconds: float) -> float:
         """The part of a step's `seconds` that is this sequence's (BatchCosts: its share of
@@ -193,13 +200,21 @@ class BatchCosts(CostModel):
     stay long; on a steep one (this CPU) they shrink as the batch grows. The curve and its
     noise are the session's (shared dicts): a batch's timing refines it at rows(n)."""
 
-    def __init__(self, base: CostModel, others: Callable[[], int]):
+    def __init__(self, base: CostModel, others: Callable[[], int],
+                 decode_s: Callable[[], float] = lambda: 0.0):
+        """`others()`, `decode_s()`: the sequence's latest llama_decode's other tokens and
+        own seconds (engine/backend/sequences.SeqContext's)."""
         super().__init__(base.verify, base.draft_token, base.source, base.when, base.busy,
                          base.spread)
-        self._others = others
+        self._others, self._decode_s = others, decode_s
+
+    shared = True
 
     def rows(self, n: int) -> int:
         return n + self._others()
+
+    def timing(self, seconds: float) -> float:
+        return self._decode_s() or seconds
 
     def verify_cost(self, n: int) -> float:
         o = self._others()
