@@ -289,3 +289,36 @@ def test_real_pair_four_mixed_streams_at_once_each_equal_alone(real_pair, tmp_pa
     for (path, body), a, b in zip(REQUESTS, alone, got):
         if a != b:
             assert divergence_gap(target, path, body, text_of(a), text_of(b)) < 0.1
+
+
+# -- how many slots: auto where memory allows, one where the pair cannot batch
+
+def prepared(tiny_models, target="target", draft="draft", mode="fast", strategy="auto",
+             rpc=(), kv=(10 << 20, 0), left=(None, 1 << 30)):
+    """What serve_slots reads of a compose.Prepared: settings, options, files, plan (KV of
+    one slot per model on GPU and CPU, memory left on each)."""
+    from types import SimpleNamespace
+
+    model = SimpleNamespace(kv_gpu=kv[1], kv_cpu=kv[0])
+    plan = SimpleNamespace(models=(model, model), gpu_left=left[0], ram_left=left[1],
+                           unified=False)
+    return SimpleNamespace(settings=SimpleNamespace(mode=mode, strategy=strategy),
+                           options=SimpleNamespace(rpc=rpc), target=tiny_models[target],
+                           draft=tiny_models[draft] if draft else None, plan=plan)
+
+
+def test_parallel_auto_is_four_where_memory_allows_and_one_where_it_must(tiny_models):
+    from tandem.commands.compose import serve_slots
+
+    assert serve_slots(prepared(tiny_models), -1) == (4, None)
+    assert serve_slots(prepared(tiny_models), 6) == (6, None)
+    # each slot more (and the kept one) adds both models' KV cache: 2 x 10 MiB a slot
+    n, note = serve_slots(prepared(tiny_models, left=(None, 65 << 20)), 8)
+    assert n == 3 and note == "--parallel 8: 3 slots fit in memory"
+    assert serve_slots(prepared(tiny_models, left=(None, 65 << 20)), -1) == (3, None)
+    for kw, why in [({"mode": "exact"}, "exact mode"), ({"rpc": ("h:1",)}, "RPC servers"),
+                    ({"strategy": "mtp"}, "MTP heads"),
+                    ({"target": "hybrid", "draft": "hybrid_draft"}, "hybrid model")]:
+        assert serve_slots(prepared(tiny_models, **kw), -1) == (1, None)
+        n, note = serve_slots(prepared(tiny_models, **kw), 4)
+        assert n == 1 and note.startswith("--parallel 4: one slot") and why in note

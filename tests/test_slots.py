@@ -66,7 +66,7 @@ def test_four_slots_in_one_batch_each_equal_alone(sessions, strategy):
     for p, a, b in zip(PROMPTS, ref, together(shared, PROMPTS, gen, strategy)):
         assert_same_as_plain(alone.target, p, a, b)
     f = shared.batcher.figures
-    assert f.calls > before and f.widest == 4  # they did share batches
+    assert f.calls > before and f.widest == 4 and f.seconds > 0  # they did share batches
 
 
 def test_constrained_and_penalised_slots_beside_a_sampled_one_equal_alone(sessions):
@@ -148,6 +148,9 @@ def test_batch_costs_are_a_share_of_the_step_plus_the_rows_added():
     assert view.verify_cost(3) - view.plain == pytest.approx(
         curve.verify_cost(6) - curve.verify_cost(4))
     assert view.rows(3) == 6
+    assert view.shared and not curve.shared
+    # a step's verify took the wait for the batch as well: the curve learns the decode's own
+    assert view.timing(0.9) == 0.9 and BatchCosts(curve, lambda: 3, lambda: 0.21).timing(0.9) == 0.21
     # a whole batch's time is split by the same prices: this sequence's part of it
     assert view.attributed(3, curve.verify_cost(6)) == pytest.approx(view.verify_cost(3))
     view.observe_verify(view.rows(1), 0.5)  # refines the session's curve at the batch size
