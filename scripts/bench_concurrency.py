@@ -88,7 +88,7 @@ from tandem.machine.load import BUSY_SHARE, busy
 
 BASELINE = "llama defaults"
 TANDEM = "tandem"
-TANDEM_ONE = "tandem -np 1"  # one slot: tandem as it served before --parallel
+ONE_SLOT = "tandem -np 1"  # one slot: tandem as it served before --parallel
 AUTO_SLOTS = 4  # llama-server's slots when no -np is given (this llama.cpp: 4, unified KV)
 INFILL, FOUR, ALONE = "infill-during-chat", "four-at-once", "alone"
 SCENARIOS = (INFILL, FOUR, ALONE)
@@ -456,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     makers = {TANDEM: lambda d: TandemServer(cmd, env, d / "tandem-serve.log")}
     one = [*base, "--parallel", "1", *shlex.split(ns.tandem_args)]
     if parallel and not ns.no_tandem_one:
-        makers[TANDEM_ONE] = lambda d: TandemServer(one, env, d / "tandem-np1-serve.log")
+        makers[ONE_SLOT] = lambda d: TandemServer(one, env, d / "tandem-np1-serve.log")
     server_bin = llama_server_or_warn(ns)
     llama = {}
     if server_bin is not None:
@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, args in llama.items():
         makers[name] = (lambda d, name=name, args=args:
                         LlamaServer(name, server_bin, target, args, d))
-    names = [n for n in (BASELINE, "llama -np 1", "llama draft", TANDEM, TANDEM_ONE)
+    names = [n for n in (BASELINE, "llama -np 1", "llama draft", TANDEM, ONE_SLOT)
              if n in makers]
 
     quiet, said = (None, "skipped (--no-quiet-check)") if ns.no_quiet_check else quiet_check()
@@ -483,8 +483,8 @@ def main(argv: list[str] | None = None) -> int:
           f"threads, context {ns.ctx} per slot; {ns.reps} "
           f"repetition{'s' if ns.reps > 1 else ''})\n", flush=True)
     print(f"- `{TANDEM}`: {shlex.join(cmd)}", flush=True)
-    if TANDEM_ONE in makers:
-        print(f"- `{TANDEM_ONE}`: {shlex.join(one)}", flush=True)
+    if ONE_SLOT in makers:
+        print(f"- `{ONE_SLOT}`: {shlex.join(one)}", flush=True)
     for name, args in llama.items():
         print(f"- `{name}`: llama-server {shlex.join(args)}", flush=True)
     print(f"- quiet-check: {said.splitlines()[0] if said else '-'}", flush=True)
