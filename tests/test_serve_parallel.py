@@ -322,3 +322,27 @@ def test_parallel_auto_is_four_where_memory_allows_and_one_where_it_must(tiny_mo
         assert serve_slots(prepared(tiny_models, **kw), -1) == (1, None)
         n, note = serve_slots(prepared(tiny_models, **kw), 4)
         assert n == 1 and note.startswith("--parallel 4: one slot") and why in note
+
+
+def test_a_full_queue_is_a_429_over_http():
+    """Every slot busy and the queue full: the API's 429 (rate_limit_error, queue_full), the
+    engine untouched (tests above fill it for real; this is the route's side)."""
+    from types import SimpleNamespace
+
+    from tandem.engine.backend.fim import FimTokens
+    from tandem.serve.engine_thread import Defaults
+    from tandem.serve.prompt import PromptBudget
+    from tandem.serve.routes import ServeConfig, build_app
+    from test_serve import _asgi
+
+    pair = SimpleNamespace(slots=None, n_ctx=4096, tokenizes_aside=False,
+                           fim_tokens=FimTokens(), props=lambda: {"n_vocab": 10})
+    engine = EngineThread(pair, queue_size=1)  # not started: what waits stays waiting
+    engine.submit(GenerationJob(make=lambda p: None, sink=lambda k, v: None))
+    app = build_app(engine, ServeConfig(model_id="m", defaults=Defaults(),
+                                        budget=PromptBudget(4096)))
+    body = json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode()
+    status, reply = _asgi(app, "POST", "/v1/chat/completions", body)
+    assert status == 429 and reply["error"]["code"] == "queue_full"
+    assert "1 requests are already waiting" in reply["error"]["message"]
+    engine.stop()
