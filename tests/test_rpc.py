@@ -733,7 +733,7 @@ def test_serve_over_rpc_answers_as_locally_and_a_dead_server_is_a_502(tiny_model
 def test_editor_routes_over_rpc_answer_as_locally(tiny_models, home, tmp_path, server):
     """/infill, /tokenize, /detokenize, /apply-template and /props with the target remote:
     the FIM prompt and the utility calls go through the worker (between answers, on the
-    engine thread), and give what a local server gives."""
+    scheduler), and give what a local server gives."""
     pytest.importorskip("openai")
     from test_serve import Server as Serve
 

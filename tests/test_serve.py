@@ -1,5 +1,5 @@
 """`tandem serve` end to end: a real server on 127.0.0.1 (a port the kernel picks), the tiny
-models, its own TANDEM_HOME, and the real `openai` client; plus the engine thread in-process
+models, its own TANDEM_HOME, and the real `openai` client; plus the scheduler in-process
 (cancellation within one step, the bounded queue) and the request checks."""
 from __future__ import annotations
 
@@ -413,7 +413,7 @@ def test_run_does_not_import_the_http_stack():
                 or m.startswith("tandem.serve")]
 
 
-# ----- in-process: the engine thread and the checks -----
+# ----- in-process: the scheduler and the checks -----
 
 @pytest.fixture(scope="module")
 def pair(tiny_models, tmp_path_factory):
@@ -428,7 +428,7 @@ def pair(tiny_models, tmp_path_factory):
 
 
 def _run_job(engine, make, on_text=None):
-    from tandem.serve.engine_thread import GenerationJob
+    from tandem.serve.scheduler import GenerationJob
 
     got: list = []
     done = threading.Event()
@@ -449,9 +449,9 @@ def _run_job(engine, make, on_text=None):
 def test_cancel_stops_within_one_step(pair):
     from tandem.engine.loop.sampling import SamplingParams
     from tandem.engine.loop.speculative import GenParams
-    from tandem.serve.engine_thread import EngineThread
+    from tandem.serve.scheduler import Scheduler
 
-    engine = EngineThread(pair, strategy="draft", record=False, queue_size=2)
+    engine = Scheduler(pair, strategy="draft", record=False, queue_size=2)
     engine.start()
     try:
         prompt = pair.prompt_tokens([{"role": "user", "content": "hello there"}])
@@ -477,9 +477,9 @@ def test_cancel_stops_within_one_step(pair):
 
 
 def test_queue_is_bounded(pair):
-    from tandem.serve.engine_thread import EngineThread, GenerationJob, QueueFull
+    from tandem.serve.scheduler import Scheduler, GenerationJob, QueueFull
 
-    engine = EngineThread(pair, queue_size=2)  # not started: nothing is taken off the queue
+    engine = Scheduler(pair, queue_size=2)  # not started: nothing is taken off the queue
     outcomes = []
     jobs = [GenerationJob(make=lambda p: None, sink=lambda k, v: outcomes.append(k))
             for _ in range(3)]
@@ -535,9 +535,9 @@ def test_both_caches_keep_the_common_prefix(pair):
     follows turn 1 (the draft's prefill is counted directly on its context)."""
     from tandem.engine.backend.llama import common_prefix
     from tandem.serve import protocol
-    from tandem.serve.engine_thread import Defaults, EngineThread, prepare
+    from tandem.serve.scheduler import Defaults, Scheduler, prepare
 
-    engine = EngineThread(pair, strategy="draft", record=False)
+    engine = Scheduler(pair, strategy="draft", record=False)
     engine.start()
     evaluated = []
     real = pair.draft_ctx.prefill
@@ -606,7 +606,7 @@ def _asgi(app, method: str, path: str, body: bytes = b"") -> tuple[int, dict]:
 
 def test_a_bug_is_a_500_json_error_and_the_app_goes_on():
     from tandem.serve.routes import ServeConfig, build_app
-    from tandem.serve.engine_thread import Defaults
+    from tandem.serve.scheduler import Defaults
 
     from tandem.serve.prompt import PromptBudget
     from tandem.engine.backend.fim import FimTokens
@@ -614,7 +614,7 @@ def test_a_bug_is_a_500_json_error_and_the_app_goes_on():
     class Broken:
         busy, waiting, capacity, served, cancelled, last_cancel = False, 0, 1, 0, 0, None
         slots, processing, prompt_cache = [], 0, None
-        # prompts go to the engine thread; the vocabulary's facts are read at the start
+        # prompts go to the scheduler; the vocabulary's facts are read at the start
         pair = SimpleNamespace(tokenizes_aside=False, fim_tokens=FimTokens(),
                                props=lambda: {"n_vocab": 10})
 

@@ -1,4 +1,4 @@
-"""`tandem serve --parallel`: the scheduler of slots (serve/engine_thread.py) on the tiny
+"""`tandem serve --parallel`: the scheduler of slots (serve/scheduler.py) on the tiny
 models. Mixed requests in flight at once each equal the same request alone; a cancelled
 stream frees its slot for the next; a full server answers 429; a short request takes the slot
 kept for it while long ones hold the others; a slot's next turn reuses its prefix; the RAM
@@ -15,7 +15,7 @@ from serve_helpers import Server
 from tandem.engine.backend.context_params import ContextParams, common_prefix
 from tandem.engine.loop.speculative import GenParams
 from tandem.engine.pair import PairSession, SessionOptions
-from tandem.serve.engine_thread import EngineThread, GenerationJob, QueueFull
+from tandem.serve.scheduler import Scheduler, GenerationJob, QueueFull
 
 
 # -- the scheduler itself, on a session of three sequences (two slots + the kept one)
@@ -61,7 +61,7 @@ LONG = GenParams(max_tokens=900, ignore_eos=True)  # seconds, beside the short o
 
 
 def test_a_short_request_takes_the_kept_slot_while_long_ones_hold_the_others(session):
-    engine = EngineThread(session, strategy="draft", record=False, queue_size=4, parallel=2)
+    engine = Scheduler(session, strategy="draft", record=False, queue_size=4, parallel=2)
     engine.start()
     try:
         assert engine.parallel == 2 and [s.reserved for s in engine.slots] == [False, False, True]
@@ -82,7 +82,7 @@ def test_a_short_request_takes_the_kept_slot_while_long_ones_hold_the_others(ses
 
 
 def test_a_cancelled_answer_frees_its_slot_and_a_full_queue_refuses(session):
-    engine = EngineThread(session, strategy="draft", record=False, queue_size=1, parallel=2)
+    engine = Scheduler(session, strategy="draft", record=False, queue_size=1, parallel=2)
     engine.start()
     try:
         a, b = (Job(prompt_of(session, t), LONG) for t in ("first", "second"))
@@ -104,7 +104,7 @@ def test_a_cancelled_answer_frees_its_slot_and_a_full_queue_refuses(session):
 
 
 def test_next_turns_find_their_slot_and_the_ram_cache_restores_an_evicted_one(session):
-    engine = EngineThread(session, strategy="draft", record=False, queue_size=4, parallel=2,
+    engine = Scheduler(session, strategy="draft", record=False, queue_size=4, parallel=2,
                           cache_ram_mib=64)
     engine.start()
     try:
@@ -330,14 +330,14 @@ def test_a_full_queue_is_a_429_over_http():
     from types import SimpleNamespace
 
     from tandem.engine.backend.fim import FimTokens
-    from tandem.serve.engine_thread import Defaults
+    from tandem.serve.scheduler import Defaults
     from tandem.serve.prompt import PromptBudget
     from tandem.serve.routes import ServeConfig, build_app
     from test_serve import _asgi
 
     pair = SimpleNamespace(slots=None, n_ctx=4096, tokenizes_aside=False,
                            fim_tokens=FimTokens(), props=lambda: {"n_vocab": 10})
-    engine = EngineThread(pair, queue_size=1)  # not started: what waits stays waiting
+    engine = Scheduler(pair, queue_size=1)  # not started: what waits stays waiting
     engine.submit(GenerationJob(make=lambda p: None, sink=lambda k, v: None))
     app = build_app(engine, ServeConfig(model_id="m", defaults=Defaults(),
                                         budget=PromptBudget(4096)))

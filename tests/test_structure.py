@@ -946,7 +946,7 @@ def test_every_route_of_serve_is_in_the_table():
     from types import SimpleNamespace
 
     from tandem.serve import routes
-    from tandem.serve.engine_thread import Defaults
+    from tandem.serve.scheduler import Defaults
     from tandem.serve.prompt import PromptBudget
 
     pair = SimpleNamespace(tokenizes_aside=True, fim_tokens=None, props=lambda: {"n_vocab": 9})

@@ -44,10 +44,8 @@ class Answer:
         inner = None
         t0 = time.perf_counter()
         try:
-            inner = (self.pair.generate(self.tokens, self.gen, self.strategy, self.draft,
-                                        record=self.record) if self.slot is None else
-                     self.pair.generate(self.tokens, self.gen, self.strategy, self.draft,
-                                        record=self.record, slot=self.slot))
+            inner = self.pair.generate(self.tokens, self.gen, self.strategy, self.draft,
+                                       record=self.record, slot=self.slot)
             for ev in inner:
                 partial.observe(ev)
                 if isinstance(ev, TokenEvent):

@@ -86,13 +86,13 @@ def serve(
     n_slots, slots_note = serve_slots(prepared, s.parallel)
     if slots_note:
         listening.warn(slots_note)
-    # with several slots one more is kept for short requests (engine_thread.py)
+    # with several slots one more is kept for short requests (scheduler.py)
     opts = replace(opts, cache_reuse=s.cache_reuse,
                    sequences=n_slots + 1 if n_slots > 1 else 1)
 
     from tandem.serve import routes as server  # Starlette and uvicorn: only now
     from tandem.models.vocab import longest_token_bytes
-    from tandem.serve.engine_thread import Defaults, EngineThread
+    from tandem.serve.scheduler import Defaults, Scheduler
     from tandem.serve.prompt import UNKNOWN_TOKEN_BYTES, PromptBudget
 
     sock = listening.bind(host, port)  # before the models load: a busy port fails fast
@@ -103,7 +103,7 @@ def serve(
         with open_pair(target_path, draft_path, opts) as session:
             for path, text in contexts:
                 session.add_context_file(path, text)
-            engine = EngineThread(session, strategy=opts.strategy, draft=opts.draft,
+            engine = Scheduler(session, strategy=opts.strategy, draft=opts.draft,
                                   queue_size=queue, parallel=n_slots,
                                   cache_ram_mib=s.cache_ram)
             budget = PromptBudget(session.n_ctx,

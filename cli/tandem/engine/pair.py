@@ -147,7 +147,10 @@ class Pair(Protocol):
         """Raise the UsageError of a strategy that cannot run with this pair."""
 
     def generate(self, prompt: Sequence[int], gen: GenParams, strategy: str | None = None,
-                 draft: DraftParams | None = None, record: bool = True) -> Iterator[Event]: ...
+                 draft: DraftParams | None = None, record: bool = True,
+                 slot: Slot | None = None) -> Iterator[Event]:
+        """The answer's events; `slot`: one of the pair's slots (serve --parallel), whose
+        sequences it decodes in the batch the others share."""
 
     def stream(self, func: Callable[..., Iterator[Any]], *args: Any,
                should_stop: Callable[[], bool] | None = None) -> Iterator[Any]:

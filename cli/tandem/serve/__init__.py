@@ -1,1 +1,1 @@
-"""`tandem serve`: the OpenAI-compatible API (app: routes; protocol: the wire format; engine_thread: the one thread that runs the pair)."""
+"""`tandem serve`: the OpenAI-compatible API (app: routes; protocol: the wire format; scheduler: the slots that run the pair)."""

@@ -1,6 +1,6 @@
 """A completion's whole life, shared by the four routes that generate (/v1/chat/completions,
 /v1/completions, llama-server's /infill and /completion): the cheap checks, the prompt off the
-engine thread, the queue, the prompt's verdict before any header, then the answer whole or
+scheduler, the queue, the prompt's verdict before any header, then the answer whole or
 streamed in the route's wire format, and the job cancelled however the request ends."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from functools import partial
 from starlette.responses import JSONResponse
 
 from tandem.serve import llama_api, protocol, responses, structured
-from tandem.serve.engine_thread import (INTERACTIVE_TOKENS, GenerationJob, QueueFull,
+from tandem.serve.scheduler import (INTERACTIVE_TOKENS, GenerationJob, QueueFull,
                                         gen_params, prepare)
 from tandem.serve.prompt import check_size as prompt_size_check
 from tandem.serve.prompt import request_tokens
@@ -43,15 +43,15 @@ async def complete(state: ServerState, call: ApiCall, req: protocol.Request, id_
     events: asyncio.Queue = asyncio.Queue()
     log = partial(state.log, call)
 
-    def sink(what, value):  # the engine thread -> this request's queue, nobody else's
+    def sink(what, value):  # the scheduler -> this request's queue, nobody else's
         loop.call_soon_threadsafe(events.put_nowait, (what, value))
 
-    # cheap checks first, then the tokenizer, never in the engine thread when it can be
+    # cheap checks first, then the tokenizer, never in the scheduler's threads when it can be
     # elsewhere: a long prompt's preparation does not delay the answer being generated
     prompt_size_check(req, budget)
     if engine.waiting >= engine.capacity:
         raise QueueFull(f"{engine.capacity} requests are already waiting")
-    if req.constraint is not None:  # compiled here, so the engine thread only looks up
+    if req.constraint is not None:  # compiled here, so the scheduler only looks up
         await loop.run_in_executor(state.tokenizer, structured.prepare_grammar, req,
                                    engine.pair.target if state.aside else None)
     tokens = None

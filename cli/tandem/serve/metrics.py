@@ -2,7 +2,7 @@
 names (`llamacpp:*`, tools/server/server-task.cpp `to_metrics`) so dashboards built for it read
 tandem too, plus tandem's own speculative counters per draft source (`tandem:*`).
 
-The engine thread adds each finished answer's GenStats (served or cancelled: its tokens were
+The scheduler adds each finished answer's GenStats (served or cancelled: its tokens were
 evaluated either way); the route renders a snapshot. Counters only grow; the gauges are read
 when asked.
 """
@@ -33,7 +33,7 @@ class ServeMetrics:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, stats: GenStats) -> None:
-        """One answer's figures (called from the engine thread)."""
+        """One answer's figures (called from the scheduler)."""
         with self._lock:
             self.prompt_tokens += stats.n_prompt_eval
             self.prompt_cached += max(stats.n_prompt - stats.n_prompt_eval, 0)

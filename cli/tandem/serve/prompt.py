@@ -1,8 +1,8 @@
 """A request's prompt, checked cheaply before it is expensive: its size in bytes against the
-context first, then its tokens, out of the engine thread where the pair allows it.
+context first, then its tokens, out of the scheduler's threads where the pair allows it.
 
 Why: tokenizing is not linear for every vocabulary (an SPM one took 25 s for 1.6 MB here), and
-a request waiting for the tokenizer in the engine thread held up every other. A token stands
+a request waiting for the tokenizer in the scheduler held up every other. A token stands
 for at most `max_token_bytes` bytes of text, so a prompt of more than n_ctx x that many bytes
 cannot fit and is refused without tokenizing; a larger-than-usual one is tokenized a prefix
 first (enough text for the whole context at a few bytes a token) and refused if that prefix

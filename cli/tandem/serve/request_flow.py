@@ -1,4 +1,4 @@
-"""One request's side of its exchange with the engine thread, under Starlette: the body read
+"""One request's side of its exchange with the scheduler, under Starlette: the body read
 within limits, the client's disconnect watched, the job's events read (an answer whole, or as
 server-sent events), and the engine's failures turned into the API's errors.
 serve/completion_flow.py and serve/routes.py compose these into the routes."""
@@ -14,7 +14,7 @@ from tandem.errors import ContextOverflowError, RemoteError, UsageError
 from tandem.serve import llama_api, protocol, responses, structured
 from tandem.serve.api_errors import ApiError
 from tandem.serve.connection import REQUEST_TIMEOUT
-from tandem.serve.engine_thread import QueueFull
+from tandem.serve.scheduler import QueueFull
 
 
 PARSE_INLINE = 64 << 10  # bytes: a body this small is parsed in the event loop

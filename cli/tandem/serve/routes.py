@@ -26,7 +26,7 @@ from tandem.errors import TandemError
 from tandem.serve import llama_routes, openai_routes, protocol
 from tandem.serve.api_errors import ApiError
 from tandem.serve.connection import IDLE_TIMEOUT, guarded
-from tandem.serve.engine_thread import EngineThread, QueueFull
+from tandem.serve.scheduler import Scheduler, QueueFull
 from tandem.serve.request_flow import busy, raise_failure, read_json
 from tandem.serve.server_state import ApiCall, ServeConfig, ServerState
 
@@ -113,7 +113,7 @@ async def server_error(request: Request, exc: Exception):
     return JSONResponse(err.body(), status_code=500)
 
 
-def build_app(engine: EngineThread, config: ServeConfig) -> Starlette:
+def build_app(engine: Scheduler, config: ServeConfig) -> Starlette:
     """The app: ROUTES over one ServerState, the error objects, CORS when asked."""
     state = ServerState.open(engine, config)
     routes = [Route(r.path, endpoint(state, r), methods=[r.method]) for r in ROUTES]
@@ -133,9 +133,9 @@ def build_app(engine: EngineThread, config: ServeConfig) -> Starlette:
 
 # ----- running it -----
 
-def serve(engine: EngineThread, config: ServeConfig, sock: socket.socket,
+def serve(engine: Scheduler, config: ServeConfig, sock: socket.socket,
           verbose: bool = False) -> None:
-    """Run uvicorn on `sock` until Ctrl-C / SIGTERM; the engine thread is stopped after."""
+    """Run uvicorn on `sock` until Ctrl-C / SIGTERM; the scheduler is stopped after."""
     import uvicorn
 
     app = build_app(engine, config)

@@ -1,5 +1,5 @@
 """What every route of `tandem serve` reads: the server's configuration (ServeConfig, the
-command's), ServerState (built once by routes.build_app: the engine thread, the prompt budget,
+command's), ServerState (built once by routes.build_app: the scheduler, the prompt budget,
 the vocabulary's facts, the tokenizer and utility threads, the API key check, the stderr line
 per request) and ApiCall (one request as its handler sees it): every handler of
 openai_routes.py, llama_routes.py and completion_flow.py takes these two."""
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable
 from tandem.serve import responses
 from tandem.serve.api_errors import ApiError
 from tandem.serve.connection import REQUEST_TIMEOUT
-from tandem.serve.engine_thread import Defaults, EngineThread, GenerationJob
+from tandem.serve.scheduler import Defaults, Scheduler, GenerationJob
 from tandem.serve.prompt import PromptBudget
 from tandem.serve.request_flow import raise_failure
 
@@ -57,22 +57,22 @@ class ApiCall:
 class ServerState:
     """The server's one state, built once before the first request (ServerState.open)."""
 
-    engine: EngineThread
+    engine: Scheduler
     config: ServeConfig
     budget: PromptBudget
     created: int  # /v1/models' timestamp: when the server started
-    aside: bool  # pair.tokenizes_aside: prompts are tokenized off the engine thread
+    aside: bool  # pair.tokenizes_aside: prompts are tokenized off the scheduler
     fim: FimTokens
     facts: dict  # the vocabulary's, read once (n_vocab ...)
-    # one thread tokenizes prompts while the engine thread generates (serve/prompt.py); the
+    # one thread tokenizes prompts while the scheduler generates (serve/prompt.py); the
     # utility routes (/tokenize, /detokenize, /apply-template) have their own, so a client's
     # bulk tokenizing never holds back a completion's prompt
     tokenizer: ThreadPoolExecutor
     utility: ThreadPoolExecutor
 
     @classmethod
-    def open(cls, engine: EngineThread, config: ServeConfig) -> ServerState:
-        # read now, before the engine thread runs: a remote pair's pipe is the engine's then
+    def open(cls, engine: Scheduler, config: ServeConfig) -> ServerState:
+        # read now, before the scheduler runs: a remote pair's pipe is the engine's then
         pair = engine.pair
         return cls(
             engine=engine, config=config, budget=config.budget or PromptBudget(pair.n_ctx),

@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # the worker loads the engine; the parent only names its type
     from tandem.engine.drafting.drafters import DraftParams
     from tandem.engine.loop.speculative import GenParams
     from tandem.engine.pair import Event, PairSession, SessionOptions
+    from tandem.engine.backend.sequences import Slot
 
 # model loading calls back once per tensor; a heartbeat at most this often
 BEAT_EVERY = 0.5
@@ -55,7 +56,7 @@ class RemotePair:
     that dies or stalls is killed and the call raises RemoteError naming the endpoint(s).
     After that, every call raises it again."""
 
-    tokenizes_aside = False  # one call at a time over the pipe: the engine thread's turn
+    tokenizes_aside = False  # one call at a time over the pipe: the scheduler's turn
 
     def __init__(self, target: Path, draft: Path | Sequence[Path] | None,
                  options: SessionOptions):
@@ -138,7 +139,10 @@ class RemotePair:
         self._call("check_drafter", strategy, draft)
 
     def generate(self, prompt: Sequence[int], gen: GenParams, strategy: str | None = None,
-                 draft: DraftParams | None = None, record: bool = True) -> Iterator[Event]:
+                 draft: DraftParams | None = None, record: bool = True,
+                 slot: Slot | None = None) -> Iterator[Event]:
+        if slot is not None:  # (a remote pair holds one sequence: serve gives it one slot)
+            raise ValueError("a pair on RPC servers has no slots")
         self._send(("generate", (list(prompt), gen, strategy, draft, record)))
         yield from self._events(abandon=self._stop_generation)
 

@@ -1,4 +1,4 @@
-"""The engine thread: the scheduler of one Pair's slots, fed by a bounded queue.
+"""The scheduler of one Pair's slots, fed by a bounded queue.
 
 With one slot (--parallel 1, a pair on RPC servers) requests run strictly one after another in
 this thread, both models' KV caches reused by prefix from one request to the next. With
@@ -89,7 +89,7 @@ class SlotState:
         return self.slot.target.tokens if self.slot is not None else ()
 
 
-class EngineThread:
+class Scheduler:
     def __init__(self, pair: Pair, *, strategy: str | None = None, draft=None,
                  record: bool = True, queue_size: int = 8, parallel: int | None = None,
                  cache_ram_mib: float = 0.0):
@@ -104,7 +104,7 @@ class EngineThread:
         self._waiting: deque[GenerationJob] = deque()
         self._cond = threading.Condition()
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="tandem-engine", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="tandem-scheduler", daemon=True)
         pair_slots = list(getattr(pair, "slots", None) or ())
         n = len(pair_slots)
         regular = n if parallel is None else max(1, min(parallel, n))
@@ -399,7 +399,7 @@ def gen_params(req, defaults: Defaults, prediction: Sequence[int] = ()) -> GenPa
 def prepare(pair: Pair, req, defaults: Defaults,
             budget: PromptBudget | None = None) -> tuple[list[int], GenParams]:
     """A checked request (serve.protocol.Request) -> prompt tokens and generation parameters,
-    in the engine thread: for a pair whose tokenizer is elsewhere (RemotePair's worker, one
+    in the scheduler: for a pair whose tokenizer is elsewhere (RemotePair's worker, one
     call at a time over its pipe). A local pair's prompt is tokenized by the HTTP side
     beforehand (serve/prompt.py), so that no request's preparation delays the one being
     generated. The prompt goes through the same Pair.prompt_tokens as run and chat."""
