@@ -368,6 +368,12 @@ def notes(rows: list[Row]) -> list[str]:
 
 # ----------------------------------------------------------------------------- servers
 
+def one_slot(server: TandemServer) -> TandemServer:
+    """The one-slot tandem, named apart from the other in the rows and the table."""
+    server.name = ONE_SLOT
+    return server
+
+
 def without_np(args: list[str]) -> list[str]:
     """llama-server arguments with any -np N removed: auto slots."""
     if "-np" not in args:
@@ -456,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     makers = {TANDEM: lambda d: TandemServer(cmd, env, d / "tandem-serve.log")}
     one = [*base, "--parallel", "1", *shlex.split(ns.tandem_args)]
     if parallel and not ns.no_tandem_one:
-        makers[ONE_SLOT] = lambda d: TandemServer(one, env, d / "tandem-np1-serve.log")
+        makers[ONE_SLOT] = lambda d: one_slot(TandemServer(one, env, d / "tandem-np1-serve.log"))
     server_bin = llama_server_or_warn(ns)
     llama = {}
     if server_bin is not None:
