@@ -178,9 +178,11 @@ class HybridDrafter:
             return self._last
         k = self.model_len.choose(room) if self.adaptive else min(room, self.model_max)
         self._probe = self.adaptive and self.model_len.last_was_probe
-        if self._probe and self.costs.shared and self.costs.rows(0) > 0:
-            # beside other sequences a probe's catch-up (the model re-reading what it
-            # lacks) stalls every one of them: the model drafts there only where it pays
+        if self.costs.shared and self.costs.rows(0) > 0 and (
+                self._probe or len(tokens) - len(self.model.ctx.tokens) > self.model_max + 2):
+            # beside other sequences a catch-up (the model re-reading what it lacks: the
+            # prompt, a plain stretch) stalls every one of them, unpriced: the model drafts
+            # there only where it pays and is in step (it catches up once alone)
             k, self._probe = 0, False
         if k <= 0:
             return self._last
