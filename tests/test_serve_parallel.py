@@ -199,24 +199,30 @@ def strip_ids(pieces):
     return out
 
 
+def at_once(srv: Server, wait_s: float) -> list:
+    """REQUESTS streamed at the same instant, one thread each; their pieces in order."""
+    got: list = [None] * len(REQUESTS)
+    start = threading.Barrier(len(REQUESTS))
+
+    def one(i):
+        start.wait()
+        got[i] = strip_ids(streamed(srv, *REQUESTS[i]))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(REQUESTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(wait_s)
+    return got
+
+
 def test_four_mixed_streams_at_once_each_equal_alone(tiny_models, tmp_path):
     srv = Server(["-m", str(tiny_models["fim"]), "-md", str(tiny_models["fim_draft"]),
                   "-t", "1", "--parallel", "3", "--strategy", "draft", "--no-history"], tmp_path)
     try:
         alone = [strip_ids(streamed(srv, p, b)) for p, b in REQUESTS]
         assert all(alone)
-        got: list = [None] * len(REQUESTS)
-        start = threading.Barrier(len(REQUESTS))
-
-        def one(i):
-            start.wait()
-            got[i] = strip_ids(streamed(srv, *REQUESTS[i]))
-
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(REQUESTS))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(180)
+        got = at_once(srv, 180)
         assert got == alone
         status, slots, _ = srv.raw("GET", "/slots")
         assert status == 200 and len(slots) == 4 and [s["reserved"] for s in slots] == [
@@ -269,18 +275,7 @@ def test_real_pair_four_mixed_streams_at_once_each_equal_alone(real_pair, tmp_pa
                   "--ctx-size", "2048", "--no-history"], tmp_path)
     try:
         alone = [strip_ids(streamed(srv, p, b)) for p, b in REQUESTS]
-        got: list = [None] * len(REQUESTS)
-        start = threading.Barrier(len(REQUESTS))
-
-        def one(i):
-            start.wait()
-            got[i] = strip_ids(streamed(srv, *REQUESTS[i]))
-
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(REQUESTS))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(600)
+        got = at_once(srv, 600)
         slots = {int(line.split("· slot ")[1].split()[0]) for line in srv.log
                  if "· slot " in line}
         assert len(slots) >= 3

@@ -30,12 +30,13 @@ def answer(session, prompt, gen, strategy, slot=None):
             return ev.tokens
 
 
-def together(session, prompts, gen, strategy):
-    """Each prompt on its own slot, all at once (one thread each, as serve runs them)."""
+def together(session, prompts, gens, strategy):
+    """Each prompt on its own slot with its GenParams, all at once (one thread each, as serve
+    runs them)."""
     out = [None] * len(prompts)
 
     def one(i):
-        out[i] = answer(session, prompts[i], gen, strategy, session.slots[i])
+        out[i] = answer(session, prompts[i], gens[i], strategy, session.slots[i])
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
     for t in threads:
@@ -63,7 +64,7 @@ def test_four_slots_in_one_batch_each_equal_alone(sessions, strategy):
     gen = GenParams(max_tokens=48, ignore_eos=True)
     ref = [answer(alone, p, gen, strategy) for p in PROMPTS]
     before = shared.batcher.figures.calls
-    for p, a, b in zip(PROMPTS, ref, together(shared, PROMPTS, gen, strategy)):
+    for p, a, b in zip(PROMPTS, ref, together(shared, PROMPTS, [gen] * len(PROMPTS), strategy)):
         assert_same_as_plain(alone.target, p, a, b)
     f = shared.batcher.figures
     assert f.calls > before and f.widest == 4 and f.seconds > 0  # they did share batches
@@ -84,16 +85,7 @@ def test_constrained_and_penalised_slots_beside_a_sampled_one_equal_alone(sessio
             GenParams(max_tokens=40, sampling=SamplingParams(repeat_penalty=1.3)),
             GenParams(max_tokens=40, ignore_eos=True)]
     ref = [answer(alone, p, g, "draft") for p, g in zip(PROMPTS, gens)]
-    out = [None] * 4
-
-    def one(i):
-        out[i] = answer(shared, PROMPTS[i], gens[i], "draft", shared.slots[i])
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    out = together(shared, PROMPTS, gens, "draft")
     assert len(out[0]) == 40
     for i in (1, 2, 3):
         assert_same_as_plain(alone.target, PROMPTS[i], ref[i], out[i])

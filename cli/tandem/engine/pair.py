@@ -347,23 +347,25 @@ class PairSession:
         active configuration, or over one slot's sequences: priced for the batch it joins
         (BatchCosts), without the MTP heads (they follow sequence 0 only)."""
         if slot is None:
-            return make_drafter(strategy or self.options.strategy, draft or self.options.draft,
-                                DrafterParts(self.draft_ctx, self.target_ctx.verify_limit,
-                                             lambda calibrated: self.costs(calibrated),
-                                             self.pricing.take_notes, self.library,
-                                             self.knowledge, self._mtp, self.target.mtp_loaded))
-
-        def costs(calibrated: bool) -> CostModel:
-            with self.batcher.exclusive():  # a calibration decodes on sequence 0
-                model = self.costs(calibrated)
-            view = slot.target
-            return model if calibrated else BatchCosts(model, lambda: view.others,
-                                                       lambda: view.decode_s)
-
+            parts = DrafterParts(self.draft_ctx, self.target_ctx.verify_limit,
+                                 lambda calibrated: self.costs(calibrated),
+                                 self.pricing.take_notes, self.library, self.knowledge,
+                                 self._mtp, self.target.mtp_loaded)
+        else:
+            parts = DrafterParts(slot.draft, slot.target.verify_limit,
+                                 lambda calibrated: self._slot_costs(slot, calibrated),
+                                 self.pricing.take_notes, self.library, self.knowledge)
         return make_drafter(strategy or self.options.strategy, draft or self.options.draft,
-                            DrafterParts(slot.draft, slot.target.verify_limit, costs,
-                                         self.pricing.take_notes, self.library,
-                                         self.knowledge))
+                            parts)
+
+    def _slot_costs(self, slot: Slot, calibrated: bool) -> CostModel:
+        """costs() as one slot's drafter sees it: the calibration run while no batch runs
+        (it decodes on sequence 0), and the refined model priced for the slot's batch."""
+        with self.batcher.exclusive():
+            model = self.costs(calibrated)
+        view = slot.target
+        return model if calibrated else BatchCosts(model, lambda: view.others,
+                                                   lambda: view.decode_s)
 
     def _mtp(self, on: bool) -> MtpHead | None:
         """The target's MTP heads following the active target context (on), or not."""

@@ -90,6 +90,24 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return lo
 
 
+def prefill_in_chunks(ctx, tokens: Sequence[int], decode_chunk,
+                      progress=None) -> int:
+    """Make `ctx` (a Context, or one sequence of a shared one) hold exactly `tokens`: moved
+    runs (ctx.reuse) and the common prefix kept, the rest decoded n_batch tokens at a time
+    by `decode_chunk`; returns how many tokens ctx evaluated (ctx.n_decoded's growth)."""
+    before = ctx.n_decoded
+    ctx.reuse(tokens)
+    keep = common_prefix(ctx.tokens, tokens)
+    ctx.truncate(keep)
+    todo = list(tokens[keep:])
+    for start in range(0, len(todo), ctx.n_batch):
+        chunk = todo[start:start + ctx.n_batch]
+        decode_chunk(chunk)
+        if progress is not None:
+            progress(start + len(chunk), len(todo))
+    return ctx.n_decoded - before
+
+
 def default_threads() -> int:
     """llama.cpp's thread count when none is given: every core."""
     return max(1, os.cpu_count() or 1)

@@ -21,7 +21,7 @@ import numpy as np
 from tandem.build_flags import rebuild_hint
 from tandem.engine.backend.context_params import (  # noqa: F401 - re-exported: the backend's API
     ALL, EXACT_BATCH, LAST, MAX_OUTPUTS, ContextParams, common_prefix, default_threads,
-    exact_context)
+    exact_context, prefill_in_chunks)
 from tandem.engine.backend.fim import FimTokens
 from tandem.engine.backend.memory import (EXACT_ROWS, HYBRID, RECURRENT, RollbackPlan, StateCopies,
                                           keeps_copies, memory_type)
@@ -798,17 +798,7 @@ class Context:
         Returns how many tokens were evaluated (0 when the cache already held them all),
         those a recurrent state restored from a copy evaluated again included.
         """
-        before = self.n_decoded
-        self.reuse(tokens)
-        keep = common_prefix(self.tokens, tokens)
-        self.truncate(keep)
-        todo = list(tokens[keep:])
-        for start in range(0, len(todo), self.n_batch):
-            chunk = todo[start:start + self.n_batch]
-            self.decode(chunk)
-            if progress is not None:
-                progress(start + len(chunk), len(todo))
-        return self.n_decoded - before
+        return prefill_in_chunks(self, tokens, self.decode, progress)
 
     def sync(self, tokens: Sequence[int]) -> np.ndarray:
         """Make the cache hold exactly `tokens` and return the last one's logits.

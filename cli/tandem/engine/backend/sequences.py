@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import numpy as np
 
 from tandem.engine.backend.context_params import (ALL, LAST, MAX_OUTPUTS, NONE, ContextParams,
-                                                   common_prefix)
+                                                   prefill_in_chunks)
 from tandem.errors import ContextOverflowError
 
 if TYPE_CHECKING:
@@ -206,17 +206,8 @@ class SeqContext:
             return self.ctx.reuse_seq(self.seq, self.tokens, tokens, self.reuse_min)
 
     def prefill(self, tokens: Sequence[int], progress=None) -> int:
-        before = self.n_decoded
-        self.reuse(tokens)
-        keep = common_prefix(self.tokens, tokens)
-        self.truncate(keep)
-        todo = list(tokens[keep:])
-        for start in range(0, len(todo), self.n_batch):
-            chunk = todo[start:start + self.n_batch]
-            self._decode(chunk, NONE)
-            if progress is not None:
-                progress(start + len(chunk), len(todo))
-        return self.n_decoded - before
+        # no logits: a prompt chunk's rows are never read
+        return prefill_in_chunks(self, tokens, lambda chunk: self._decode(chunk, NONE), progress)
 
     def sync(self, tokens: Sequence[int]) -> np.ndarray:
         self.prefill(tokens[:-1])
