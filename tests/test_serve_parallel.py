@@ -230,6 +230,13 @@ def test_four_mixed_streams_at_once_each_equal_alone(tiny_models, tmp_path):
         status, props, _ = srv.raw("GET", "/props")
         assert props["total_slots"] == 3
         assert any("slot" in line for line in srv.log)
+        # /metrics counts the shared decodes: more than one busy slot per decode on average
+        status, body, _ = srv.raw("GET", "/metrics")
+        values = dict(line.rsplit(" ", 1) for line in body["_raw"].splitlines()
+                      if line and not line.startswith("#"))
+        assert 1.0 < float(values["llamacpp:n_busy_slots_per_decode"]) <= 4.0
+        assert float(values["tandem:batch_decode_seconds_total"]) > 0
+        assert int(values["tandem:batch_decode_calls_total"]) > 0
     finally:
         srv.stop()
 

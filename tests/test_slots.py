@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import threading
 
+import numpy as np
 import pytest
 
 from tandem.engine.backend.context_params import ContextParams
+from tandem.engine.backend.sequences import SeqContext, StepBatcher
 from tandem.engine.drafting.adaptive import longest_paying
 from tandem.engine.loop.events import DoneEvent, TokenEvent
 from tandem.engine.loop.sampling import SamplingParams
@@ -119,6 +121,55 @@ def test_a_generation_that_stops_leaves_the_batch(sessions):
     assert got["stopped"] == 5
     assert_same_as_plain(alone.target, PROMPTS[1], ref, got["whole"])
     assert shared.batcher.members == 0
+
+
+class RecordingContext:
+    """A context that records each llama_decode's sequences and token counts (StepBatcher's
+    side of Context.decode_batch), and gives zero rows."""
+
+    def __init__(self, name, calls):
+        self.name, self.calls = name, calls
+        self.model, self.notes, self.memory_note, self.reuse_min = None, (), None, 0
+        self.params = ContextParams(n_ctx=512)
+        self.n_batch = self.n_ubatch = self.verify_limit = 64
+
+    def decode_batch(self, entries):
+        self.calls.append((self.name, sorted((seq, len(tokens)) for seq, _, tokens, _ in entries)))
+        return np.zeros((sum(len(tokens) for _, _, tokens, _ in entries), 8), dtype=np.float32)
+
+
+def test_draft_decodes_go_first_and_the_target_batch_waits_for_them():
+    """Slot 1 drafts three tokens while slot 2 wants a plain step: the three draft decodes run
+    while slot 2 waits, then slot 1's verify and slot 2's step go in one target decode (not
+    three rounds of slot 2's steps beside the drafts)."""
+    calls, batcher = [], StepBatcher()
+    target, draft = RecordingContext("target", calls), RecordingContext("draft", calls)
+    views = {seq: (SeqContext(target, seq, 256, batcher),
+                   SeqContext(draft, seq, 256, batcher, drafts=True)) for seq in (1, 2)}
+    joined = threading.Barrier(2)
+
+    def drafting():
+        with batcher.member():
+            joined.wait()
+            for tok in (5, 6, 7):
+                views[1][1].decode([tok])
+            views[1][0].decode([1, 5, 6, 7], all_logits=True)
+
+    def plain():
+        with batcher.member():
+            joined.wait()
+            views[2][0].decode([9])
+            views[2][0].decode([10])
+
+    threads = [threading.Thread(target=drafting), threading.Thread(target=plain)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert calls == [("draft", [(1, 1)])] * 3 + [("target", [(1, 4), (2, 1)]),
+                                                 ("target", [(2, 1)])]
+    assert views[1][0].others == 1 and views[2][0].tokens == [9, 10]
+    assert batcher.members == 0
 
 
 # Scripted verify curves, seconds for n rows: a CPU where a batch of 4 costs 2 plain steps,

@@ -237,7 +237,8 @@ class PairSession:
         self._recording = threading.Lock()
         per_slot = (options.target_ctx.n_ctx, (options.draft_ctx or options.target_ctx).n_ctx)
         self.slots = [Slot(i, SeqContext(self.target_ctx, i + 1, per_slot[0], self.batcher),
-                           SeqContext(self.draft_ctx, i + 1, per_slot[1], self.batcher)
+                           SeqContext(self.draft_ctx, i + 1, per_slot[1], self.batcher,
+                                      drafts=True)
                            if self.draft_ctx is not None else None)
                       for i in range(slots)]
         # files the user named and earlier answers: what auto drafts from besides the prompt
@@ -363,9 +364,10 @@ class PairSession:
         (it decodes on sequence 0), and the refined model priced for the slot's batch."""
         with self.batcher.exclusive():
             model = self.costs(calibrated)
-        view = slot.target
+        view, batcher = slot.target, self.batcher
         return model if calibrated else BatchCosts(model, lambda: view.others,
-                                                   lambda: view.decode_s)
+                                                   lambda: view.decode_s,
+                                                   lambda: max(batcher.members - 1, 0))
 
     def _mtp(self, on: bool) -> MtpHead | None:
         """The target's MTP heads following the active target context (on), or not."""

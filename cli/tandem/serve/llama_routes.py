@@ -72,5 +72,6 @@ async def slots(state: ServerState, call: ApiCall):
 
 async def metrics(state: ServerState, call: ApiCall):
     engine = state.engine
-    text = engine.metrics.prometheus(processing=engine.processing, deferred=engine.waiting)
+    text = engine.metrics.prometheus(processing=engine.processing, deferred=engine.waiting,
+                                     batches=engine.batches)
     return PlainTextResponse(text, media_type=CONTENT_TYPE)

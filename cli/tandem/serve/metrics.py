@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from tandem.engine.backend.sequences import BatchFigures
 from tandem.engine.loop.stats import GenStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -54,9 +55,12 @@ class ServeMetrics:
                 counts[0] += drafted
                 counts[1] += accepted
 
-    def prometheus(self, processing: int, deferred: int) -> str:
+    def prometheus(self, processing: int, deferred: int,
+                   batches: BatchFigures | None = None) -> str:
         """The text a scraper reads; `processing` and `deferred`: requests generating now and
-        waiting in the queue."""
+        waiting in the queue; `batches`: the slots' shared decodes (None: one sequence)."""
+        busy = (batches.busy / batches.steps if batches is not None and batches.steps
+                else 1.0 if self.n_decode else 0.0)
         with self._lock:
             counters = [
                 ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens", self.prompt_tokens),
@@ -77,9 +81,8 @@ class ServeMetrics:
                  self.predicted / self.predicted_seconds if self.predicted_seconds > 0 else 0.0),
                 ("requests_processing", "Number of requests processing", processing),
                 ("requests_deferred", "Number of requests deferred", deferred),
-                # one sequence per decode until the server batches several (issue 41)
                 ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
-                 1.0 if self.n_decode else 0.0),
+                 busy),
             ]
             lines: list[str] = []
             for kind, items in (("counter", counters), ("gauge", gauges)):
@@ -98,4 +101,13 @@ class ServeMetrics:
                           f"# TYPE {name} counter"]
                 lines += [f'{name}{{source="{s}"}} {c[col]}'
                           for s, c in sorted(self.by_source.items())]
+            if batches is not None:
+                for name, help_text, value in (
+                        ("batch_decode_calls_total", "llama_decode calls of the slots' batches, "
+                         "both models", batches.calls),
+                        ("batch_decode_tokens_total", "Tokens in those calls", batches.tokens),
+                        ("batch_decode_seconds_total", "Seconds inside those calls",
+                         batches.seconds)):
+                    lines += [f"# HELP tandem:{name} {help_text}",
+                              f"# TYPE tandem:{name} counter", f"tandem:{name} {value}"]
             return "\n".join(lines) + "\n"

@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 from tandem.chat.answer import Answer
 from tandem.config.schema import SERVE_MAX_TOKENS
 from tandem.engine.backend.context_params import common_prefix
+from tandem.engine.backend.sequences import BatchFigures
 from tandem.engine.loop.events import PrefillEvent, TokenEvent
 from tandem.engine.pair import Pair
 from tandem.engine.loop.sampling import SamplingParams
@@ -121,6 +122,12 @@ class Scheduler:
     def parallel(self) -> int:
         """Slots any request may take (the banner's and /props' figure)."""
         return sum(not s.reserved for s in self.slots)
+
+    @property
+    def batches(self) -> BatchFigures | None:
+        """The slots' shared decodes so far (None: one sequence, no batches)."""
+        batcher = getattr(self.pair, "batcher", None)
+        return batcher.figures if batcher is not None and len(self.slots) > 1 else None
 
     @property
     def busy(self) -> bool:

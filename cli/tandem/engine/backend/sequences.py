@@ -4,10 +4,11 @@ Each slot's answer runs generate() unchanged, in a thread of its own, on SeqCont
 sequence of a shared Context each, which the loop and the drafters use as they use a Context.
 Their decodes meet in the StepBatcher: a decode waits until every generation in progress waits
 on one too, then the last to arrive runs them all, one llama_decode per context (more where
-they pass n_batch). So every slot's step, its drafts' verification and the draft model's steps
-share one batch per context, a long prompt's chunks (n_ubatch) ride between the streaming
-slots' steps, and a generation that starts or ends joins or leaves the next batch: continuous
-batching, each sequence with its own sampler, grammar, stops and drafter.
+they pass n_batch); the draft model's steps first, the rest waiting until none is left. So
+the slots' draft steps share one draft batch, every slot's step and its drafts' verification
+one target batch, a long prompt's chunks (n_ubatch) ride between the streaming slots' steps,
+and a generation that starts or ends joins or leaves the next batch: continuous batching,
+each sequence with its own sampler, grammar, stops and drafter.
 
 The rows a sequence gets are views into llama.cpp's buffer, as Context.decode's: no batch runs
 before every member has asked for its next decode, by which time it has read them (rows of a
@@ -56,6 +57,8 @@ class BatchFigures:
     seconds: float = 0.0  # inside llama_decode
     widest: int = 0
     by_width: dict[int, int] = field(default_factory=dict)  # sequences in a call -> calls
+    steps: int = 0  # the calls on the target's context (the draft model's aside)
+    busy: int = 0  # the sequences in those, summed (llama-server's busy slots per decode)
 
 
 class StepBatcher:
@@ -105,7 +108,16 @@ class StepBatcher:
         """Under the lock: when every member waits (or no one is a member), run the batch."""
         if not self._waiting or len(self._waiting) < self._members:
             return
-        jobs, self._waiting = self._waiting, []
+        # the draft model's steps go first, the rest wait for them: a slot's k draft steps
+        # then cost the others k draft decodes, not k rounds of their own steps, and its
+        # verify joins theirs (llama-server's draft-all-then-verify, PR 22838). Its prompt
+        # chunks (no logits) ride with the round, as the target's do
+        drafts = [job for job in self._waiting if job.view.drafts and job.want != NONE]
+        if drafts:
+            jobs = drafts
+            self._waiting = [job for job in self._waiting if job not in drafts]
+        else:
+            jobs, self._waiting = self._waiting, []
         by_ctx: dict[int, list[_Decode]] = {}
         for job in jobs:
             by_ctx.setdefault(id(job.view.ctx), []).append(job)
@@ -154,6 +166,9 @@ class StepBatcher:
             f.seconds += seconds
             f.widest = max(f.widest, len(call))
             f.by_width[len(call)] = f.by_width.get(len(call), 0) + 1
+            if not call[0].view.drafts:
+                f.steps += 1
+                f.busy += len(call)
 
 
 class SeqContext:
@@ -161,8 +176,10 @@ class SeqContext:
     tokens it holds, decode, prefill, truncate, cache reuse. Prompt chunks are n_ubatch
     tokens (n_batch here), so that another slot's step waits for one chunk at most."""
 
-    def __init__(self, ctx: Context, seq: int, n_ctx: int, batcher: StepBatcher):
-        self.ctx, self.seq, self.batcher = ctx, seq, batcher
+    def __init__(self, ctx: Context, seq: int, n_ctx: int, batcher: StepBatcher,
+                 drafts: bool = False):
+        """`drafts`: the draft model's view, whose decodes run before the target's."""
+        self.ctx, self.seq, self.batcher, self.drafts = ctx, seq, batcher, drafts
         self.model, self.params = ctx.model, ctx.params
         self.n_ctx = n_ctx
         self.n_batch = ctx.n_ubatch

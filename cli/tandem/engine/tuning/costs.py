@@ -79,6 +79,11 @@ class CostModel:
         the other sequences' rows)."""
         return n
 
+    def company(self) -> int:
+        """Other generations in progress beside this one's (BatchCosts: the slots that share
+        its batches now, prompts included); alone, 0."""
+        return 0
+
     def timing(self, seconds: float) -> float:
         """A verify decode's own seconds, from the `seconds` its step measured (BatchCosts:
         the shared llama_decode's time, without the wait for the batch to form)."""
@@ -201,17 +206,22 @@ class BatchCosts(CostModel):
     noise are the session's (shared dicts): a batch's timing refines it at rows(n)."""
 
     def __init__(self, base: CostModel, others: Callable[[], int],
-                 decode_s: Callable[[], float] = lambda: 0.0):
+                 decode_s: Callable[[], float] = lambda: 0.0,
+                 company: Callable[[], int] = lambda: 0):
         """`others()`, `decode_s()`: the sequence's latest llama_decode's other tokens and
-        own seconds (engine/backend/sequences.SeqContext's)."""
+        own seconds (engine/backend/sequences.SeqContext's); `company()`: the other
+        generations in progress (StepBatcher.members less this one)."""
         super().__init__(base.verify, base.draft_token, base.source, base.when, base.busy,
                          base.spread)
-        self._others, self._decode_s = others, decode_s
+        self._others, self._decode_s, self._company = others, decode_s, company
 
     shared = True
 
     def rows(self, n: int) -> int:
         return n + self._others()
+
+    def company(self) -> int:
+        return self._company()
 
     def timing(self, seconds: float) -> float:
         return self._decode_s() or seconds
