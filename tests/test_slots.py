@@ -123,6 +123,39 @@ def test_a_generation_that_stops_leaves_the_batch(sessions):
     assert shared.batcher.members == 0
 
 
+def test_a_prompt_borrows_the_prefix_another_slot_holds(sessions):
+    """Slot 0 answered a prompt; two prompts that continue its first 40 tokens, sent at once
+    to empty slots, evaluate only what follows (the cells are shared in the unified cache,
+    not read again) and answer as they do alone."""
+    alone, shared = sessions
+    gen = GenParams(max_tokens=24, ignore_eos=True)
+    base = PROMPTS[0] + PROMPTS[1]
+    answer(shared, base, gen, "draft", shared.slots[0])
+    prompts = [base[:40] + [77, 78, 79], base[:40] + [5, 6]]
+    for slot in shared.slots[1:3]:
+        slot.target.truncate(0)
+        slot.draft.truncate(0)
+    before = [slot.target.borrowed for slot in shared.slots[1:3]]
+    done = [None, None]
+
+    def one(i):
+        for ev in shared.generate(prompts[i], gen, "draft", slot=shared.slots[i + 1],
+                                  record=False):
+            if isinstance(ev, DoneEvent):
+                done[i] = ev
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for i, p in enumerate(prompts):
+        assert done[i].stats.n_prompt_eval == len(p) - 40  # what follows the borrowed
+        assert shared.slots[i + 1].target.borrowed - before[i] == 40
+        assert_same_as_plain(alone.target, p, answer(alone, p, gen, "draft"),
+                             list(done[i].tokens))
+
+
 class RecordingContext:
     """A context that records each llama_decode's sequences and token counts (StepBatcher's
     side of Context.decode_batch), and gives zero rows."""

@@ -241,6 +241,10 @@ class PairSession:
                                       drafts=True)
                            if self.draft_ctx is not None else None)
                       for i in range(slots)]
+        for slot in self.slots:  # a prompt's prefix another slot holds is borrowed, not read
+            slot.target.peers = [s.target for s in self.slots if s is not slot]
+            if slot.draft is not None:
+                slot.draft.peers = [s.draft for s in self.slots if s is not slot]
         # files the user named and earlier answers: what auto drafts from besides the prompt
         self.library = Library(
             HistoryStore(options.home, self.target_path, n_vocab=self.target.n_vocab)

@@ -727,6 +727,11 @@ class Context:
             raise ModelError("llama.cpp could not roll back the KV cache",
                              "this model's memory type does not support partial removal")
 
+    def seq_cp(self, src: int, dst: int, n: int) -> None:
+        """Sequence `dst` holds positions 0..n-1 of `src` as well (a unified KV cache shares
+        the cells: nothing is computed or copied)."""
+        _lc.llama_memory_seq_cp(self._mem, src, dst, 0, n)
+
     def seq_state(self, seq: int) -> bytes:
         """A copy of one sequence's cache (llama-server's --cache-ram keeps them)."""
         size = _lc.llama_state_seq_get_size(self._ptr, seq)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import numpy as np
 
 from tandem.engine.backend.context_params import (ALL, LAST, MAX_OUTPUTS, NONE, ContextParams,
-                                                   prefill_in_chunks)
+                                                   common_prefix, prefill_in_chunks)
 from tandem.errors import ContextOverflowError
 
 if TYPE_CHECKING:
@@ -188,6 +188,9 @@ class SeqContext:
         self.memory_note = ctx.memory_note
         self.reuse_min = ctx.reuse_min
         self.tokens: list[int] = []
+        # the other slots' views of this context: prefixes to borrow (reuse())
+        self.peers: Sequence[SeqContext] = ()
+        self.borrowed = 0  # prompt tokens taken from peers, never evaluated here
         self.others = 0  # tokens of other sequences in this one's latest llama_decode
         # that llama_decode's own seconds: what decode() took less the wait for the others
         # (their host work, the other model's decodes), which the cost model must not learn
@@ -212,15 +215,33 @@ class SeqContext:
 
     def truncate(self, n: int) -> None:
         if n < len(self.tokens):
-            with self.batcher.exclusive():
+            with self.batcher.exclusive():  # the tokens too: a peer may be reading them
                 self.ctx.seq_rm(self.seq, n)
-            del self.tokens[n:]
+                del self.tokens[n:]
 
     def reuse(self, tokens: Sequence[int]) -> int:
-        if self.reuse_min <= 0:
-            return 0
+        """A longer prefix of `tokens` borrowed from a peer, then cache reuse (moved runs)."""
         with self.batcher.exclusive():
+            self._borrow(tokens)
+            if self.reuse_min <= 0:
+                return 0
             return self.ctx.reuse_seq(self.seq, self.tokens, tokens, self.reuse_min)
+
+    def _borrow(self, tokens: Sequence[int]) -> None:
+        """Under the lock: where another slot holds a longer prefix of `tokens` than this one,
+        hold its cells too (shared in the unified cache, never evaluated again): a system
+        prompt, or an agent's conversation that parallel requests continue, is read once."""
+        best, donor = common_prefix(self.tokens, tokens), None
+        for peer in self.peers:
+            n = common_prefix(peer.tokens, tokens)
+            if n > best:
+                best, donor = n, peer
+        if donor is None:
+            return
+        self.ctx.seq_rm(self.seq, 0)
+        self.ctx.seq_cp(donor.seq, self.seq, best)
+        self.tokens[:] = tokens[:best]
+        self.borrowed += best
 
     def prefill(self, tokens: Sequence[int], progress=None) -> int:
         # no logits: a prompt chunk's rows are never read
@@ -248,7 +269,7 @@ class SeqContext:
             ok = self.ctx.set_seq_state(self.seq, data)
             if not ok:
                 self.ctx.seq_rm(self.seq, 0)
-        self.tokens[:] = list(tokens) if ok else []
+            self.tokens[:] = list(tokens) if ok else []
         return ok
 
 
