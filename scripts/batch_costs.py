@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="sequences per batch (default %(default)s)")
     ap.add_argument("--accept", default=",".join(map(str, ACCEPT)),
                     help="acceptance per draft position priced (default %(default)s)")
+    ap.add_argument("--no-repack", action="store_true",
+                    help="unrepacked weights, as exact mode loads the target (default: "
+                         "repacked, as serve's fast mode does)")
     ap.add_argument("--json", type=Path, metavar="OUT", help="write the figures as JSON")
     return ap
 
@@ -138,7 +141,7 @@ def figures(times: dict[tuple[int, ...], list[float]], seqs: list[int],
 
 
 def measure(path: Path, threads: int, reps: int, prompt_tokens: int, ctx_per_slot: int,
-            seqs: list[int], accept: list[float]) -> dict:
+            seqs: list[int], accept: list[float], repack: bool = True) -> dict:
     from tandem.bench.hw_costs import time_layouts
     from tandem.engine.backend import llama
     from tandem.engine.backend.context_params import ContextParams
@@ -149,7 +152,7 @@ def measure(path: Path, threads: int, reps: int, prompt_tokens: int, ctx_per_slo
     every, one = layouts(seqs)
     todo = list(dict.fromkeys([*every.values(), *one.values()]))  # b = 1: the same layouts
     n = max(seqs)
-    model = llama.Model(path)
+    model = llama.Model(path, repack=repack)  # the weights' layout sets the kernels' costs
     try:
         toks = prompts(model, n, prompt_tokens + 1 + max(ONE_DRAFTS))
         params = shared_context(ContextParams(n_ctx=ctx_per_slot, n_threads=threads,
@@ -171,7 +174,7 @@ def measure(path: Path, threads: int, reps: int, prompt_tokens: int, ctx_per_slo
             ctx.close()
     finally:
         model.close()
-    return {"model": path.name, "threads": threads, "reps": reps,
+    return {"model": path.name, "threads": threads, "reps": reps, "repacked": repack,
             "prompt_tokens": prompt_tokens, "ctx_per_slot": ctx_per_slot, "context": context,
             "when": time.strftime("%Y-%m-%d %H:%M"), "nproc": os.cpu_count(),
             "cpu": cpu_model(), "busy": None if busy is None else round(busy, 3),
@@ -195,7 +198,8 @@ def cpu_model() -> str:
 def markdown(doc: dict) -> str:
     accept = doc["accept"]
     busy = "" if doc["busy"] is None else f", other processes {doc['busy']:.0%} of the CPU"
-    lines = [f"{doc['model']}, {doc['threads']} threads, {doc['nproc']} CPUs ({doc['cpu']}), "
+    weights = "repacked" if doc.get("repacked", True) else "unrepacked"
+    lines = [f"{doc['model']} ({weights}), {doc['threads']} threads, {doc['nproc']} CPUs ({doc['cpu']}), "
              f"{doc['when']}; {doc['prompt_tokens']} tokens per sequence, medians of "
              f"{doc['reps']}, {doc['seconds']} s{busy}", "",
              "| b | raw(b) ms | raw(b)/b | draft row: raw(b+1) - raw(b) ms | x raw(1) | "
@@ -221,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     if not seqs or min(seqs) < 1 or 1 not in seqs:
         raise SystemExit("Error: --seqs must hold 1 (raw(1) is the unit) and positive counts")
     doc = measure(target_path(ns.model), ns.threads, ns.reps, ns.prompt_tokens, ns.ctx,
-                  sorted(set(seqs)), accept)
+                  sorted(set(seqs)), accept, repack=not ns.no_repack)
     print(markdown(doc))
     if ns.json:
         ns.json.write_text(json.dumps(doc, indent=1))
