@@ -227,11 +227,18 @@ class SeqContext:
                 return 0
             return self.ctx.reuse_seq(self.seq, self.tokens, tokens, self.reuse_min)
 
+    # fewer tokens are evaluated here: borrowed cells were computed in the donor's prompt
+    # chunks, whose shape moves the kernels' last bits (an answer then equals itself alone up
+    # to near ties, as after a chat's cached turn); a short prefix costs little to evaluate
+    BORROW_MIN = 32
+
     def _borrow(self, tokens: Sequence[int]) -> None:
-        """Under the lock: where another slot holds a longer prefix of `tokens` than this one,
-        hold its cells too (shared in the unified cache, never evaluated again): a system
-        prompt, or an agent's conversation that parallel requests continue, is read once."""
-        best, donor = common_prefix(self.tokens, tokens), None
+        """Under the lock: where another slot holds a prefix of `tokens` at least BORROW_MIN
+        tokens longer than this one's, hold its cells too (shared in the unified cache, never
+        evaluated again): a long system prompt, or an agent's conversation that parallel
+        requests continue, is read once."""
+        own = common_prefix(self.tokens, tokens)
+        best, donor = own + self.BORROW_MIN - 1, None
         for peer in self.peers:
             n = common_prefix(peer.tokens, tokens)
             if n > best:
