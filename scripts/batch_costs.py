@@ -198,7 +198,7 @@ def cpu_model() -> str:
 def markdown(doc: dict) -> str:
     accept = doc["accept"]
     busy = "" if doc["busy"] is None else f", other processes {doc['busy']:.0%} of the CPU"
-    weights = "repacked" if doc.get("repacked", True) else "unrepacked"
+    weights = "repacked" if doc["repacked"] else "unrepacked"
     lines = [f"{doc['model']} ({weights}), {doc['threads']} threads, {doc['nproc']} CPUs ({doc['cpu']}), "
              f"{doc['when']}; {doc['prompt_tokens']} tokens per sequence, medians of "
              f"{doc['reps']}, {doc['seconds']} s{busy}", "",

@@ -178,7 +178,7 @@ class HybridDrafter:
             return self._last
         k = self.model_len.choose(room) if self.adaptive else min(room, self.model_max)
         self._probe = self.adaptive and self.model_len.last_was_probe
-        if self.costs.shared and self.costs.company() > 0 and (
+        if self.costs.company() > 0 and (
                 self._probe or len(tokens) - len(self.model.ctx.tokens) > self.model_max + 2):
             # beside other sequences a catch-up (the model re-reading what it lacks: the
             # prompt, a plain stretch) stalls every one of them, unpriced: the model drafts
