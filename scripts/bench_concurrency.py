@@ -73,6 +73,7 @@ from pathlib import Path
 from bench_editors import infill
 from bench_peer import ROOT, default_tandem, log, pair_parser, resolve_models
 from bench_serve import TandemServer, chat, llama_server_or_warn, server_options
+from tandem.bench.accounting import response_counts
 from tandem.bench.editor_workload import Completion, fim_cases
 from tandem.bench.llama_server import BASE_SERVER_ARGS, SERVER_CONFIGS, LlamaServer, ServerError
 from tandem.bench.peer_runs import (
@@ -122,6 +123,7 @@ class Row:
     prompt_n: int | None = None  # infill-during-chat: the /infill's prompt tokens
     overlapped: bool | None = None  # infill-during-chat: the chat still ran at the /infill
     busy: float | None = None  # share of the CPU other processes took during it
+    step_ms: float | None = None  # the requests' median decode time per step
     requests: list[dict] = field(default_factory=list)
     error: str | None = None
     extra: dict = field(default_factory=dict)
@@ -170,14 +172,18 @@ def infill_hole(chars: int = INFILL_CHARS, hole: str = HOLE) -> Completion:
 def _request(kind: str, pid: str, start: float, end: float, resp: dict | None,
              t0: float) -> dict:
     t = (resp or {}).get("timings") or {}
+    counted = response_counts(resp or {})
     return {"kind": kind, "id": pid, "sent_s": round(start - t0, 4), "latency_s": end - start,
             "predicted_n": int(t.get("predicted_n") or 0),
             "prompt_n": int(t.get("prompt_n") or 0),
             "tok_s": float(t.get("predicted_per_second") or 0.0),
+            # its decode time per step, counted alike on both servers (bench/accounting.py)
+            "step_ms": round(1000 * counted.step_s, 2) if counted else None,
             "has_timings": bool(t)}
 
 
 def _fail(row: Row, errors: list[str]) -> Row:
+    row.step_ms = _median([r["step_ms"] for r in row.requests if r.get("step_ms")])
     if errors:
         row.error = errors[0]
     elif any(not r["has_timings"] for r in row.requests):
@@ -320,7 +326,8 @@ def report(rows: list[Row], names: list[str]) -> str:
     ok = [r for r in rows if not r.error]
     base = {(r.scenario, r.rep): r for r in ok if r.server == BASELINE}
     out = ["| scenario | server | reps | latency s | x latency | chat total s | x chat total "
-           "| tok/s | x tok/s | tokens | busy |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| tok/s | x tok/s | ms/step | x step | tokens | busy |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for scen in SCENARIOS:
         for name in names:
             mine = [r for r in ok if r.server == name and r.scenario == scen]
@@ -332,6 +339,7 @@ def report(rows: list[Row], names: list[str]) -> str:
             x_chat = _median([b.chat_total_s / r.chat_total_s for b, r in pairs
                               if r.chat_total_s and b.chat_total_s])
             x_tok = _median([r.tok_s / b.tok_s for b, r in pairs if b.tok_s > 0])
+            x_step = _median([b.step_ms / r.step_ms for b, r in pairs if r.step_ms and b.step_ms])
             n_busy = sum(busy(r.busy) for r in mine)
             chat_s = [r.chat_total_s for r in mine if r.chat_total_s is not None]
             out.append(
@@ -339,7 +347,9 @@ def report(rows: list[Row], names: list[str]) -> str:
                 f"| {_fmt(_median([r.latency_s for r in mine]), '.2f')} "
                 f"| {_fmt(x_lat, '.2f', hot)} | {_fmt(_median(chat_s), '.2f')} "
                 f"| {_fmt(x_chat, '.2f', hot)} | {_fmt(_median([r.tok_s for r in mine]), '.1f')} "
-                f"| {_fmt(x_tok, '.2f', hot)} | {_fmt(_median([r.tokens for r in mine]), '.0f')} "
+                f"| {_fmt(x_tok, '.2f', hot)} "
+                f"| {_fmt(_median([r.step_ms for r in mine if r.step_ms]), '.1f')} "
+                f"| {_fmt(x_step, '.2f', hot)} | {_fmt(_median([r.tokens for r in mine]), '.0f')} "
                 f"| {f'{n_busy}/{len(mine)}' if n_busy else '-'} |")
     return "\n".join(out)
 
@@ -541,9 +551,11 @@ def main(argv: list[str] | None = None) -> int:
               f"mean of the four; alone: the median. chat total: the streamed chat's sent -> "
               f"last chunk. tok/s: infill-during-chat: the chat's decode tok/s (its server's "
               f"timings); four-at-once: aggregate = the four answers' tokens / (first send -> "
-              f"last completion); alone: the median decode tok/s (server's timings). x: per "
-              f"repetition over `{BASELINE}` (latency: its over the server's, >1 faster; tok/s: "
-              f"the server's over its), then the median; medians over the repetitions.")
+              f"last completion); alone: the median decode tok/s (server's timings). ms/step: "
+              f"the requests' median decode time per step, each server's own timings counted "
+              f"alike (tandem.bench.accounting). x: per repetition over `{BASELINE}` (latency, "
+              f"ms/step: its over the server's, >1 faster; tok/s: the server's over its), then "
+              f"the median; medians over the repetitions.")
     return exit_status(rows, interrupted, log)
 
 

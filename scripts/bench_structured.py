@@ -55,7 +55,7 @@ from pathlib import Path
 
 from bench_peer import default_tandem, log, pair_parser, resolve_models
 from bench_serve import TandemServer, find_server_bin
-from tandem.bench.accounting import server_counts, tandem_counts
+from tandem.bench.accounting import response_counts, server_counts
 from tandem.bench.llama_server import (
     BASE_SERVER_ARGS,
     SERVER_CONFIGS,
@@ -127,15 +127,10 @@ def run_task(server, task, ns) -> Row:
     row.valid, row.invalid = check_message(task.structure, message, row.finish_reason)
     row.prompt_n, row.predicted_n = int(t.get("prompt_n") or 0), int(t.get("predicted_n") or 0)
     row.drafted, row.accepted = int(t.get("draft_n") or 0), int(t.get("draft_n_accepted") or 0)
-    prompt_s, decode_s = float(t.get("prompt_ms") or 0) / 1000, float(t.get("predicted_ms") or 0) / 1000
     own = resp.get("tandem")
-    if own is not None:  # tandem serve: its verify steps; end-of-text ended a "stop" answer
-        eos = row.finish_reason in ("stop", "tool_calls")
-        counted = tandem_counts(row.predicted_n, eos, int(own.get("verify_steps") or 0),
-                                prompt_s, decode_s)
+    if own is not None:
         row.extra["by_source"] = own.get("by_source")
-    else:
-        counted = server_counts(row.predicted_n, decode_s * 1000, prompt_s * 1000, row.accepted)
+    counted = response_counts(resp) or server_counts(0, 0.0, 0.0)
     row.e2e_s, row.step_ms, row.tok_s = counted.t_e2e, 1000 * counted.step_s, counted.tokens_per_second
     row.extra["cache_n"] = t.get("cache_n")
     if not t:

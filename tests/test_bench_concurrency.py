@@ -133,16 +133,39 @@ def test_the_hole_is_cut_from_its_file():
 def test_report_ratios_per_repetition_and_busy_marks():
     from bench_concurrency import ALONE, BASELINE, FOUR, Row, report
 
-    rows = [Row(BASELINE, FOUR, 0, latency_s=2.0, tok_s=10.0, tokens=40),
-            Row("tandem", FOUR, 0, latency_s=1.0, tok_s=30.0, tokens=40),
-            Row(BASELINE, FOUR, 1, latency_s=4.0, tok_s=20.0, tokens=40),
-            Row("tandem", FOUR, 1, latency_s=1.0, tok_s=20.0, tokens=40),
+    rows = [Row(BASELINE, FOUR, 0, latency_s=2.0, tok_s=10.0, tokens=40, step_ms=150.0),
+            Row("tandem", FOUR, 0, latency_s=1.0, tok_s=30.0, tokens=40, step_ms=100.0),
+            Row(BASELINE, FOUR, 1, latency_s=4.0, tok_s=20.0, tokens=40, step_ms=120.0),
+            Row("tandem", FOUR, 1, latency_s=1.0, tok_s=20.0, tokens=40, step_ms=160.0),
             Row(BASELINE, ALONE, 0, latency_s=1.0, tok_s=10.0, tokens=40),
             Row("tandem", ALONE, 0, latency_s=2.0, tok_s=5.0, tokens=40, busy=0.6)]
     text = report(rows, [BASELINE, "tandem"])
-    # x latency: median of 2/1 and 4/1; x tok/s: median of 30/10 and 20/20
-    assert "| four-at-once | tandem | 2 | 1.00 | 3.00 | - | - | 25.0 | 2.00 | 40 | - |" in text
-    assert "| alone | tandem | 1 | 2.00 | 0.50 busy | - | - | 5.0 | 0.50 busy | 40 | 1/1 |" in text
+    # x latency: median of 2/1 and 4/1; x tok/s: median of 30/10 and 20/20; ms/step: median
+    # of 100 and 160, x step: median of 150/100 and 120/160
+    assert ("| four-at-once | tandem | 2 | 1.00 | 3.00 | - | - | 25.0 | 2.00 | 130.0 | 1.12 "
+            "| 40 | - |") in text
+    assert ("| alone | tandem | 1 | 2.00 | 0.50 busy | - | - | 5.0 | 0.50 busy | - | - | 40 "
+            "| 1/1 |") in text
+
+
+def test_each_request_counts_its_decode_steps_alike_on_both_servers():
+    """tandem's decode holds one step per verify batch (its `tandem.verify_steps`), counted
+    with end-of-text when the answer stopped there; llama-server's one per predicted token
+    less the drafts it accepted."""
+    from bench_concurrency import Row, _fail, _request
+
+    llama = {"timings": {"predicted_n": 96, "predicted_ms": 14400.0, "prompt_n": 50,
+                         "prompt_ms": 900.0, "draft_n_accepted": 0}}
+    tandem = {"timings": {"predicted_n": 95, "predicted_ms": 13000.0, "prompt_n": 50,
+                          "prompt_ms": 950.0, "draft_n_accepted": 20},
+              "choices": [{"finish_reason": "stop"}], "tandem": {"verify_steps": 80}}
+    a = _request("chat", "a", 0.0, 15.0, llama, 0.0)
+    b = _request("chat", "b", 0.0, 14.0, tandem, 0.0)
+    assert a["step_ms"] == 150.0 and b["step_ms"] == 162.5  # 13000 ms / 80 steps
+    assert _request("chat", "c", 0.0, 1.0, None, 0.0)["step_ms"] is None
+    row = Row("x", "four-at-once", 0)
+    row.requests = [a, b]
+    assert _fail(row, []).step_ms == 156.25 and row.error is None
 
 
 def test_servers_get_the_same_context_per_slot():
@@ -191,5 +214,7 @@ def test_bench_concurrency_on_tiny_models(tiny_models, tmp_path):
     assert all(q["latency_s"] > 0 for r in rows.values() for q in r["requests"])
     assert rows["infill-during-chat"]["prompt_n"] > 0
     assert rows["alone"]["tok_s"] > 0
+    # tandem's non-streamed answers carry its verify steps: each one's time per step
+    assert four["step_ms"] > 0 and all(q["step_ms"] > 0 for q in four["requests"])
     assert data["meta"]["ctx_per_slot"] == 4096
     assert "| four-at-once | tandem | 1 |" in res.stdout

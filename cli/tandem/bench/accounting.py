@@ -52,3 +52,22 @@ def server_counts(predicted_n: int, predicted_ms: float, prompt_ms: float,
     one token plus the drafts it accepted."""
     return Counted(predicted_n, max(predicted_n - draft_accepted, 0), prompt_ms / 1000.0,
                    predicted_ms / 1000.0)
+
+
+def response_counts(resp: dict) -> Counted | None:
+    """A server's answer (its JSON object) counted as above: tandem serve's by its verify
+    steps (the `tandem` object it adds; end-of-text when the answer stopped there),
+    llama-server's by its `timings`. None where it has no timings."""
+    t = resp.get("timings") or {}
+    if not t:
+        return None
+    predicted_n = int(t.get("predicted_n") or 0)
+    prompt_ms, predicted_ms = float(t.get("prompt_ms") or 0), float(t.get("predicted_ms") or 0)
+    own = resp.get("tandem")
+    if own is None:
+        return server_counts(predicted_n, predicted_ms, prompt_ms,
+                             int(t.get("draft_n_accepted") or 0))
+    finish = ((resp.get("choices") or [{}])[0].get("finish_reason")
+              or resp.get("finish_reason"))
+    return tandem_counts(predicted_n, finish in ("stop", "tool_calls"),
+                         int(own.get("verify_steps") or 0), prompt_ms / 1000, predicted_ms / 1000)
