@@ -46,8 +46,8 @@ busy. tandem runs with TANDEM_HISTORY=off.
 Prints a Markdown table (one row per server and scenario) and writes every row (one per
 server, scenario and repetition, with each request's figures) to --out (JSON).
 
-The measurement (the default pair, 2 threads, context 4096 per slot, 2 repetitions: 8 server
-starts of about a minute each, so about 10 minutes of both cores, up to 15 on a slow host, plus
+The measurement (the default pair, 2 threads, context 4096 per slot, 2 repetitions: 10 server
+starts of about two minutes each, so about 20 minutes of both cores (18 on 2026-12-03), plus
 up to 2 of quiet-check's waiting; run it alone on the machine):
 
   .venv/bin/python scripts/bench_concurrency.py --out concurrency.json \
