@@ -182,7 +182,8 @@ def _request(kind: str, pid: str, start: float, end: float, resp: dict | None,
             "has_timings": bool(t)}
 
 
-def _fail(row: Row, errors: list[str]) -> Row:
+def _finish(row: Row, errors: list[str]) -> Row:
+    """The row's figures from its requests' (step_ms), and its error where one failed."""
     row.step_ms = _median([r["step_ms"] for r in row.requests if r.get("step_ms")])
     if errors:
         row.error = errors[0]
@@ -228,7 +229,7 @@ def scenario_infill(server, rep: int, prompt, hole: Completion, n_chat: int, del
     row.chat_total_s, row.tok_s = chat_req["latency_s"], chat_req["tok_s"]
     row.tokens = chat_req["predicted_n"]
     row.wall_s = max(got["end"], end) - t0
-    return _fail(row, errors)
+    return _finish(row, errors)
 
 
 def scenario_four(server, rep: int, prompts: list, n: int, seed: int) -> Row:
@@ -257,7 +258,7 @@ def scenario_four(server, rep: int, prompts: list, n: int, seed: int) -> Row:
     row.tokens = sum(r["predicted_n"] for r in row.requests)
     row.tok_s = row.tokens / row.wall_s if row.wall_s > 0 else 0.0
     row.latency_s = statistics.fmean(r["latency_s"] for r in row.requests)
-    return _fail(row, [d[3] for d in done if d[3]])
+    return _finish(row, [d[3] for d in done if d[3]])
 
 
 def scenario_alone(server, rep: int, prompts: list, n: int, seed: int) -> Row:
@@ -276,7 +277,7 @@ def scenario_alone(server, rep: int, prompts: list, n: int, seed: int) -> Row:
     row.tokens = sum(r["predicted_n"] for r in row.requests)
     row.latency_s = statistics.median(r["latency_s"] for r in row.requests)
     row.tok_s = statistics.median(r["tok_s"] for r in row.requests)
-    return _fail(row, errors)
+    return _finish(row, errors)
 
 
 # ----------------------------------------------------------------------------- load

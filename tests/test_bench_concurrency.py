@@ -152,7 +152,7 @@ def test_each_request_counts_its_decode_steps_alike_on_both_servers():
     """tandem's decode holds one step per verify batch (its `tandem.verify_steps`), counted
     with end-of-text when the answer stopped there; llama-server's one per predicted token
     less the drafts it accepted."""
-    from bench_concurrency import Row, _fail, _request
+    from bench_concurrency import Row, _finish, _request
 
     llama = {"timings": {"predicted_n": 96, "predicted_ms": 14400.0, "prompt_n": 50,
                          "prompt_ms": 900.0, "draft_n_accepted": 0}}
@@ -165,7 +165,7 @@ def test_each_request_counts_its_decode_steps_alike_on_both_servers():
     assert _request("chat", "c", 0.0, 1.0, None, 0.0)["step_ms"] is None
     row = Row("x", "four-at-once", 0)
     row.requests = [a, b]
-    assert _fail(row, []).step_ms == 156.25 and row.error is None
+    assert _finish(row, []).step_ms == 156.25 and row.error is None
 
 
 def test_servers_get_the_same_context_per_slot():
