@@ -109,6 +109,31 @@ def test_completions_and_models(server):
     assert streamed == resp.choices[0].text
 
 
+def test_return_tokens_gives_the_answers_ids_on_every_route(server):
+    """llama-server's return_tokens: the ids detokenize to the answer, whole or streamed (the
+    finish chunk's tandem.tokens; /completion's last object's tokens); without it none."""
+    client = server.client()
+    resp = _chat(client, "hello there", extra_body={"return_tokens": True})
+    ids = resp.model_extra["tandem"]["tokens"]
+    assert len(ids) == resp.usage.completion_tokens
+    status, back, _ = server.raw("POST", "/detokenize", json.dumps({"tokens": ids}))
+    assert status == 200 and back["content"] == resp.choices[0].message.content
+    _, chunks = _stream_text(client, "hello there", extra_body={"return_tokens": True})
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finals[0].model_extra["tandem"]["tokens"] == ids
+    assert [c for c in chunks if "tokens" in (c.model_extra.get("tandem") or {})] == finals
+    assert "tokens" not in _chat(client, "hello there").model_extra["tandem"]
+    status, done, _ = server.raw("POST", "/completion", json.dumps(
+        {"prompt": "abc def", "n_predict": 6, "temperature": 0, "return_tokens": True}))
+    assert status == 200 and len(done["tokens"]) == done["tokens_predicted"] > 0
+    plain = server.raw("POST", "/completion", json.dumps(
+        {"prompt": "abc def", "n_predict": 6, "temperature": 0}))[1]
+    assert plain["tokens"] == [] and plain["content"] == done["content"]
+    status, err, _ = server.raw("POST", "/v1/chat/completions", json.dumps(
+        {"messages": [{"role": "user", "content": "hi"}], "return_tokens": "yes"}))
+    assert status == 400 and err["error"]["param"] == "return_tokens"
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_stop_strings(server, stream):
     client = server.client()

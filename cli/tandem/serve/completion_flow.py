@@ -94,7 +94,8 @@ async def complete(state: ServerState, call: ApiCall, req: protocol.Request, id_
             return client_gone(job, log)
         log(200, answer.stats)
         return JSONResponse(responses.completion(req, rid, now, model, answer.text,
-                                                 answer.reason, answer.stats))
+                                                 answer.reason, answer.stats,
+                                                 responses.returned_tokens(req, answer)))
     finally:
         watch.cancel()
         if not handed_over:  # answered, refused, or this handler cancelled: stop the job
@@ -111,7 +112,8 @@ async def native_answer(state: ServerState, req: protocol.Request, tokens, event
 
     def last(answer, text):
         return llama_api.final(req, state.config.model_id, text, answer.reason, answer.stats,
-                               n_ctx, prompt_text, llama_api.sampling_json(answer.gen.sampling))
+                               n_ctx, prompt_text, llama_api.sampling_json(answer.gen.sampling),
+                               responses.returned_tokens(req, answer))
 
     if req.stream:
         watch.cancel()  # from here the stream response watches the connection

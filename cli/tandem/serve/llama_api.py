@@ -207,11 +207,12 @@ def stop_type(reason: str) -> str:
 
 
 def final(req: Request, model: str, text: str, reason: str, stats, n_ctx: int,
-          prompt_text: str | None, sampling: dict) -> dict:
+          prompt_text: str | None, sampling: dict, tokens: list[int] | None = None) -> dict:
     """The last (or only) object of a /completion or /infill answer, llama-server's keys,
-    cut to `response_fields` when the request names some."""
+    cut to `response_fields` when the request names some. `tokens`: the answer's ids
+    (return_tokens; streamed, they all come in this last object, the pieces' stay empty)."""
     out = {
-        "index": 0, "content": text, "tokens": [], "id_slot": 0, "stop": True,
+        "index": 0, "content": text, "tokens": tokens or [], "id_slot": 0, "stop": True,
         "model": model, "tokens_predicted": stats.n_generated,
         "tokens_evaluated": stats.n_prompt,
         "generation_settings": dict(sampling, n_predict=req.max_tokens or -1, n_ctx=n_ctx,

@@ -57,6 +57,7 @@ class Request:
     tools: tuple = ()  # engine.constrain.tools.Tool
     tool_choice: str = "none"  # "none" | "auto" | "required" | a tool's name
     prediction: str | None = None  # OpenAI's Predicted Outputs: the expected answer
+    return_tokens: bool = False  # llama-server's: the answer's token ids come back too
     # llama-server's own routes (serve/llama_api.py): a token prompt, a fill-in-the-middle,
     # its response shape and the editors' stopping rules
     prompt_ids: tuple[int, ...] = ()
@@ -268,6 +269,10 @@ def _common(body: dict) -> dict:
         if not isinstance(include_usage, bool):
             raise bad("'stream_options.include_usage' must be a boolean",
                       "stream_options.include_usage", "invalid_type")
+    return_tokens = body.get("return_tokens", False)
+    if not isinstance(return_tokens, bool):
+        raise bad(f"'return_tokens' must be a boolean, got {kind_of(return_tokens)}",
+                  "return_tokens", "invalid_type")
     sampling = {key: _sampling(body, key, limit) for key, limit in LIMITS.items()}
     if sampling["top_k"] is not None:
         sampling["top_k"] = _int(body, "top_k", 0, int(LIMITS["top_k"].hi))
@@ -277,7 +282,8 @@ def _common(body: dict) -> dict:
     return dict(model=model, max_tokens=max_tokens, seed=seed_value(seed),
                 stop=_stops(body.get("stop")), stream=stream, include_usage=include_usage,
                 constraint=constraint, constraint_param=constraint_param,
-                prediction=_prediction(body.get("prediction")), **sampling)
+                prediction=_prediction(body.get("prediction")), return_tokens=return_tokens,
+                **sampling)
 
 
 def _prediction(value) -> str | None:

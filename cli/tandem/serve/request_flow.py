@@ -146,7 +146,8 @@ async def openai_stream(req, rid: str, created: int, model: str, events: asyncio
             for delta in structured.deltas(calls, None):
                 yield responses.sse(chunk(**delta))
             reason = structured.stream_finish(calls, value.reason, responses.FINISH)
-            yield responses.sse(chunk(reason=reason, stats=value.stats))
+            yield responses.sse(chunk(reason=reason, stats=value.stats,
+                                      tokens=responses.returned_tokens(req, value)))
             if req.include_usage:
                 yield responses.sse(chunk(stats=value.stats, usage_only=True))
             break

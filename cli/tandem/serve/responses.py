@@ -48,18 +48,30 @@ def timings(stats) -> dict:
     }
 
 
-def tandem_stats(stats) -> dict:
-    """What tandem adds to llama-server's figures: acceptance, per draft source, notes."""
-    return {"strategy": stats.strategy, "acceptance_rate": stats.acceptance_rate,
-            "mean_accepted_length": stats.mean_accepted_length,
-            "verify_steps": stats.n_steps,
-            "by_source": {k: {"drafted": v[0], "accepted": v[1]}
-                          for k, v in stats.by_source.items()},
-            "notes": list(stats.notes)}
+def tandem_stats(stats, tokens: list[int] | None = None) -> dict:
+    """What tandem adds to llama-server's figures: acceptance, per draft source, notes, and
+    the answer's token ids where the request asked for them (returned_tokens)."""
+    out = {"strategy": stats.strategy, "acceptance_rate": stats.acceptance_rate,
+           "mean_accepted_length": stats.mean_accepted_length,
+           "verify_steps": stats.n_steps,
+           "by_source": {k: {"drafted": v[0], "accepted": v[1]}
+                         for k, v in stats.by_source.items()},
+           "notes": list(stats.notes)}
+    if tokens is not None:
+        out["tokens"] = tokens
+    return out
+
+
+def returned_tokens(req: Request, answer) -> list[int] | None:
+    """The answer's token ids if the request set llama-server's `return_tokens` (an answer
+    cancelled before its end: none), else None."""
+    if not req.return_tokens:
+        return None
+    return list(answer.done.tokens) if answer.done is not None else []
 
 
 def completion(req: Request, rid: str, created: int, model: str, text: str, reason: str,
-               stats) -> dict:
+               stats, tokens: list[int] | None = None) -> dict:
     """The non-streamed response of either route."""
     finish = FINISH.get(reason, "stop")
     if req.kind == "chat":
@@ -70,12 +82,13 @@ def completion(req: Request, rid: str, created: int, model: str, text: str, reas
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         obj = "text_completion"
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
-            "usage": usage(stats), "timings": timings(stats), "tandem": tandem_stats(stats)}
+            "usage": usage(stats), "timings": timings(stats), "tandem": tandem_stats(stats, tokens)}
 
 
 def chunk(req: Request, rid: str, created: int, model: str, *, text: str | None = None,
           role: bool = False, reason: str | None = None, stats=None,
-          usage_only: bool = False, calls: list[dict] | None = None) -> dict:
+          usage_only: bool = False, calls: list[dict] | None = None,
+          tokens: list[int] | None = None) -> dict:
     """One server-sent event's object. The chat's first chunk carries the role; the last one
     the finish reason and timings; with include_usage a final chunk has no choices and the
     usage, as OpenAI sends it."""
@@ -101,7 +114,7 @@ def chunk(req: Request, rid: str, created: int, model: str, *, text: str | None 
     out["choices"] = [choice]
     if stats is not None:
         out["timings"] = timings(stats)
-        out["tandem"] = tandem_stats(stats)
+        out["tandem"] = tandem_stats(stats, tokens)
     if req.include_usage:
         out["usage"] = None  # OpenAI: null on every chunk but the last
     return out
