@@ -184,7 +184,11 @@ def test_infill_greedy_equals_the_same_prompt_sent_as_tokens(server):
 def test_n_indent_and_n_predict_limits(server):
     body = {"input_prefix": "if x:\n", "input_suffix": "", "temperature": 0, "n_predict": 40}
     free = post(server, "/infill", body)[1]
-    cut = post(server, "/infill", dict(body, n_indent=8))[1]
+    cut = post(server, "/infill", dict(body, n_indent=8, return_tokens=True))[1]
+    # return_tokens: the ids it generated, cut by the rule or not, cover its content
+    assert free["tokens"] == [] and cut["tokens"]
+    assert post(server, "/detokenize", {"tokens": cut["tokens"]})[1]["content"].startswith(
+        cut["content"])
     lines = free["content"].split("\n")
     if len(lines) > 1:  # the rule applies from the second line on
         assert cut["content"] == free["content"][:len(cut["content"])]

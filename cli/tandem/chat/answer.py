@@ -36,6 +36,7 @@ class Answer:
         self.reason: str | None = None
         self.stats: GenStats | None = None
         self.done: DoneEvent | None = None
+        self.generated: list[int] = []  # the answer's token ids (stopped early: so far)
         self.failed = False  # an exception ended it: not an answer
 
     def events(self) -> Iterator:
@@ -50,6 +51,7 @@ class Answer:
                 partial.observe(ev)
                 if isinstance(ev, TokenEvent):
                     pieces.append(ev.text)
+                    self.generated.append(ev.token)
                 elif isinstance(ev, PrefillEvent) and ev.done >= ev.total:
                     partial.t_prefill = time.perf_counter() - t0
                     # the engine evaluates the last prompt token with the first verify batch
@@ -65,6 +67,7 @@ class Answer:
                 inner.close()
             if self.done is not None:
                 self.text, self.reason, self.stats = self.done.text, self.done.reason, self.done.stats
+                self.generated = list(self.done.tokens)
             else:  # stopped early: keep the partial answer
                 partial.t_total = time.perf_counter() - t0
                 self.text, self.reason, self.stats = "".join(pieces), "interrupted", partial

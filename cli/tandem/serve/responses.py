@@ -63,11 +63,9 @@ def tandem_stats(stats, tokens: list[int] | None = None) -> dict:
 
 
 def returned_tokens(req: Request, answer) -> list[int] | None:
-    """The answer's token ids if the request set llama-server's `return_tokens` (an answer
-    cancelled before its end: none), else None."""
-    if not req.return_tokens:
-        return None
-    return list(answer.done.tokens) if answer.done is not None else []
+    """The answer's token ids (chat.answer.Answer.generated; one an editor's stopping rule
+    ended: those it got to) if the request set llama-server's `return_tokens`, else None."""
+    return list(answer.generated) if req.return_tokens else None
 
 
 def completion(req: Request, rid: str, created: int, model: str, text: str, reason: str,
