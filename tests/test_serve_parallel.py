@@ -245,9 +245,9 @@ def parting_gap(target, path: str, body: dict, a: list[int], b: list[int]) -> tu
     i = common_prefix(a, b)
     assert i < min(len(a), len(b)), f"the answers' tokens do not part: {a} vs {b}"
     req = llama_api.parse_infill(body) if path == "/infill" else protocol.parse_chat(body)
-    opts = SessionOptions(strategy="none", target_ctx=ContextParams(n_ctx=2048, n_threads=2))
-    with PairSession(target, None, opts) as pair:
-        ctx = Context(pair.target, ContextParams(n_ctx=2048, n_threads=2))
+    params = ContextParams(n_ctx=2048, n_threads=2)
+    with PairSession(target, None, SessionOptions(strategy="none", target_ctx=params)) as pair:
+        ctx = Context(pair.target, params)
         try:
             logits = np.array(ctx.sync(list(tokens_of(pair, req)) + a[:i]))
         finally:
