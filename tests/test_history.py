@@ -15,7 +15,7 @@ from tandem.engine.drafting.history import (
     list_histories,
     read_context_file,
 )
-from tandem.engine.drafting.suffix import SuffixIndex
+from tandem.engine.drafting.suffix import BULK, KEY_SIZES, SuffixIndex
 from tandem.engine.loop.events import DoneEvent, StepEvent
 from tandem.engine.loop.sampling import SamplingParams
 from tandem.engine.tuning.costs import CostModel
@@ -288,3 +288,28 @@ def test_auto_drafts_a_prediction_from_the_answers_first_step():
     fresh = auto_drafter(None, _flat_costs(), n_max=4)
     fresh.prefill(prompt)
     assert fresh.propose(prompt, 8, sp, rng, False).source != "prediction"
+
+
+class _PeerLooksOnPublish(dict):
+    """A chain head table that runs another slot's lookup the moment new heads are published:
+    the interleaving two serve slots' threads can meet (issue 52)."""
+
+    def __init__(self, index, suffix):
+        super().__init__()
+        self.index, self.suffix, self.seen = index, suffix, []
+
+    def update(self, *args, **kwargs):
+        super().update(*args, **kwargs)
+        self.seen.append(self.index.match(self.suffix))
+
+
+def test_history_index_links_before_it_publishes_a_head():
+    # a long answer is indexed in bulk; a peer's match() between publishing a head and
+    # linking its chain once indexed prev[] past its end: IndexError, a 500 for that request
+    idx = SuffixIndex()
+    doc = list(range(10, 10 + 3 * BULK))
+    for n in KEY_SIZES:
+        idx._head[n] = _PeerLooksOnPublish(idx, doc[-KEY_SIZES[-1]:])
+    idx.add(doc)
+    seen = [m for n in KEY_SIZES for m in idx._head[n].seen]
+    assert seen and all(starts == [len(doc)] for starts, _ in seen), seen

@@ -109,8 +109,11 @@ class SuffixIndex:
                 firsts = order[np.concatenate(([True], ~same))]
                 links[firsts] = [heads.get(k, -1) for k in keys[firsts].tolist()]
                 lasts = order[np.concatenate((~same, [True]))]
-                heads.update(zip(keys[lasts].tolist(), pos[lasts].tolist()))
+            # link before publish: another slot's drafter may match() meanwhile, and a head
+            # published before its chain exists sent it to prev[p] past the end (IndexError)
             prev.frombytes(links.astype(np.int32).tobytes())
+            if len(ok):
+                heads.update(zip(keys[lasts].tolist(), pos[lasts].tolist()))
         self._indexed = max(self._indexed, end)
 
     def _index_few(self, start: int, end: int) -> None:
