@@ -81,6 +81,7 @@ class ScriptedContext:
         self.cost = cost or (lambda n: 0.0)
         self.tokens: list[int] = []
         self.n_decoded = 0
+        self.n_threads = 1  # Context's decoding thread count (set_threads changes it)
         self.max_logit_rows = 0
         self.batches: list[int] = []  # size of every decode call
 

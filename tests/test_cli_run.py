@@ -56,7 +56,7 @@ def test_stdout_has_only_the_text_and_stderr_the_stats(cli):
     assert err(cli("--raw", "-n", "16", "hello there")) == ""
 
 
-def test_json_output(cli):
+def test_json_output(cli, tiny_models):
     res = cli("--raw", "-n", "12", "--json", "--stats", "hello there")
     assert res.returncode == EXIT_OK, err(res)
     doc = json.loads(text(res))  # stdout is exactly one JSON object
@@ -69,6 +69,12 @@ def test_json_output(cli):
     plain = cli("--raw", "-n", "12", "hello there")
     assert text(plain).rstrip("\n") == doc["text"]  # greedy: same text as the streamed run
     assert "tok/s" in err(res)
+    # the thread count the answer ended with, in the stats and on the stats line (-t 1 here;
+    # unset, the engine's choice among this machine's cores)
+    assert st["n_threads"] == 1 and ", 1 thread)" in err(res)
+    chosen = cli("-m", str(tiny_models["target"]), "--raw", "-n", "4", "--json", "hi",
+                 models=False)
+    assert 1 <= json.loads(text(chosen))["stats"]["n_threads"] <= (os.cpu_count() or 1)
 
 
 def test_no_stream_prints_the_same_text(cli):

@@ -197,6 +197,11 @@ class SeqContext:
         self.decode_s = 0.0
         self.n_decoded = 0
 
+    @property
+    def n_threads(self) -> int:
+        """The shared context's CPU threads (every slot's rows decode in its batches)."""
+        return self.ctx.n_threads
+
     def decode(self, tokens: Sequence[int], all_logits: bool = False,
                checkpoint: bool = False) -> np.ndarray:  # noqa: ARG002 - attention: no copies
         return self._decode(tokens, ALL if all_logits else LAST)

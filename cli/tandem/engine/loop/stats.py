@@ -30,6 +30,7 @@ class GenStats:
     t_verify: float = 0.0
     t_sample: float = 0.0
     t_total: float = 0.0
+    n_threads: int = 0  # the target's CPU threads when the answer ended (0: not known)
     notes: list[str] = field(default_factory=list)  # the drafter's decisions (e.g. model off)
     # source -> [drafted, accepted]: which drafts came from the model, the prompt, a file or
     # earlier answers (config.schema.DRAFT_SOURCES), where the drafter says
@@ -151,7 +152,9 @@ class GenStats:
 
     def summary(self) -> str:
         line = (f"{self.n_generated} tokens, {self.tokens_per_second:.1f} tok/s "
-                f"(prompt {self.n_prompt} tok, {self.t_prefill:.2f}s)")
+                f"(prompt {self.n_prompt} tok, {self.t_prefill:.2f}s"
+                + (f", {self.n_threads} thread{'s' * (self.n_threads != 1)})"
+                   if self.n_threads else ")"))
         if self.drafted:
             line += (f" | {self.strategy}: accepted {self.accepted}/{self.drafted} "
                      f"({100 * self.acceptance_rate:.1f}%), mean accepted length "
