@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tandem's thread count on a busy machine: its defaults against a fixed -t 2 and llama-server.
+"""tandem's thread count on a busy machine: its defaults against fixed counts and llama-server.
 
 Issue 32: llama.cpp's threads wait for the slowest at every barrier, so one core that another
 program keeps busy stalls every step; tandem's engine chooses the thread count that is fastest
@@ -13,10 +13,11 @@ now (engine/tuning/threads.py) when the user did not fix one. This measures it o
           `tandem run -t <cores> --strategy none` instead)
 
 In each condition, prompt by prompt and interleaved (every other prompt in reverse order),
-three configurations generate the same greedy answer: `tandem run` with its defaults (no -t),
-`tandem run -t 2` (today's fixed count on this 2-core machine; --fixed-threads), and
-llama-server with its defaults (no -t; one server process for the whole run, idle between its
-requests). The llama-server and tandem plumbing, the warm-up and the interleaved loop are
+these configurations generate the same greedy answer: `tandem run` with its defaults (no -t),
+`tandem run -t N` for each fixed count (--fixed-threads, default 1,2: issue 51 holds the
+defaults to 0.9x of the better of the two under `loops`), and llama-server with its defaults
+(no -t; one server process for the whole run, idle between its requests; --no-server leaves it
+out). The llama-server and tandem plumbing, the warm-up and the interleaved loop are
 bench_peer's (tandem.bench.peer_runs); decode tok/s is counted as there (end-of-text counted as
 llama-server counts it). Prints per condition the median decode tok/s of each configuration
 and the medians of the per-prompt ratios, beside the issue's bars, and which thread count
@@ -24,6 +25,7 @@ tandem's defaults chose (from its notes); --out keeps every row (JSON).
 
   .venv/bin/python scripts/bench_contention.py --prompts 8 --out contention.json
   .venv/bin/python scripts/bench_contention.py --prompts 1 -n 32 --conditions quiet,loops
+  .venv/bin/python scripts/bench_contention.py --prompts 4 -n 48 --conditions loops --no-server
 """
 from __future__ import annotations
 
@@ -58,10 +60,12 @@ from tandem.bench.peer_runs import (
 from tandem.bench.workloads import Prompt as BenchPrompt
 
 CONDITIONS = ("quiet", "loops", "llama")
-DEFAULTS, FIXED, SERVER = "tandem defaults", "tandem -t {n}", "llama-server"
-# the issue's bars (issue 32, "Done when"): condition -> {(numerator, denominator): minimum}
+DEFAULTS, FIXED, SERVER, BEST = "tandem defaults", "tandem -t {n}", "llama-server", "best -t"
+# the issues' bars: condition -> {(numerator, denominator): minimum}; FIXED's {n} is the
+# machine's core count (issue 32: against llama.cpp's own count), BEST the better of the fixed
+# counts measured on the run's medians (issue 51: the default within 10% of the best fixed)
 BARS = {"quiet": {(DEFAULTS, FIXED): 1.0},
-        "loops": {(DEFAULTS, FIXED): 1.5, (DEFAULTS, SERVER): 1.0},
+        "loops": {(DEFAULTS, FIXED): 1.5, (DEFAULTS, SERVER): 1.0, (DEFAULTS, BEST): 0.9},
         "llama": {(DEFAULTS, FIXED): 5.0, (DEFAULTS, SERVER): 1.0}}
 THREADS_NOTE = re.compile(r"threads: (\d+)(?: of \d+| -> (\d+) at step)")
 
@@ -142,29 +146,50 @@ def threads_chosen(rows: list[Row]) -> str:
     return ", ".join(f"{k} ({v})" for k, v in counts.items()) or "-"
 
 
-def render(rows: list[Row], conditions: list[str], fixed: str) -> str:
-    lines = [f"| condition | prompts | {DEFAULTS} tok/s | {fixed} tok/s | {SERVER} tok/s | "
-             f"defaults / {fixed} | defaults / {SERVER} | bars (issue 32) | threads chosen |",
-             "|---|---|---|---|---|---|---|---|---|"]
+def _median_speed(rows: list[Row], config: str) -> float | None:
+    speeds = [r.tok_s for r in rows if r.config == config and r.ok]
+    return statistics.median(speeds) if speeds else None
+
+
+def best_fixed(rows: list[Row], fixed: list[str]) -> str | None:
+    """The fixed thread count with the highest median decode tok/s in `rows`."""
+    speeds = {f: _median_speed(rows, f) for f in fixed}
+    measured = [f for f in fixed if speeds[f] is not None]
+    return max(measured, key=lambda f: speeds[f]) if measured else None
+
+
+def render(rows: list[Row], conditions: list[str], fixed: list[str], server: bool = True,
+           cores: int | None = None) -> str:
+    """The table: median tok/s per configuration, the defaults' per-prompt ratio medians
+    against each fixed count, the better of them and llama-server, and the bars."""
+    cores = cores or os.cpu_count() or 2
+    others = [*fixed, *([SERVER] if server else [])]
+    head = (["condition", "prompts", f"{DEFAULTS} tok/s"] + [f"{o} tok/s" for o in others]
+            + [f"defaults / {o}" for o in others] + [f"defaults / {BEST}", "bars", "threads chosen"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for cond in conditions:
         mine = [r for r in rows if r.extra.get("condition") == cond]
         if not mine:
             continue
-        med = {}
-        for config in (DEFAULTS, fixed, SERVER):
-            speeds = [r.tok_s for r in mine if r.config == config and r.ok]
-            med[config] = f"{statistics.median(speeds):.1f}" if speeds else ""
-        r_fixed, n = ratio_median(mine, DEFAULTS, fixed)
-        r_server, _ = ratio_median(mine, DEFAULTS, SERVER)
-        got = {(DEFAULTS, FIXED): r_fixed, (DEFAULTS, SERVER): r_server}
+        speeds = [_median_speed(mine, c) for c in (DEFAULTS, *others)]
+        ratios = {o: ratio_median(mine, DEFAULTS, o) for o in others}
+        best = best_fixed(mine, fixed)
+        r_best = ratio_median(mine, DEFAULTS, best) if best else (float("nan"), 0)
+        n = max([n for _, n in ratios.values()] + [r_best[1]])
+        got = {FIXED: ratios.get(FIXED.format(n=cores), (float("nan"), 0))[0],
+               SERVER: ratios.get(SERVER, (float("nan"), 0))[0], BEST: r_best[0]}
         bars = []
-        for (a, b), need in BARS.get(cond, {}).items():
-            value = got[(a, b)]
+        for (_, b), need in BARS.get(cond, {}).items():
+            if b == SERVER and not server:
+                continue
+            label = {FIXED: f"-t {cores}", SERVER: "server", BEST: "best -t"}[b]
+            value = got[b]
             met = "met" if not math.isnan(value) and round(value, 2) >= need else "not met"
-            bars.append(f"{'-t' if b == FIXED else 'server'} >= {need:g}x: {met}")
-        lines.append(f"| {cond} | {n} | {med[DEFAULTS]} | {med[fixed]} | {med[SERVER]} | "
-                     f"{r_fixed:.2f} | {r_server:.2f} | {'; '.join(bars)} | "
-                     f"{threads_chosen(mine)} |")
+            bars.append(f"{label} >= {need:g}x: {met}")
+        cells = ([cond, str(n)] + ["" if v is None else f"{v:.1f}" for v in speeds]
+                 + [f"{ratios[o][0]:.2f}" for o in others]
+                 + [f"{r_best[0]:.2f} ({best or '-'})", "; ".join(bars), threads_chosen(mine)])
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -186,8 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--rival-model", type=Path, help="the rival's GGUF (default: the target)")
     ap.add_argument("--rival-warmup", type=float, default=5.0,
                     help="seconds between starting the rival and the first prompt (default 5)")
-    ap.add_argument("--fixed-threads", type=int, default=2,
-                    help="the fixed tandem configuration's -t (default 2)")
+    ap.add_argument("--fixed-threads", default="1,2",
+                    help="the fixed tandem configurations' -t, comma-separated (default 1,2)")
+    ap.add_argument("--no-server", action="store_true",
+                    help="leave llama-server out (no native build needed; its bars are skipped)")
     ap.add_argument("-n", "--n-predict", type=int, default=128, help="new tokens (default 128)")
     ap.add_argument("-c", "--ctx", type=int, default=4096, help="context size (default 4096)")
     ap.add_argument("--seed", type=int, default=42)
@@ -235,18 +262,25 @@ def main(argv: list[str] | None = None) -> int:
     if not prompts:
         raise SystemExit("Error: no prompts (--prompts N with N >= 1)")
     target, _draft, model_args, pair = resolve_models(ns)
+    try:
+        counts = [int(x) for x in ns.fixed_threads.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"Error: --fixed-threads {ns.fixed_threads!r}: use counts like 1,2")
+    if not counts or min(counts) < 1:
+        raise SystemExit("Error: --fixed-threads needs at least one count >= 1")
     server_bin = ns.server_bin or native_bin() / "llama-server"
-    if not server_bin.exists():
-        raise SystemExit(f"Error: {server_bin} not found (build it with scripts/build_native.sh)")
+    if not ns.no_server and not server_bin.exists():
+        raise SystemExit(f"Error: {server_bin} not found (build it with scripts/build_native.sh, "
+                         "or --no-server)")
     tandem = shlex.split(ns.tandem_bin) if ns.tandem_bin else default_tandem()
     log_dir = log_folder(ns.log_dir, "bench-contention-")
-    fixed = FIXED.format(n=ns.fixed_threads)
+    fixed = [FIXED.format(n=c) for c in counts]
     # llama-server's own defaults: no -t (its default thread count), the bench_peer base rest
-    server = LlamaServer(SERVER, server_bin, target,
-                         ["-c", str(ns.ctx), "-np", "1", "--jinja"], log_dir)
-    threads = {DEFAULTS: None, fixed: ns.fixed_threads}
+    server = None if ns.no_server else LlamaServer(
+        SERVER, server_bin, target, ["-c", str(ns.ctx), "-np", "1", "--jinja"], log_dir)
+    threads = {DEFAULTS: None, **dict(zip(fixed, counts))}
     env = {**os.environ, "TANDEM_HISTORY": "off"}  # as a new user: no earlier answers
-    names = [DEFAULTS, fixed, SERVER]
+    names = [DEFAULTS, *fixed, *([] if server is None else [SERVER])]
 
     def run_config(name: str, p: BenchPrompt, n: int) -> Row:
         if name == SERVER:
@@ -257,14 +291,18 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "argv": sys.argv,
             "target": str(target), "n_predict": ns.n_predict, "ctx": ns.ctx, "seed": ns.seed,
             "cpus": os.cpu_count(), "conditions": conditions, "rival": ns.rival,
-            "server": server.args, "server_bin": str(server_bin),
+            "fixed_threads": counts,
+            "server": server.args if server else None, "server_bin": str(server_bin),
             "loadavg_start": os.getloadavg()}
     print(f"# tandem's threads on a busy machine ({target.name}; greedy, {ns.n_predict} tokens, "
           f"{len(prompts)} prompt{'s' if len(prompts) != 1 else ''} per condition, "
           f"{os.cpu_count()} CPUs)\n", flush=True)
-    print(f"- `{DEFAULTS}`: tandem run (no -t)\n- `{fixed}`: tandem run -t {ns.fixed_threads}\n"
-          f"- `{SERVER}`: llama-server {shlex.join(server.args)} (its default threads)\n"
-          f"- conditions: {', '.join(conditions)}; server log: {log_dir}\n", flush=True)
+    print(f"- `{DEFAULTS}`: tandem run (no -t)", flush=True)
+    for f, c in zip(fixed, counts):
+        print(f"- `{f}`: tandem run -t {c}")
+    if server is not None:
+        print(f"- `{SERVER}`: llama-server {shlex.join(server.args)} (its default threads)")
+    print(f"- conditions: {', '.join(conditions)}; server log: {log_dir}\n", flush=True)
     rows: list[Row] = []
 
     def body() -> None:
@@ -281,11 +319,11 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 stop_rivals(rivals)
 
-    interrupted = run_rows([server], body, rows, ns.out, meta, log)
+    interrupted = run_rows([] if server is None else [server], body, rows, ns.out, meta, log)
     if interrupted is None:
         return 1
     if rows:
-        print(render(rows, conditions, fixed))
+        print(render(rows, conditions, fixed, server is not None))
         print(f"\ntok/s: median decode tok/s (end-of-text counted as llama-server counts it); "
               f"ratios: median over prompts of the per-prompt ratio, measured interleaved; "
               f"threads chosen: the count tandem's defaults ended each request with (its notes; "
