@@ -1,8 +1,9 @@
 """Shared pytest fixtures. Keep this file generic: feature-specific helpers live in their tests.
 
-Every test gets its own TANDEM_HOME (a temporary directory), and the run fails if the real
-home (the caller's TANDEM_HOME, else the default one) changed meanwhile: a test suite once left
-its answers in the user's history, and the next `make demo` drafted from them.
+Every test gets its own TANDEM_HOME (a temporary directory), and the run fails if a test, or
+a Python process a test started, wrote into the real home (the caller's TANDEM_HOME, else the
+default one): a test suite once left its answers in the user's history, and the next `make
+demo` drafted from them. Writes by other processes (a user's tandem meanwhile) do not count.
 """
 from __future__ import annotations
 
@@ -34,54 +35,87 @@ def _caller_home() -> Path:
     return tandem_home()
 
 
-def home_snapshot(root: Path) -> dict[str, tuple[int, int]]:
-    """Every file under `root` with its size and mtime (ns); no hashing: a home may hold
-    gigabytes of models, and any write changes one of the two."""
-    out: dict[str, tuple[int, int]] = {}
-    if not root.exists():
-        return out
-    if not root.is_dir():
-        st = root.stat()
-        return {".": (st.st_size, st.st_mtime_ns)}
-    for dirpath, dirs, files in os.walk(root):
-        for name in files + [d for d in dirs if os.path.islink(os.path.join(dirpath, d))]:
-            p = Path(dirpath) / name
-            try:
-                st = p.lstat()
-            except OSError:
-                continue
-            out[str(p.relative_to(root))] = (st.st_size, st.st_mtime_ns)
-    return out
-
-
+# The guard: an audit hook records every write under the real home made by this process,
+# and by the Python processes its tests start (home_guard/sitecustomize.py, on their
+# PYTHONPATH, appends theirs to a log). Writes by processes the suite did not start (a
+# user's tandem running beside `make test`) are not seen, so never blamed on the suite.
+GUARD_DIR = Path(__file__).resolve().parent / "home_guard"
 # the model store's own files: the only part of the real home a fetch of the real pair (the
-# `real_pair` fixture, when the pair is not there yet) may change
-STORE_PARTS = ("models", "registry.json", "locks", "tmp")
+# `real_pair` fixture, when the pair is not there yet) may change ("." : creating the home)
+STORE_PARTS = ("models", "registry.json", "locks", "tmp", ".")
 REAL_HOME = _caller_home()
-_REAL_HOME_BEFORE: dict[str, tuple[int, int]] = {}
 _REAL_PAIR_FETCHED: list[bool] = []
+_WRITES: list[tuple[str, str, str, str]] = []  # (test, event, path under the home, process)
+_CURRENT_TEST = ["(outside any test)"]
+_GUARD_LOG: list[Path] = []
 
 
-def home_changes(before: dict, after: dict, store_fetched: bool = False) -> list[str]:
-    """File names that appeared, vanished or changed between two snapshots (store files left
-    out when the real pair was fetched into the store on purpose)."""
-    names = sorted(set(before) | set(after))
-    changed = [n for n in names if before.get(n) != after.get(n)]
+def guard_env(real_home: Path, log: Path) -> dict[str, str]:
+    """The environment that makes a Python subprocess record its writes under `real_home`
+    into `log` (the session sets it in os.environ for every test's subprocesses)."""
+    from home_guard import home_audit
+
+    path = os.environ.get("PYTHONPATH", "")
+    return {home_audit.ENV_HOME: str(real_home), home_audit.ENV_LOG: str(log),
+            "PYTHONPATH": os.pathsep.join(p for p in (str(GUARD_DIR), path) if p)}
+
+
+def logged_writes(log: Path) -> list[tuple[str, str, str, str]]:
+    """The writes the guarded subprocesses appended to `log`."""
+    try:
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        return []
+    return [tuple((line.split("\t") + ["", "", "", ""])[:4]) for line in lines if line]
+
+
+def blamed_writes(writes, store_fetched: bool = False) -> list[tuple[str, str, str, str]]:
+    """The writes that fail the run, the first of each test's to each path: all of them,
+    but the store's own files when the real pair was fetched into the store on purpose."""
     if store_fetched:
-        changed = [n for n in changed if n.split(os.sep, 1)[0] not in STORE_PARTS]
-    return changed
+        writes = [w for w in writes if w[2].split(os.sep, 1)[0] not in STORE_PARTS]
+    first = {}
+    for w in writes:
+        first.setdefault((w[0], w[2]), w)
+    return list(first.values())
 
 
 def pytest_sessionstart(session):
-    _REAL_HOME_BEFORE.update(home_snapshot(REAL_HOME))
+    import tempfile
+
+    from home_guard import home_audit
+
+    log = Path(tempfile.mkdtemp(prefix="tandem-home-guard-")) / "writes.log"
+    _GUARD_LOG.append(log)
+    os.environ.update(guard_env(REAL_HOME, log))
+    sys.addaudithook(home_audit.HomeAudit(str(REAL_HOME), lambda event, rel: _WRITES.append(
+        (_CURRENT_TEST[0], event, rel, f"pid {os.getpid()} (the test session)"))))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Writes (and those of the subprocesses a test starts) are named by the test."""
+    from home_guard import home_audit
+
+    _CURRENT_TEST[0] = item.nodeid
+    os.environ[home_audit.ENV_TEST] = item.nodeid
+    yield
+    _CURRENT_TEST[0] = "(outside any test)"
+    os.environ.pop(home_audit.ENV_TEST, None)
 
 
 def pytest_sessionfinish(session, exitstatus):
-    changed = home_changes(_REAL_HOME_BEFORE, home_snapshot(REAL_HOME), bool(_REAL_PAIR_FETCHED))
-    if changed:
+    import shutil
+
+    writes = _WRITES + (logged_writes(_GUARD_LOG[0]) if _GUARD_LOG else [])
+    blamed = blamed_writes(writes, bool(_REAL_PAIR_FETCHED))
+    if _GUARD_LOG:
+        shutil.rmtree(_GUARD_LOG[0].parent, ignore_errors=True)
+    if blamed:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        text = (f"the test run changed the real tandem home {REAL_HOME}: "
-                + ", ".join(changed[:10]) + (" ..." if len(changed) > 10 else ""))
+        shown = [f"{rel} ({event} by {test}, {proc})" for test, event, rel, proc in blamed[:10]]
+        text = (f"the test run wrote into the real tandem home {REAL_HOME}: "
+                + "; ".join(shown) + (" ..." if len(blamed) > 10 else ""))
         if reporter is not None:
             reporter.ensure_newline()
             reporter.write_line("ERROR: " + text, red=True)
