@@ -67,17 +67,44 @@ def assert_error(err: str, *words: str) -> None:
 # --------------------------------------------------------------------- catalog
 
 
-def test_pairs_lists_the_catalog(cli, home):
+def test_pairs_lists_the_catalog(cli, home, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
     code, out, err = cli("pairs")
     assert code == 0
     lines = out.splitlines()
-    assert lines[0].split()[:4] == ["PAIR", "TARGET", "DRAFT", "SIZE"]
+    assert lines[0].split() == ["PAIR", "SIZE", "MEMORY", "ON", "DISK", "GOOD", "FOR"]
     for name in catalog.pair_names():
         assert any(line.startswith(name) for line in lines), name
-    assert "qwen2.5-coder-1.5b (default)" in out
+    assert "qwen2.5-coder-1.5b* " in out and "*: the default pair" in err
     assert "~20.4 GB" in out and re.search(r"~\d+(\.\d)? GiB", out)  # approximate, and marked so
     assert "Error" not in err and "approximate" in err
     assert cli("pairs", "list")[1] == out
+
+
+@pytest.mark.parametrize("columns", [80, 100])
+def test_pairs_fits_the_terminal_and_wide_has_every_column(cli, home, monkeypatch, columns):
+    """The default table wraps GOOD FOR to $COLUMNS (80 in a pipe), stderr's legend too;
+    --wide prints every column, one line a pair, with the full hub references."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    code, out, err = cli("pairs")
+    assert code == 0
+    for text in (out, err):
+        assert max(len(line) for line in text.splitlines()) <= columns, text
+    pairs = catalog.load_catalog()
+    # every word of every pair's GOOD FOR is there, in order, across its wrapped lines
+    assert " ".join(out.split()).count(" ".join(pairs["qwen2.5-coder-32b"].good_for.split())) == 1
+
+    code, wide, _ = cli("pairs", "--wide")
+    assert code == 0
+    lines = wide.splitlines()
+    assert lines[0].split()[:4] == ["PAIR", "TARGET", "DRAFT", "SIZE"]
+    assert len(lines) == 1 + len(pairs)  # nothing wraps
+    assert "qwen2.5-coder-1.5b (default)" in wide
+    for p in pairs.values():
+        row = next(line for line in lines if line.startswith(p.name + " "))
+        assert p.target.key in row and row.rstrip().endswith(p.good_for), p.name
+    assert max(len(line) for line in lines) > 200  # what the default table keeps narrow
+    assert cli("pairs", "list", "-w")[1] == wide
 
 
 def test_pairs_json_catalog_shape(cli, home):
@@ -402,7 +429,7 @@ def test_a_model_with_mtp_heads_is_listed_and_runs_them(cli, hub, monkeypatch, t
     mtp_pairs = [p for p in catalog.load_catalog().values() if p.mtp]
     assert mtp_pairs and all(p.draft is None and p.drafted_by == catalog.MTP_HEADS
                              for p in mtp_pairs)
-    code, out, _ = cli("pairs")
+    code, out, _ = cli("pairs", "--wide")  # the DRAFT column
     assert code == 0 and catalog.MTP_HEADS in out
     hub.add(REPO, "mtp.gguf", tiny_models["mtp"].read_bytes())
     solo = catalog.PairSpec("heads", catalog.ModelSpec("heads-target", REPO, "mtp.gguf"), None,

@@ -5,13 +5,13 @@ Results go to stdout (tables, paths, JSON); progress, notes and errors go to std
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import textwrap
 from typing import Annotated, Any
 
 import typer
-from rich import box
 from rich.console import Console
-from rich.table import Table
 
 from tandem.commands.progress import stderr_console
 from tandem.errors import EXIT_MODEL, VocabMismatchError
@@ -21,6 +21,8 @@ from tandem.models.store import Store
 from tandem.models.vocab import VocabInfo
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
+WIDE_HELP = ("Every column, one line a pair: the target and draft files by hub reference "
+             "and the target's memory type (the default table fits the terminal).")
 
 app = typer.Typer(
     name="pairs",
@@ -44,20 +46,24 @@ def _size(n: int | None, approx: bool = False) -> str:
     return ("~" if approx else "") + fmt_bytes(n, decimal=True)
 
 
-def _table(console: Console, headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    """A Rich table on a terminal; aligned plain columns (grep/awk friendly) when piped."""
-    if console.is_terminal:
-        table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-        for i, col in enumerate(headers):
-            table.add_column(col, no_wrap=i < len(headers) - 1, overflow="fold")
-        for row in rows:
-            table.add_row(*row)
-        console.print(table)
-        return
-    widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers))]
+def _table(headers: tuple[str, ...], rows: list[tuple[str, ...]], width: int | None) -> None:
+    """Aligned plain columns on stdout (grep/awk friendly). `width`: the last column wraps
+    onto indented lines so that no line is longer (at least 20 characters of it a line);
+    None: one line per row, however long."""
+    widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers) - 1)]
+    indent = sum(w + 2 for w in widths)
+    last = None if width is None else max(20, width - indent)
     for row in [headers, *rows]:
-        line = "  ".join(cell.ljust(w) for cell, w in zip(row, widths))
-        sys.stdout.write(line.rstrip() + "\n")
+        lead = "".join(cell.ljust(w + 2) for cell, w in zip(row, widths))
+        lines = textwrap.wrap(row[-1], last) if last is not None else [row[-1]]
+        sys.stdout.write((lead + (lines[0] if lines else "")).rstrip() + "\n")
+        for more in lines[1:]:
+            sys.stdout.write(" " * indent + more + "\n")
+
+
+def _width() -> int:
+    """The terminal's columns ($COLUMNS first); 80 when stdout is a pipe or a file."""
+    return shutil.get_terminal_size((80, 24)).columns
 
 
 def print_json(doc: Any) -> None:
@@ -72,7 +78,7 @@ def print_json(doc: Any) -> None:
 def _pairs_default(
     ctx: typer.Context,
     as_json: JsonOpt = False,
-    wide: Annotated[bool, typer.Option("--wide", "-w", help="Show full hub references.")] = False,
+    wide: Annotated[bool, typer.Option("--wide", "-w", help=WIDE_HELP)] = False,
 ):
     """Known target/draft pairs: list them, check a pair, suggest drafts."""
     if ctx.invoked_subcommand is None:
@@ -82,9 +88,13 @@ def _pairs_default(
 @app.command("list")
 def list_pairs(
     as_json: JsonOpt = False,
-    wide: Annotated[bool, typer.Option("--wide", "-w", help="Show full hub references.")] = False,
+    wide: Annotated[bool, typer.Option("--wide", "-w", help=WIDE_HELP)] = False,
 ):
-    """List the catalog: sizes, memory, what is on disk, what each pair is good for."""
+    """List the catalog: sizes, memory, what is on disk, what each pair is good for.
+
+    The table fits the terminal (80 columns in a pipe): GOOD FOR wraps. `--wide` adds the
+    target and draft files (by hub reference) and the target's memory type, one line a pair.
+    """
     store = Store()
     pairs = catalog.load_catalog()
     default = catalog.get_pair(None).name
@@ -94,36 +104,42 @@ def list_pairs(
                               for p in pairs.values()],
                      "other_models": _others_json(store, pairs)})
         return
-    headers = ("PAIR", "TARGET", "DRAFT", "SIZE", "MEMORY", "TYPE", "ON DISK", "GOOD FOR")
+    if wide:
+        headers = ("PAIR", "TARGET", "DRAFT", "SIZE", "MEMORY", "TYPE", "ON DISK", "GOOD FOR")
+    else:
+        headers = ("PAIR", "SIZE", "MEMORY", "ON DISK", "GOOD FOR")
     rows = []
     for p in pairs.values():
         approx = any(m.size is None for m in p.models)
-        rows.append((
-            p.name + (" (default)" if p.name == default else ""),
-            p.target.key if wide else p.target.filename,
-            _draft_text(p, wide),
-            _size(p.approx_size, approx),
-            _memory_text(*memory[p.name]),
-            _memory_type(p.target, store) or "?",
-            _on_disk(p, store),
-            p.good_for,
-        ))
+        size, mem = _size(p.approx_size, approx), _memory_text(*memory[p.name])
+        if wide:
+            rows.append((p.name + (" (default)" if p.name == default else ""), p.target.key,
+                         _draft_text(p), size, mem, _memory_type(p.target, store) or "?",
+                         _on_disk(p, store), p.good_for))
+        else:
+            rows.append((p.name + ("*" if p.name == default else ""), size, mem,
+                         _on_disk(p, store, short=True), p.good_for))
+    _table(headers, rows, None if wide else _width())
     out = _out()
-    _table(out, headers, rows)
     others = _others_json(store, pairs)
     if others:
         out.print("Other models on disk:")
         for o in others:
-            out.print(f"  {o['ref']}  {fmt_bytes(o['size'], decimal=True)}  {o['path']}")
-    stderr_console().print(
-        "MEMORY: both models' weights, KV caches and compute buffers as `tandem hw --pair PAIR` "
-        "plans them with this machine's settings (its context size: profile, config or tuned); ~: "
-        "estimated from the catalog, the rest from the files on disk. Sizes are approximate "
-        "(~) where the catalog has no exact size. TYPE: the target's memory (attention, "
-        "sliding window, hybrid, recurrent: docs/models.md says how each rolls drafts back). "
-        "DRAFT none: no draft model, `auto` drafts from n-grams, history and prompt copies; "
-        f"{catalog.MTP_HEADS}: the target's own MTP heads draft (--strategy mtp). "
-        "`tandem pull PAIR` downloads a pair.")
+            where = f"  {o['path']}" if wide else ""
+            out.print(f"  {o['ref']}  {fmt_bytes(o['size'], decimal=True)}{where}")
+    stderr_console().print(textwrap.fill(
+        ("" if wide else "*: the default pair. ")
+        + "MEMORY: both models' weights, KV caches and compute buffers as `tandem hw --pair "
+        "PAIR` plans them with this machine's settings (its context size: profile, config or "
+        "tuned); ~: estimated from the catalog, the rest from the files on disk. Sizes are "
+        "approximate (~) where the catalog has no exact size. "
+        + ("TYPE: the target's memory (attention, sliding window, hybrid, recurrent: "
+           "docs/models.md says how each rolls drafts back). DRAFT none: no draft model, "
+           "`auto` drafts from n-grams, history and prompt copies; "
+           f"{catalog.MTP_HEADS}: the target's own MTP heads draft (--strategy mtp). "
+           if wide else "`tandem pairs --wide`: the target and draft files, the target's "
+           "memory type, one line a pair. ")
+        + "`tandem pull PAIR` downloads a pair.", _width(), break_on_hyphens=False))
 
 
 def _memory(pairs: dict[str, catalog.PairSpec], store: Store) -> dict[str, tuple[Any, bool]]:
@@ -148,14 +164,14 @@ def _memory(pairs: dict[str, catalog.PairSpec], store: Store) -> dict[str, tuple
     return out
 
 
-def _draft_text(p: catalog.PairSpec, wide: bool) -> str:
-    """What drafts for the pair: its draft model's file, the target's own MTP heads, or none
-    (n-grams and copies)."""
+def _draft_text(p: catalog.PairSpec) -> str:
+    """What drafts for the pair: its draft model's hub reference, the target's own MTP
+    heads, or none (n-grams and copies)."""
     if p.mtp:
         return catalog.MTP_HEADS
     if p.draft is None:
         return "none (n-gram, history, prompt)"
-    return p.draft.key if wide else p.draft.filename
+    return p.draft.key
 
 
 def _memory_type(m: catalog.ModelSpec, store: Store) -> str | None:
@@ -175,14 +191,17 @@ def _memory_text(n: int | None, estimated: bool) -> str:
     return "?" if n is None else ("~" if estimated else "") + fmt_bytes(n)
 
 
-def _on_disk(p: catalog.PairSpec, store: Store) -> str:
+def _on_disk(p: catalog.PairSpec, store: Store, short: bool = False) -> str:
+    """yes / target only / draft only / -, with the bytes on disk unless `short`."""
     present = [m for m in p.models if store.is_present(m)]
     if not present:
         return "-"
+    which = "yes" if len(present) == len(p.models) else (
+        f"{'target' if present[0] is p.target else 'draft'} only")
+    if short:
+        return which
     size = fmt_bytes(sum(store.path_for(m).stat().st_size for m in present), decimal=True)
-    if len(present) == len(p.models):
-        return f"yes, {size}"
-    return f"{'target' if present[0] is p.target else 'draft'} only, {size}"
+    return f"{which}, {size}"
 
 
 def _model_json(m: catalog.ModelSpec, store: Store) -> dict[str, Any]:
