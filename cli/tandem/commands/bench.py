@@ -80,7 +80,7 @@ def spec_bench(
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Tokens generated per prompt.")] = 128,
     reps: Annotated[int, typer.Option("--reps", help="Repetitions of every (prompt, configuration).")] = 1,
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="One short unrecorded run first.")] = True,
-    quick: Annotated[bool, typer.Option("--quick", help="A few minutes on a CPU: 2 prompts per category, 64 tokens.")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="2 prompts per category, 64 tokens: 12 prompts, each decoded plainly and with every strategy (60 runs with the default --strategies); stderr shows the time left.")] = False,
     out: Annotated[Optional[Path], typer.Option("--out", readable=False, help="Write report.json, runs.csv, report.md and speedup.svg here.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the machine-readable result on stdout.")] = False,
     predict: Annotated[Optional[list[str]], typer.Option("--predict", help="Also predict the speedup on this hardware profile from the measured acceptance (repeatable; labelled as a prediction).")] = None,
@@ -99,9 +99,9 @@ def spec_bench(
 
       tandem spec-bench --quick
 
-      tandem spec-bench --prompts question.dev.jsonl --per-category 5 --out bench-out
+      tandem spec-bench --prompts cli/tandem/data/spec_bench.jsonl --per-category 5 --out bench-out
 
-      tandem spec-bench --multi-turn --prompts question.dev.jsonl --strategies auto
+      tandem spec-bench --multi-turn --prompts cli/tandem/data/spec_bench.jsonl --strategies auto
 
       tandem spec-bench --strategies draft --sweep draft-max=2,4,8 --sweep p-min=0,0.5 --tune
 

@@ -79,7 +79,7 @@ def costs(
     sequences against one sequence's token: with the threads, offload and context settings
     `tandem run` uses here. On a machine without a benchmark of its own, spec-bench prices the
     acceptance it measures with these costs (shapes matched to its pair by file name or
-    size). Takes about a minute for a 1.5B pair on a CPU.
+    size). Progress goes to stderr, a line per model and step.
 
     Examples:
 
