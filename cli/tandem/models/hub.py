@@ -1,11 +1,17 @@
 """The Hugging Face hub: settings from the environment, file metadata, repo listings, and
 `HubSource`, the store's first source, which downloads through `hf_hub_download`.
 
-All network access goes through `huggingface_hub`, so its cache layout (HF_HOME,
-HF_HUB_CACHE), token (HF_TOKEN), endpoint (HF_ENDPOINT), offline mode (HF_HUB_OFFLINE),
-resumed downloads and Xet transfers behave as in every other tool. huggingface_hub reads
-most of these once, at import; tandem reads them on every call and passes them explicitly,
-so a setting changed after start-up (or by a test) still applies.
+All network access goes through `huggingface_hub` and its HTTP session, so its cache layout
+(HF_HOME, HF_HUB_CACHE), token (HF_TOKEN), endpoint (HF_ENDPOINT), proxies and offline mode
+(HF_HUB_OFFLINE) behave as in every other tool. huggingface_hub reads most of these once, at
+import; tandem reads them on every call and passes them explicitly, so a setting changed
+after start-up (or by a test) still applies.
+
+The bytes of an LFS file (a model: its size and sha256 known from the hub) are fetched by
+`_fetch_blob` into the cache's `blobs/<sha256>.incomplete` with HTTP Range requests, so a
+pull interrupted by Ctrl-C, a kill or the network goes on at the next pull from the bytes on
+disk (huggingface_hub 2.4 restarts from zero: each download writes a fresh temporary file);
+`hf_hub_download` then finds the blob and only links it into the snapshot.
 
 No printing: progress goes to the store's ProgressEvent callback.
 
@@ -409,10 +415,14 @@ class HubSource:
         if info.size and info.etag:
             blob = _storage_folder(spec.repo, cfg) / "blobs" / info.etag
             if not blob.exists():
+                kept = _incomplete(blob).stat().st_size if _incomplete(blob).exists() else 0
                 try:
-                    check_free_space(cfg.cache_dir, info.size, spec.filename)
+                    check_free_space(cfg.cache_dir, info.size - min(kept, info.size),
+                                     spec.filename)
                 except DiskFullError as exc:
                     raise DiskFullError(exc.message, CACHE_SPACE_HINT) from None
+            if info.sha256:  # resumable: the bytes by Range, the snapshot's link by hf
+                _fetch_blob(spec, info, cfg, progress)
         try:
             pointer = hf_hub_download(
                 spec.repo, spec.hub_path, revision=spec.revision, cache_dir=cfg.cache_dir,
@@ -472,6 +482,102 @@ class HubSource:
             raise
 
 
+# ------------------------------------------------------------- resumed downloads
+
+
+DOWNLOAD_RETRIES = 5  # dropped connections within one pull, each resumed where it broke
+
+
+def _incomplete(blob: Path) -> Path:
+    """Where a blob's bytes gather (the name huggingface_hub itself resumed from until 2.3)."""
+    return blob.with_name(blob.name + ".incomplete")
+
+
+def _transfer_headers(info: RemoteFile, cfg: HubConfig) -> dict[str, str]:
+    """huggingface_hub's headers (the token) for the hub itself; none for a CDN it redirects to."""
+    from urllib.parse import urlsplit
+
+    from huggingface_hub.utils import build_hf_headers
+
+    same_host = urlsplit(info.location).netloc == urlsplit(cfg.endpoint).netloc
+    return build_hf_headers() if same_host else {}
+
+
+def _fetch_blob(spec: ModelSpec, info: RemoteFile, cfg: HubConfig,
+                progress: ProgressFn | None) -> None:
+    """An LFS file's bytes into the cache's blobs/<sha256>, going on from the bytes an earlier
+    pull left in its .incomplete file (HTTP Range). Under huggingface_hub's lock for the
+    blob; a failure keeps the bytes for the next pull, but for a full disk."""
+    from huggingface_hub.utils import WeakFileLock
+
+    folder = _storage_folder(spec.repo, cfg)
+    blob = folder / "blobs" / str(info.etag)
+    partial = _incomplete(blob)
+    lock = cfg.cache_dir / ".locks" / folder.name / f"{info.etag}.lock"
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        with WeakFileLock(str(lock)):
+            if not blob.exists():
+                _ranged_download(info, partial, cfg, progress, spec)
+                os.replace(partial, blob)
+    except OSError as exc:
+        if is_disk_full(exc):
+            remove_quietly(partial)
+        raise hub_error(exc, spec.key, cfg) from None
+
+
+def _ranged_download(info: RemoteFile, partial: Path, cfg: HubConfig,
+                     progress: ProgressFn | None, spec: ModelSpec) -> None:
+    """Append to `partial` until it holds the file's `info.size` bytes; a dropped connection
+    is asked again from where it broke, DOWNLOAD_RETRIES times."""
+    import httpx2
+    from huggingface_hub.utils import get_session
+
+    headers = {**_transfer_headers(info, cfg), "Accept-Encoding": "identity"}
+    size = int(info.size or 0)
+    drops = 0
+    with open(partial, "ab") as out:
+        while True:
+            if out.tell() > size:  # not this file's bytes
+                out.truncate(0)
+            if out.tell() == size:
+                return
+            emit(progress, ProgressEvent("download", spec.name, out.tell(), size))
+            try:
+                _append_rest(get_session(), info, headers, out, cfg, progress, spec)
+            except httpx2.TransportError as exc:
+                drops += 1
+                if drops > DOWNLOAD_RETRIES:
+                    raise hub_error(exc, spec.key, cfg) from None
+            except OSError:
+                raise  # the disk's: _fetch_blob decides what stays
+            except Exception as exc:  # noqa: BLE001 - KeyboardInterrupt passes through
+                raise hub_error(exc, spec.key, cfg) from None
+
+
+def _append_rest(session: Any, info: RemoteFile, headers: dict[str, str], out: Any,
+                 cfg: HubConfig, progress: ProgressFn | None, spec: ModelSpec) -> None:
+    """One GET of the bytes `out` lacks (Range from its end), appended as they come."""
+    from huggingface_hub.utils import hf_raise_for_status
+
+    start = out.tell()
+    ask = {**headers, "Range": f"bytes={start}-"} if start else headers
+    with session.stream("GET", info.location, headers=ask, timeout=cfg.timeout,
+                        follow_redirects=True) as resp:
+        hf_raise_for_status(resp)
+        if start and resp.status_code == 200:  # the server ignores Range: all of it again
+            out.truncate(0)
+        elif start and not resp.headers.get("Content-Range", "").startswith(f"bytes {start}-"):
+            raise DownloadError(
+                f"{cfg.endpoint} answered a resumed download of {spec.key} with bytes "
+                f"{resp.headers.get('Content-Range') or '(no Content-Range)'}, not from {start}",
+                "run the command again; if it persists, use another endpoint (HF_ENDPOINT)")
+        for chunk in resp.iter_bytes():
+            out.write(chunk)
+            emit(progress, ProgressEvent("download", spec.name, out.tell(), info.size))
+
+
 # ---------------------------------------------------------------- remote headers
 
 
@@ -486,18 +592,14 @@ class RemoteHeader:
 def read_remote_header(repo: str, path: str, revision: str = "main",
                        cfg: HubConfig | None = None) -> RemoteHeader:
     """The GGUF metadata of a hub file, read with Range requests: never a weight byte."""
-    from urllib.parse import urlsplit
-
-    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+    from huggingface_hub.utils import get_session, hf_raise_for_status
 
     from .gguf_meta import read_gguf_header
     from .http_range import RangeReader
 
     cfg = cfg or HubConfig.from_env()
     info = file_info(repo, path, revision, cfg)
-    same_host = urlsplit(info.location).netloc == urlsplit(cfg.endpoint).netloc
-    # the token goes to the hub only, never to a CDN it redirects to
-    headers = build_hf_headers() if same_host else {}
+    headers = _transfer_headers(info, cfg)  # the token goes to the hub only, never to a CDN
     what = f"{repo}/{path}"
     import httpx2
 

@@ -9,7 +9,9 @@ Layout (everything under `tandem_home()`; TANDEM_HOME moves all of it):
 
 A file is only ever written to `<path>.partial` and moved into place with os.replace
 once its size and sha256 are checked, then registered; a file at its final path is
-therefore complete. `is_present` trusts registry + size (hashing 1 GB takes seconds);
+therefore complete. A source that resumes (the PyPI mirror) keeps `<path>.partial` with a
+`<path>.partial.json` record of what it holds after an interrupted download; the next
+fetch goes on from there. `is_present` trusts registry + size (hashing 1 GB takes seconds);
 `verify` re-hashes on demand.
 
 Fetching goes through `Source` objects tried in order (the Hugging Face hub source of
@@ -47,7 +49,8 @@ from tandem.fsutil import blocking_file, storage_error, sweep_stale_tmp
 from tandem.statefile import check_time, read_state
 
 from .catalog import ModelSpec
-from .transfer import (FetchResult, ProgressFn, Source, partial_path, remove_quietly, sha256_file)
+from .transfer import (FetchResult, ProgressFn, Source, discard_partial, partial_path,
+                       remove_quietly, resume_path, sha256_file)
 
 try:  # POSIX only; on other systems concurrent pulls are simply not serialized
     import fcntl as _fcntl
@@ -140,6 +143,12 @@ def _locked(lock_path: Path) -> Iterator[None]:
         finally:
             if _fcntl is not None:
                 _fcntl.flock(fh.fileno(), _fcntl.LOCK_UN)
+
+
+def _drop_unresumable(dest: Path) -> None:
+    """Remove `dest`'s partial file unless a source kept it to resume (its record is there)."""
+    if not resume_path(dest).exists():
+        remove_quietly(partial_path(dest))
 
 
 def _safe_lock_name(key: str) -> str:
@@ -362,8 +371,9 @@ class Store:
         with _locked(self.home / "locks" / _safe_lock_name(spec.key)):
             if self.is_present(spec):  # another process finished it meanwhile
                 return dest
-            # Leftovers of a killed run (we hold the lock, so nobody is writing them).
-            remove_quietly(partial_path(dest))
+            # Leftovers of a killed run (we hold the lock, so nobody is writing them); a
+            # partial file with a resume record is the source's to go on with
+            _drop_unresumable(dest)
             self._clean_tmp(spec)
             adopted = self._adopt(spec, dest, progress)
             if adopted:
@@ -412,13 +422,14 @@ class Store:
                 result = source.fetch(spec, dest, scratch, progress)
             except DownloadError as e:  # ChecksumError included
                 errors.append((source.name, e))
-                remove_quietly(partial_path(dest))
+                _drop_unresumable(dest)
                 continue
             except BaseException:
-                remove_quietly(partial_path(dest))
+                _drop_unresumable(dest)
                 raise
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
+            discard_partial(dest)  # another source's partial file, had one been kept
             try:
                 self._check_result(spec, dest, result)
                 self._register(spec, result)
@@ -486,7 +497,7 @@ class Store:
         with self._storing("the model store"), \
                 _locked(self.home / "locks" / _safe_lock_name(spec.key)):
             remove_quietly(dest)
-            remove_quietly(partial_path(dest))
+            discard_partial(dest)
             if self.registry_path.exists():
                 self._unregister(spec)
         # prune now-empty repo directories up to models/

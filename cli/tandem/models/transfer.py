@@ -59,9 +59,11 @@ class Source(Protocol):
 
     `fetch` must write `dest` atomically: stream into `partial_path(dest)`, check the
     size and sha256 against the spec when the spec has them, then os.replace to `dest`.
-    On any failure (KeyboardInterrupt included) it removes what it wrote and raises;
-    DownloadError/ChecksumError let the store try the next source. Disk-full errors
-    should be raised as DownloadError (see `disk_full_error`).
+    On a failure it removes what it wrote and raises, except that a source which resumes
+    keeps its partial file with a `resume_path(dest)` record saying what it holds after a
+    failure that may pass (an interrupt, a network error); the store removes a partial
+    file that has no record. DownloadError/ChecksumError let the store try the next
+    source. Disk-full errors should be raised as DownloadError (see `disk_full_error`).
     """
 
     name: str
@@ -75,6 +77,17 @@ class Source(Protocol):
 
 def partial_path(dest: Path) -> Path:
     return dest.with_name(dest.name + ".partial")
+
+
+def resume_path(dest: Path) -> Path:
+    """The record of what `partial_path(dest)` holds, kept by a source that resumes."""
+    return dest.with_name(dest.name + ".partial.json")
+
+
+def discard_partial(dest: Path) -> None:
+    """Remove a download's partial file and its resume record."""
+    remove_quietly(partial_path(dest))
+    remove_quietly(resume_path(dest))
 
 
 def check_free_space(directory: Path, needed: int, what: str) -> None:
