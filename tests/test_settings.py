@@ -96,7 +96,7 @@ def test_each_source_wins_over_the_next(top, home, tmp_path):
                     models=models)
     assert s.n_batch == VALUES[top]
     assert s.source("n_batch") == top
-    origin = {"cli": "n_batch", "env": "TANDEM_BATCH_SIZE",
+    origin = {"cli": "--batch-size", "env": "TANDEM_BATCH_SIZE",
               "config": f"{home / 'config.yaml'}:2", "tuned": str(tuned),
               "profile": "test", "default": ""}[top]
     assert s.origin("n_batch") == origin

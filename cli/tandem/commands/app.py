@@ -180,9 +180,12 @@ def main() -> None:
 def _invoke():
     """Parse and run the command. Not through typer's own main loop (Command.main): it turns
     Ctrl-C into a bare exit code and EPIPE into a silent exit 1 before main() could report
-    either. No arguments: the help, on stdout, exit 0."""
+    either. No arguments: the help, on stdout, exit 0. llama.cpp's spellings are checked
+    first (commands/options.py: llama_args), so that `-ngl` is never read as `-n gl`."""
+    from tandem.commands.options import llama_args
+
     command = typer.main.get_command(app)
-    args = sys.argv[1:]
+    args = llama_args(command, sys.argv[1:])
     with command.make_context(_program_name(), args, resilient_parsing=not args) as ctx:
         if not args:
             text = ctx.get_help()  # typer's rich help prints itself and returns ""

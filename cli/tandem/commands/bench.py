@@ -64,8 +64,9 @@ def eta_text(done: int, total: int, elapsed: float) -> str:
 @app.command("spec-bench")
 def spec_bench(
     *,
-    args: Annotated[Optional[list[str]], typer.Argument(help="[PAIR]: a catalog pair name.", show_default=False)] = None,
+    args: Annotated[Optional[list[str]], typer.Argument(help="[PAIR|MODEL]: a catalog pair name or a model (user/repo:QUANT, user/repo/file.gguf, a .gguf file).", show_default=False)] = None,
     model: options.TargetFile = None, model_draft: options.DraftFile = None,
+    hf_repo: options.HfRepo = None, hf_file: options.HfFile = None, hf_repo_draft: options.HfRepoDraft = None,
     drafts: Annotated[Optional[list[str]], typer.Option("--draft", help="A draft to compare (repeatable): catalog name, user/repo:QUANT, user/repo/file.gguf or a path.")] = None,
     calibrate_costs: Annotated[bool, typer.Option("--cost-curve/--no-cost-curve", help="Measure the verify-batch cost curve (k = 1..16) and each draft's token cost.")] = True,
     workload: Annotated[Optional[str], typer.Option("--workload", help="A built-in workload: spec-bench (the default: code, code-edit, json, summarization, qa, writing) or structured (extraction, generation and tool calls, each task under its own JSON schema or tools; outputs checked with jsonschema).", show_default=False)] = None,
@@ -87,6 +88,9 @@ def spec_bench(
     predict_costs: Annotated[Optional[Path], typer.Option("--predict-costs", exists=True, dir_okay=False, help="Also predict the speedup with the costs `tandem hw costs` measured on another machine (its JSON; shapes matched to this pair by file name, else model size).")] = None,
     tune: Annotated[bool, typer.Option("--tune", help="Save the fastest configuration for run, chat and --strategy auto.")] = False,
     n_ctx: options.CtxSize = None, n_threads: options.Threads = None, exact: options.Exact = False,
+    target_gpu_layers: options.GpuLayers = None, draft_gpu_layers: options.GpuLayersDraft = None,
+    flash_attn: options.FlashAttn = None, n_batch: options.BatchSize = None, n_ubatch: options.UBatchSize = None,
+    type_k: options.CacheTypeK = None, type_v: options.CacheTypeV = None,
     rpc: options.Rpc = None, rpc_timeout: options.RpcTimeout = None,
     grammar: options.Grammar = None, grammar_file: options.GrammarFile = None,
     json_schema: options.JsonSchema = None, json_schema_file: options.JsonSchemaFile = None,
@@ -124,9 +128,11 @@ def spec_bench(
     if quick:
         per_category = per_category or 2
         request = replace(request, max_tokens=min(max_tokens, 64))
-    pair, rest = options.split_pair_and_prompt(args or [])
+    pair, first, rest = options.split_model_and_prompt(args or [])
     if rest:
-        raise UsageError(f"unexpected argument {rest!r}", "spec-bench takes an optional pair name")
+        raise UsageError(f"unexpected argument {rest!r}",
+                         "spec-bench takes an optional pair name or model")
+    refs = options.model_refs(hf_repo, hf_file, hf_repo_draft, first)
     tasks = _structured_tasks(workload, prompts, multi_turn, structured)
     if tasks is not None:
         from tandem.bench import workloads
@@ -139,7 +145,7 @@ def spec_bench(
     # the same settings chain as run and chat (flags > env > config > tuned > profile)
     prepared = options.prepare_pair(
         pair, model, model_draft, options.setting_flags(  # its strategies are its own
-            locals(), **structured, strategy="none"), verbose, yes)
+            locals(), **structured, strategy="none"), verbose, yes, refs)
     target_path, draft_path, planned = prepared.target, prepared.draft, prepared.options
     request = replace(request, constraint=_bench_constraint(prepared.settings, tasks is not None))
     draft_paths = ([_fetch(ref, yes) for ref in drafts] if drafts

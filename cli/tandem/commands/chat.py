@@ -21,12 +21,18 @@ def chat(
     *,
     pair: Annotated[Optional[str], typer.Argument(help="Catalog pair name (default: the default pair).", show_default=False)] = None,
     system: options.System = None, model: options.TargetFile = None,
-    model_draft: options.DraftFile = None, strategy: options.Strategy = None,
+    model_draft: options.DraftFile = None, hf_repo: options.HfRepo = None,
+    hf_file: options.HfFile = None, hf_repo_draft: options.HfRepoDraft = None,
+    strategy: options.Strategy = None,
     n_max: options.DraftMax = None, n_min: options.DraftMin = None, p_min: options.DraftPMin = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens per answer.")] = 1024,
     temp: options.Temp = None, top_k: options.TopK = None, top_p: options.TopP = None,
     min_p: options.MinP = None, repeat_penalty: options.RepeatPenalty = None,
     seed: options.Seed = None, n_ctx: options.CtxSize = None, n_threads: options.Threads = None,
+    target_gpu_layers: options.GpuLayers = None, draft_gpu_layers: options.GpuLayersDraft = None,
+    flash_attn: options.FlashAttn = None, n_batch: options.BatchSize = None,
+    n_ubatch: options.UBatchSize = None, type_k: options.CacheTypeK = None,
+    type_v: options.CacheTypeV = None,
     show_draft: Annotated[bool, typer.Option("--show-draft", help="Colour the tokens the target accepted from the draft.")] = False,
     plain_probe: Annotated[int, typer.Option("--plain-probe", help="Tokens of plain decoding measured at start for the speedup figure (0: off; plain turns also count).")] = 16,
     exact: options.Exact = False, context_file: options.ContextFiles = None,
@@ -59,7 +65,8 @@ def chat(
     from tandem.commands.compose import open_pair
     from tandem.engine.loop.speculative import GenParams
 
-    options.check_pair_or_files(pair, model, model_draft)
+    refs = options.model_refs(hf_repo, hf_file, hf_repo_draft)
+    options.check_pair_or_files(pair, model, model_draft, refs)
     if plain_probe < 0:
         raise UsageError(f"--plain-probe must be >= 0, got {plain_probe}",
                          "pass 0 to turn the probe off")
@@ -75,7 +82,7 @@ def chat(
     # no spinner here: a download on the way draws its own progress on stderr
     prepared = options.prepare_pair(
         pair, model, model_draft, options.setting_flags(locals(), **structured),
-        verbose, yes)
+        verbose, yes, refs)
     target_path, draft_path, opts = prepared.target, prepared.draft, prepared.options
     # every answer follows the constraint (the flags' or config.yaml's)
     gen = GenParams(max_tokens=max_tokens, sampling=sampling,

@@ -29,6 +29,7 @@ def hw(
     model: TargetFile = None,
     model_draft: DraftFile = None,
     ctx_size: setting_flag("n_ctx", "-c", help="Plan for this context size.") = None,
+    target_gpu_layers: options.GpuLayers = None, draft_gpu_layers: options.GpuLayersDraft = None,
     force_profile: Annotated[bool, typer.Option("--force-profile", help="Use --profile even if it does not match this machine.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
     rpc: setting_flag("rpc", help="Also plan the target over these llama.cpp RPC servers, HOST:PORT[,HOST:PORT...] (asks each for its free memory).") = None,
@@ -53,7 +54,8 @@ def hw(
     if ctx.invoked_subcommand is not None:
         return
     report = build_report(profile=profile, pair=pair, model=model, model_draft=model_draft,
-                          ctx_size=ctx_size, force_profile=force_profile, rpc=rpc)
+                          ctx_size=ctx_size, force_profile=force_profile, rpc=rpc,
+                          layers=(target_gpu_layers, draft_gpu_layers))
     if as_json:
         print(json.dumps(report_json(report), indent=2))
     else:
@@ -133,8 +135,9 @@ def costs(
 
 
 def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size=None,
-                 force_profile=False, hardware=None, rpc=None) -> dict:
-    """Everything `tandem hw` shows, as objects (the renderers only format)."""
+                 force_profile=False, hardware=None, rpc=None, layers=(None, None)) -> dict:
+    """Everything `tandem hw` shows, as objects (the renderers only format); `layers`: the
+    -ngl and -ngld flags (None: not given)."""
     from tandem.commands.options import check_model_path, check_pair_or_files
     from tandem.commands.compose import files_on_disk, resolve
     from tandem.errors import UsageError
@@ -167,6 +170,7 @@ def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size
         return chosen["paths"]
 
     resolved = resolve({"profile": profile, "pair": pair, "n_ctx": ctx_size, "rpc": rpc,
+                        "target_gpu_layers": layers[0], "draft_gpu_layers": layers[1],
                         "force_profile": force_profile or None}, files, hardware=hw)
     settings, machine = resolved.settings, dict(hardware=hw, backend=resolved.backend)
     target, draft, pair_name, label = (chosen["target"], chosen["draft"], chosen["name"],

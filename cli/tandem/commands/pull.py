@@ -7,6 +7,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from tandem.commands import options
 from tandem.commands.pairs import JsonOpt, print_json
 from tandem.commands.progress import download_view, stderr_console
 from tandem.errors import UsageError
@@ -21,6 +22,7 @@ def pull(
     pair: Annotated[Optional[str], typer.Argument(help="Catalog pair (default: the default pair).", show_default=False)] = None,
     target: Annotated[Optional[str], typer.Option("--target", help="Target: user/repo:QUANT, user/repo/file.gguf, a catalog model or a local path.")] = None,
     draft: Annotated[Optional[str], typer.Option("--draft", help="Draft, in the same forms as --target.")] = None,
+    hf_repo: options.HfRepo = None, hf_file: options.HfFile = None, hf_repo_draft: options.HfRepoDraft = None,
     no_check: Annotated[bool, typer.Option("--no-check", help="Skip the vocabulary check before downloading.")] = False,
     as_json: JsonOpt = False,
 ):
@@ -47,33 +49,53 @@ def pull(
 
       tandem pull --target bartowski/Qwen2.5-7B-Instruct-GGUF:Q4_K_M \\
                   --draft qwen2.5-0.5b-instruct-q4_k_m
+
+      tandem pull -hf unsloth/Qwen3-4B-GGUF:Q4_K_M     # the draft chosen as `tandem run` does
     """
     from tandem.models import pairing
     from tandem.models.hub import HubConfig
 
-    if (target is None) != (draft is None):
+    refs = options.model_refs(hf_repo, hf_file, hf_repo_draft)
+    if refs.target is not None or refs.draft is not None:
+        options.check_pair_or_files(pair, None, None, refs)
+        if refs.target is None or target is not None or draft is not None:
+            raise UsageError("-hf/-hfd and --target/--draft are two spellings of one choice",
+                             "give -hf (and -hfd if you choose the draft), or --target and "
+                             "--draft")
+    elif (target is None) != (draft is None):
         raise UsageError("--target and --draft go together", "give both, or a pair name")
     if pair is not None and target is not None:
         raise UsageError("give a pair name or --target/--draft, not both",
                          "e.g. tandem pull qwen2.5-coder-7b")
     cfg = HubConfig.from_env()
     store = Store()
-    if target is None:
+    name: str | None = None
+    view = download_view()
+    if refs.target is not None:
+        t_model = pairing.resolve(refs.target, "target", cfg)
+        if refs.draft is not None:
+            d_model = pairing.resolve(refs.draft, "draft", cfg)
+        elif t_model.spec is None:
+            d_model = None  # a file on disk: nothing to download, nothing to choose for
+        else:
+            owner, d_model, why = options.chosen_draft(t_model, store, cfg)
+            view.note(why)
+            if owner is not None:
+                t_model, name = pairing.pair_models(owner)[0], owner.name
+    elif target is None:
         spec = catalog.get_pair(pair)
         t_model, d_model = pairing.pair_models(spec)
-        name: str | None = spec.name
+        name = spec.name
     else:
         t_model = pairing.resolve(target, "target", cfg)
         d_model = pairing.resolve(draft, "draft", cfg)  # type: ignore[arg-type]
-        name = None
-    view = download_view()
     try:
         result = pairing.pull(t_model, d_model, store, cfg, progress=view, note=view.note,
                               precheck=not no_check)
     finally:
         view.close()
     err = stderr_console()
-    what = name or f"{t_model.label} + {d_model.label}"  # type: ignore[union-attr]
+    what = name or " + ".join(m.label for m in (t_model, d_model) if m is not None)
     checked = ("vocabularies are compatible" if d_model is not None
                else f"no draft model: it drafts from {catalog.NO_DRAFT_MODEL.split(' (')[0]}")
     if result.fetched:

@@ -13,12 +13,13 @@ from tandem.commands import options
 from tandem.commands.options import (
     check_text,
     history_note,
+    model_refs,
     prepare_pair,
     read_context_files,
     read_stdin,
     sampling_params,
     setting_flags,
-    split_pair_and_prompt,
+    split_model_and_prompt,
 )
 from tandem.commands.constraint import constraint_flags, incomplete_error, settings_constraint
 from tandem.config.schema import check_max_tokens, check_prompt
@@ -31,8 +32,9 @@ app = typer.Typer()
 @app.command(context_settings={"allow_interspersed_args": True})
 def run(
     *,
-    args: Annotated[Optional[list[str]], typer.Argument(help="[PAIR] [PROMPT]: a catalog pair name, then the prompt.", show_default=False)] = None,
+    args: Annotated[Optional[list[str]], typer.Argument(help="[PAIR|MODEL] [PROMPT]: a catalog pair name or a model (user/repo:QUANT, user/repo/file.gguf, a .gguf file), then the prompt.", show_default=False)] = None,
     system: options.System = None, model: options.TargetFile = None, model_draft: options.DraftFile = None,
+    hf_repo: options.HfRepo = None, hf_file: options.HfFile = None, hf_repo_draft: options.HfRepoDraft = None,
     strategy: options.Strategy = None, n_max: options.DraftMax = None, n_min: options.DraftMin = None,
     p_min: options.DraftPMin = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens to generate.")] = 256,
@@ -41,6 +43,9 @@ def run(
     stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable).")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="No chat template: the prompt is sent as is.")] = False,
     n_ctx: options.CtxSize = None, n_threads: options.Threads = None,
+    target_gpu_layers: options.GpuLayers = None, draft_gpu_layers: options.GpuLayersDraft = None,
+    flash_attn: options.FlashAttn = None, n_batch: options.BatchSize = None, n_ubatch: options.UBatchSize = None,
+    type_k: options.CacheTypeK = None, type_v: options.CacheTypeV = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with text and statistics.")] = False,
     no_stream: Annotated[bool, typer.Option("--no-stream", help="Print the text once it is complete.")] = False,
     stats: Annotated[Optional[bool], typer.Option("--stats/--no-stats", help="Statistics on stderr (default: when stderr is a terminal).")] = None,
@@ -61,6 +66,8 @@ def run(
 
       tandem run -m target.gguf -md draft.gguf --draft-max 8 "hello"
 
+      tandem run bartowski/Qwen2.5-7B-Instruct-GGUF:Q4_K_M -ngl 99 "hello"
+
       tandem run --context-file app.py "Add logging to the load() function in app.py"
 
       tandem run --rpc 192.168.1.20:50052 "hello"     # the target's layers on that server
@@ -72,7 +79,8 @@ def run(
     from tandem.engine.loop.events import DoneEvent, TokenEvent
     from tandem.engine.loop.speculative import GenParams
 
-    pair, prompt = split_pair_and_prompt(args or [])
+    pair, first, prompt = split_model_and_prompt(args or [])
+    refs = model_refs(hf_repo, hf_file, hf_repo_draft, first)
     check_text(prompt, "the prompt")
     check_text(system, "the system prompt (-s)")
     for s in stop or ():
@@ -87,7 +95,7 @@ def run(
     structured = constraint_flags(grammar, grammar_file, json_schema, json_schema_file,
                                   json_object)
     flags = setting_flags(locals(), **structured)
-    prepared = prepare_pair(pair, model, model_draft, flags, verbose, yes)
+    prepared = prepare_pair(pair, model, model_draft, flags, verbose, yes, refs)
     gen = GenParams(max_tokens=max_tokens, sampling=sampling, stop=tuple(stop or ()),
                     constraint=settings_constraint(prepared.settings))
     target_path, draft_path, opts = prepared.target, prepared.draft, prepared.options
@@ -112,7 +120,9 @@ def run(
             out.flush()
         raise
     _finish(done, out, as_json=as_json, no_stream=no_stream, show_stats=show_stats,
-            n_ctx=opts.target_ctx.n_ctx, max_tokens=max_tokens)
+            n_ctx=opts.target_ctx.n_ctx, max_tokens=max_tokens,
+            gpu_layers={"target": opts.target_gpu_layers,
+                        "draft": opts.draft_gpu_layers if draft_path else None})
     note = history_note(opts)
     if note:
         print(f"Note: {note}", file=sys.stderr)
@@ -121,11 +131,12 @@ def run(
 
 
 def _finish(done, out, *, as_json: bool, no_stream: bool, show_stats: bool, n_ctx: int,
-            max_tokens: int) -> None:
+            max_tokens: int, gpu_layers: dict | None = None) -> None:
     """The answer's end: the JSON object or the text's last part on stdout, then a warning
-    when the context cut it and the statistics on stderr."""
+    when the context cut it and the statistics on stderr. `gpu_layers`: the llama.cpp
+    n_gpu_layers each model loaded with (-1: all), for the JSON object."""
     if as_json:
-        answer = {"text": done.text, "finish_reason": done.reason}
+        answer = {"text": done.text, "finish_reason": done.reason, "gpu_layers": gpu_layers}
         if done.complete is not None:  # under a grammar: whether the text matches it
             answer["complete"] = done.complete
         print(json.dumps({**answer, "stats": done.stats.to_dict()}, ensure_ascii=False))

@@ -44,6 +44,10 @@ def serve(
     cache_ram: setting_flag("cache_ram", "-cram", default=True, help="MiB of RAM for the conversations idle slots held, put back when a request continues one (llama-server's --cache-ram); 0: off.") = None,
     cors: setting_flag("cors", help="Origins whose web pages may call the API from a browser, comma-separated (e.g. http://localhost:3000); off by default.") = None,
     model: options.TargetFile = None, model_draft: options.DraftFile = None, strategy: options.Strategy = None,
+    hf_repo: options.HfRepo = None, hf_file: options.HfFile = None, hf_repo_draft: options.HfRepoDraft = None,
+    model_alias: Annotated[Optional[str], typer.Option("--model-alias", "--alias", "-a", help="The model's name in /v1/models, /props and answers (default: the target file's name).")] = None,
+    target_gpu_layers: options.GpuLayers = None, draft_gpu_layers: options.GpuLayersDraft = None,
+    flash_attn: options.FlashAttn = None, n_batch: options.BatchSize = None, n_ubatch: options.UBatchSize = None, type_k: options.CacheTypeK = None, type_v: options.CacheTypeV = None,
     n_max: options.DraftMax = None, n_min: options.DraftMin = None, p_min: options.DraftPMin = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens per answer when a request does not say (max_tokens).")] = SERVE_MAX_TOKENS,
     temp: options.Temp = None, top_k: options.TopK = None, top_p: options.TopP = None, min_p: options.MinP = None,
@@ -72,12 +76,15 @@ def serve(
     from tandem.serve import listening
 
     check_max_tokens(max_tokens)
+    if model_alias is not None and not model_alias.strip():
+        raise UsageError("--model-alias is empty", "pass the name clients see, or leave it out")
     # the flags checked before any download, and again once env and config.yaml are read
     cors_origins(cors, checked_key(api_key, "--api-key"))
     sampling = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, None)
     contexts = read_context_files(context_file)
     flags = setting_flags(locals())
-    prepared = prepare_pair(pair, model, model_draft, flags, verbose)
+    prepared = prepare_pair(pair, model, model_draft, flags, verbose,
+                            refs=options.model_refs(hf_repo, hf_file, hf_repo_draft))
     s = prepared.settings  # flags > env > config.yaml > profile > the schema's defaults
     host, port, queue, timeout = s.host, s.port, s.queue, s.timeout
     api_key = checked_key(s.api_key or None, s.origin("api_key"))
@@ -109,7 +116,7 @@ def serve(
             budget = PromptBudget(session.n_ctx,
                             longest_token_bytes(target_path) or UNKNOWN_TOKEN_BYTES)
             config = server.ServeConfig(
-                model_id=target_path.stem, api_key=api_key, budget=budget, timeout=timeout,
+                model_id=model_alias or target_path.stem, api_key=api_key, budget=budget, timeout=timeout,
                 quiet=quiet, notice=partial(history_note, opts), cors=origins,
                 defaults=Defaults(max_tokens=max_tokens, sampling=sampling))
             draft = f" + {draft_path.name}" if draft_path else ""

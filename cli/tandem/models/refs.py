@@ -146,6 +146,33 @@ def _hub(t: str) -> ModelRef:
     raise UsageError(f"unknown model or pair '{t}'", _FORMS_HINT)
 
 
+def reference_form(word: str) -> str | None:
+    """How one word of a command line reads, from its form alone (no network, no disk):
+    "model" (a path or hub file ending in .gguf, user/repo:QUANT, a hub URL), "repo" (a bare
+    user/repo: llama.cpp's -hf without a quant, but prose too, such as and/or), or None."""
+    t = word.strip()
+    if not t or t != word or len(t) > 1000 or any(c.isspace() for c in t):
+        return None
+    if t.lower().startswith(_HUB_PREFIXES) or t.lower().endswith(".gguf"):
+        return "model"
+    repo, sep, quant = t.partition(":")
+    if _REPO_RE.match(repo):
+        return ("model" if _QUANT_RE.match(quant) else None) if sep else "repo"
+    return None
+
+
+# what a model family's names drop: sizes (7B, 0.5B, A3B, 270M), quantizations, the format
+_NOT_FAMILY = re.compile(r"^(?:\d+(?:\.\d+)?[bm]|a\d+(?:\.\d+)?b|i?q\d.*|f16|bf16|f32|gguf)$")
+
+
+def family(repo: str) -> str:
+    """A model family from a hub repository's name: Qwen2.5-Coder-7B-Instruct-GGUF and
+    Qwen2.5-Coder-0.5B-Instruct-GGUF are both "qwen2.5-coder-instruct" (whoever publishes
+    them): the family a target's catalog draft is looked for in."""
+    name = repo.rsplit("/", 1)[-1].lower()
+    return "-".join(p for p in name.split("-") if p and not _NOT_FAMILY.match(p))
+
+
 def _quant_label(path: str) -> str:
     name = SPLIT_RE.sub(".gguf", path.rsplit("/", 1)[-1])
     return re.split(r"[-.]", name[:-5])[-1]
