@@ -48,8 +48,15 @@ async def whole_answer(events: asyncio.Queue, watch, first):
         item = await next_event(events, watch)
         if item is None:
             return None
-    raise_failure(item)
+    raise_failure(cut(item))
     return item[1]
+
+
+def cut(item):
+    """An outcome as a client still waiting for it sees it: only the server's stop cancels
+    such an answer (a client that went away was not waiting), and a part of an answer is
+    not given as if it were whole."""
+    return ("cancelled", None) if item[0] == "cancelled" else item
 
 
 async def read_json(request: Request, limit: int, timeout: float = REQUEST_TIMEOUT) -> dict:
@@ -122,15 +129,20 @@ def raise_failure(item) -> None:
         raise ApiError(500, f"internal error ({type(value).__name__}); the server logged it",
                        type="server_error", code="internal_error")
     if what == "cancelled" and value is None:
-        raise ApiError(503, "the server is stopping", type="server_error", code="stopping",
-                       headers={"Retry-After": "1"})
+        raise stopping_error()
+
+
+def stopping_error(detail: str = "") -> ApiError:
+    return ApiError(503, "the server is stopping" + detail, type="server_error",
+                    code="stopping", headers={"Retry-After": "1"})
 
 
 async def openai_stream(req, rid: str, created: int, model: str, events: asyncio.Queue, first,
                   log=lambda status, stats=None: None):
     """Server-sent events: a role chunk (chat), a chunk per piece of text, the finish chunk
     with timings, the usage chunk if asked, then [DONE]. `log` gets the outcome (the status
-    is 200 once the headers are out; a client gone mid-stream is a 499)."""
+    is 200 once the headers are out). Cut by the server's stop, the answer so far ends the
+    same way with an error event before [DONE] (logged as a 503)."""
     chunk = partial(responses.chunk, req, rid, created, model)
     if req.kind == "chat":
         yield responses.sse(chunk(role=True, text=""))
@@ -142,7 +154,7 @@ async def openai_stream(req, rid: str, created: int, model: str, events: asyncio
             for delta in structured.deltas(calls, value):
                 yield responses.sse(chunk(**delta))
         elif what in ("done", "cancelled"):
-            log(200 if what == "done" else 499, value.stats)
+            log(200 if what == "done" else 503, value.stats)
             for delta in structured.deltas(calls, None):
                 yield responses.sse(chunk(**delta))
             reason = structured.stream_finish(calls, value.reason, responses.FINISH)
@@ -150,6 +162,8 @@ async def openai_stream(req, rid: str, created: int, model: str, events: asyncio
                                       tokens=responses.returned_tokens(req, value)))
             if req.include_usage:
                 yield responses.sse(chunk(stats=value.stats, usage_only=True))
+            if what == "cancelled":
+                yield stopped_event(value)
             break
         elif what in ("error", "failed"):  # after the headers: the error goes in the stream
             yield failure_event(item, log)
@@ -160,7 +174,8 @@ async def openai_stream(req, rid: str, created: int, model: str, events: asyncio
 
 async def llama_stream(events: asyncio.Queue, first, final, log, n_prompt: int):
     """llama-server's native stream (/completion, /infill): `data: {"content", "stop":
-    false}` per piece of text, then `final(outcome)` with "stop": true, and no [DONE]."""
+    false}` per piece of text, then `final(outcome)` with "stop": true, and no [DONE]; cut
+    by the server's stop, an error event after it."""
     item, n = first, 0
     while True:
         what, value = item
@@ -168,8 +183,10 @@ async def llama_stream(events: asyncio.Queue, first, final, log, n_prompt: int):
             n += 1
             yield responses.sse(llama_api.partial(value, n_prompt, n))
         elif what in ("done", "cancelled"):
-            log(200 if what == "done" else 499, value.stats)
+            log(200 if what == "done" else 503, value.stats)
             yield responses.sse(final(value))
+            if what == "cancelled":
+                yield stopped_event(value)
             return
         elif what in ("error", "failed"):
             yield failure_event(item, log)
@@ -188,8 +205,15 @@ async def whole_text(events: asyncio.Queue, watch, first) -> tuple[str, object] 
         item = await next_event(events, watch)
         if item is None:
             return None
-    raise_failure(item)
+    raise_failure(cut(item))
     return "".join(pieces), item[1]
+
+
+def stopped_event(answer) -> bytes:
+    """The error event of a stream the server's stop cut: a stream is only ever cancelled so
+    while its client reads it (a client that goes away ends the stream's task first)."""
+    n = answer.stats.n_generated
+    return responses.sse(stopping_error(f": the answer was cut after {n} tokens").body())
 
 
 def failure_event(item, log) -> bytes:

@@ -133,16 +133,30 @@ def build_app(engine: Scheduler, config: ServeConfig) -> Starlette:
 
 # ----- running it -----
 
+# seconds uvicorn waits after Ctrl-C for the responses in flight, which the scheduler's halt
+# ends within a step (a prompt's chunk at most); beyond, what is left is cut
+STOP_GRACE_S = 1.0
+
+
 def serve(engine: Scheduler, config: ServeConfig, sock: socket.socket,
           verbose: bool = False) -> None:
-    """Run uvicorn on `sock` until Ctrl-C / SIGTERM; the scheduler is stopped after."""
+    """Run uvicorn on `sock` until Ctrl-C / SIGTERM; the scheduler is stopped after. Once
+    uvicorn starts its shutdown the scheduler halts: every answer in flight ends at its next
+    step, a stream with its finish chunk and an error event, so no connection is left for
+    uvicorn to cancel (its tracebacks) and the process ends within about a second."""
     import uvicorn
 
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            engine.halt()
+            await super().shutdown(sockets)
+
     app = build_app(engine, config)
-    server = uvicorn.Server(uvicorn.Config(
+    server = Server(uvicorn.Config(
         app, http=guarded(config.timeout), loop="asyncio", lifespan="off",
         log_level="info" if verbose else "warning", access_log=verbose,
-        timeout_keep_alive=IDLE_TIMEOUT, timeout_graceful_shutdown=5, server_header=False))
+        timeout_keep_alive=IDLE_TIMEOUT, timeout_graceful_shutdown=STOP_GRACE_S,
+        server_header=False))
     engine.start()
     try:
         server.run(sockets=[sock])

@@ -167,8 +167,9 @@ class Scheduler:
                 self._waiting.append(job)
             self._cond.notify_all()
 
-    def stop(self, wait_s: float = 30.0) -> None:
-        """Cancel what waits and what runs, then end the threads."""
+    def halt(self) -> None:
+        """Take no more requests, cut every answer at its next event (a stream still ends
+        with its last chunks); returns at once (stop() also ends the threads)."""
         with self._cond:
             self._stopping.set()
             waiting, self._waiting = list(self._waiting), deque()
@@ -179,6 +180,9 @@ class Scheduler:
         for job in waiting:
             job.cancel.set()
             _deliver(job, "cancelled", None)
+
+    def stop(self, wait_s: float = 30.0) -> None:
+        self.halt()
         for t in [self._thread] + [s.thread for s in self.slots if s.thread is not None]:
             if t.is_alive():
                 t.join(wait_s)
