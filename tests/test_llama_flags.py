@@ -79,7 +79,8 @@ def _settings(key, value):
 LLAMA_SERVER = [
     (["-ngl", "99"], {"serve": _settings("target_gpu_layers", 99),
                       "run": _settings("target_gpu_layers", 99)}),
-    (["-fa"], {"serve": lambda p: p.options.target_ctx.flash_attn == "on"}),
+    (["-fa"], {"serve": lambda p: p.options.target_ctx.flash_attn == "on",  # alone: on
+               "run": lambda p: p.options.target_ctx.flash_attn == "on"}),  # "hi": the prompt
     (["-fa", "off"], {"serve": lambda p: p.options.target_ctx.flash_attn == "off",
                       "run": lambda p: p.options.target_ctx.flash_attn == "off"}),
     (["-b", "64"], {"serve": lambda p: p.options.target_ctx.n_batch == 64,
