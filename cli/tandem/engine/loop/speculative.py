@@ -142,9 +142,8 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
     tail = text.flush()
     if tail:
         yield TokenEvent(-1, tail, False, step)
-    stats.t_total = time.perf_counter() - t_start
+    stats.t_total, stats.n_threads = time.perf_counter() - t_start, target.n_threads
     stats.notes += [*drafter.notes, *threads.notes]  # read last: noted as they go
-    stats.n_threads = target.n_threads
     stats.count_prediction(params.prediction, tokens[len(prompt):], piece)
     yield DoneEvent(stats, reason, text.text, tuple(tokens[len(prompt):]),
                     None if grammar is None else reason == "eos" or grammar.accepting)

@@ -30,7 +30,7 @@ class GenStats:
     t_verify: float = 0.0
     t_sample: float = 0.0
     t_total: float = 0.0
-    n_threads: int = 0  # the target's CPU threads when the answer ended (0: not known)
+    n_threads: int | None = None  # the target's CPU threads when the answer ended
     notes: list[str] = field(default_factory=list)  # the drafter's decisions (e.g. model off)
     # source -> [drafted, accepted]: which drafts came from the model, the prompt, a file or
     # earlier answers (config.schema.DRAFT_SOURCES), where the drafter says
