@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -141,3 +142,47 @@ def test_ctrl_c_answers_a_waiting_request_with_503(tiny_models, tmp_path):
     assert running.events[-1] == "[DONE]"
     assert "Traceback" not in "".join(srv.log)
 
+
+
+def test_ctrl_c_does_not_wait_for_a_body_still_arriving(tiny_models, tmp_path):
+    """A client that sent its headers and part of its body (it has --timeout seconds for the
+    rest): Ctrl-C answers it with the 503 error object at once instead of uvicorn cutting the
+    request after its grace with a CancelledError traceback and a text 500."""
+    srv = Server([*tiny_args(tiny_models), "--strategy", "draft"], tmp_path / "home")
+    try:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"mess")
+            time.sleep(0.3)  # the server reads the part sent (the test runs either way)
+            rc = _interrupt(srv)
+            reply = s.makefile("rb").read().decode()
+    finally:
+        srv.stop()
+    log = "".join(srv.log)
+    assert rc == 130, log
+    head, _, body = reply.partition("\r\n\r\n")
+    assert head.startswith("HTTP/1.1 503"), reply
+    assert json.loads(body)["error"]["code"] == "stopping", reply
+    assert "Traceback" not in log and "graceful shutdown" not in log, log
+
+
+def test_what_uvicorn_cuts_after_the_grace_is_one_line():
+    """Past STOP_GRACE_S uvicorn cancels what still runs (a prompt chunk longer than that on a
+    slow machine): its CancelledError tracebacks are dropped, its own line says what was cut;
+    any other exception keeps its traceback (a bug must show)."""
+    import asyncio
+    import logging
+
+    from tandem.serve.routes import StopCuts
+
+    def record(msg, args=(), exc=None):
+        info = (type(exc), exc, None) if exc is not None else None
+        return logging.LogRecord("uvicorn.error", logging.ERROR, __file__, 1, msg, args, info)
+
+    cut = StopCuts()
+    assert not cut.filter(record("Exception in ASGI application\n",
+                                 exc=asyncio.CancelledError("timeout graceful shutdown")))
+    assert cut.filter(record("Exception in ASGI application\n", exc=ValueError("a bug")))
+    grace = record("Cancel %s running task(s), timeout graceful shutdown exceeded", (2,))
+    assert cut.filter(grace)
+    assert grace.getMessage() == "tandem serve: cut 2 request(s) still running 1 s after Ctrl-C"

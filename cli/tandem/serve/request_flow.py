@@ -59,9 +59,11 @@ def cut(item):
     return ("cancelled", None) if item[0] == "cancelled" else item
 
 
-async def read_json(request: Request, limit: int, timeout: float = REQUEST_TIMEOUT) -> dict:
+async def read_json(request: Request, limit: int, timeout: float = REQUEST_TIMEOUT,
+                    stopping: asyncio.Event | None = None) -> dict:
     """The body as a JSON object, read up to `limit` bytes (413 beyond, before parsing)
-    within `timeout` seconds (408 after: a body trickled in holds a connection)."""
+    within `timeout` seconds (408 after: a body trickled in holds a connection), or until
+    `stopping` is set (503: the server's stop does not wait for a body)."""
     ctype = request.headers.get("content-type")
     if ctype is not None and ctype.split(";")[0].strip().lower() != "application/json":
         raise ApiError(415, f"the body must be application/json, got {ctype!r} (curl: add "
@@ -82,7 +84,7 @@ async def read_json(request: Request, limit: int, timeout: float = REQUEST_TIMEO
             chunks.append(chunk)
 
     try:
-        await asyncio.wait_for(read(), timeout)
+        await asyncio.wait_for(unless_stopping(read(), stopping), timeout)
     except ClientDisconnect:
         raise ApiError(400, "the client went away while sending the body") from None
     except asyncio.TimeoutError:
@@ -93,6 +95,22 @@ async def read_json(request: Request, limit: int, timeout: float = REQUEST_TIMEO
         return protocol.parse_json(raw)
     # a large body is parsed beside the event loop (a hostile one can take a second or two)
     return await asyncio.get_running_loop().run_in_executor(None, protocol.parse_json, raw)
+
+
+async def unless_stopping(work, stopping: asyncio.Event | None):
+    """`work`'s value, or the 503 of the server's stop once `stopping` is set first."""
+    if stopping is None:
+        return await work
+    task, stop = asyncio.ensure_future(work), asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        if not task.done():
+            task.cancel()
+    if not task.done() or task.cancelled():
+        raise stopping_error()
+    return task.result()
 
 
 async def disconnected(request: Request) -> None:

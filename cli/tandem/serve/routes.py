@@ -12,7 +12,9 @@ imports: `tandem run` starts as fast as before.
 """
 from __future__ import annotations
 
+import asyncio
 import functools
+import logging
 import socket
 from typing import Awaitable, Callable, NamedTuple
 
@@ -76,7 +78,7 @@ def endpoint(state: ServerState, route: Endpoint) -> Callable[[Request], Awaitab
                 state.authorize(request)
             if route.method == "POST":
                 call.body = await read_json(request, state.config.max_body,
-                                            state.config.timeout)
+                                            state.config.timeout, state.stopping)
             try:
                 return await route.handler(state, call)
             except QueueFull as exc:
@@ -133,6 +135,20 @@ def build_app(engine: Scheduler, config: ServeConfig) -> Starlette:
 
 # ----- running it -----
 
+class StopCuts(logging.Filter):
+    """What uvicorn logs of the requests still running STOP_GRACE_S after Ctrl-C (a prompt's
+    chunk longer than that): one line instead of its message and a CancelledError traceback
+    per request, a stop that was asked for and not a bug."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError):
+            return False
+        if "timeout graceful shutdown exceeded" in str(record.msg):
+            record.msg = f"tandem serve: cut %s request(s) still running {STOP_GRACE_S:g} s " \
+                "after Ctrl-C"
+        return True
+
+
 # seconds uvicorn waits after Ctrl-C for the responses in flight, which the scheduler's halt
 # ends within a step (a prompt's chunk at most); beyond, what is left is cut
 STOP_GRACE_S = 1.0
@@ -149,9 +165,11 @@ def serve(engine: Scheduler, config: ServeConfig, sock: socket.socket,
     class Server(uvicorn.Server):
         async def shutdown(self, sockets=None):
             engine.halt()
+            app.state.server.stopping.set()  # a body still arriving: 503, not a wait
             await super().shutdown(sockets)
 
     app = build_app(engine, config)
+    logging.getLogger("uvicorn.error").addFilter(StopCuts())
     server = Server(uvicorn.Config(
         app, http=guarded(config.timeout), loop="asyncio", lifespan="off",
         log_level="info" if verbose else "warning", access_log=verbose,

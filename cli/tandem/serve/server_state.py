@@ -69,6 +69,8 @@ class ServerState:
     # bulk tokenizing never holds back a completion's prompt
     tokenizer: ThreadPoolExecutor
     utility: ThreadPoolExecutor
+    # set once the server stops: what waits for a client (a body) gives up (routes.serve)
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
     @classmethod
     def open(cls, engine: Scheduler, config: ServeConfig) -> ServerState:
