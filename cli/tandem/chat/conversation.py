@@ -5,6 +5,9 @@ It yields data (engine events plus `Notice`) and never prints; `tandem.commands.
 template; because it extends the previous turn's tokens, the engine's prefix reuse
 (Context.prefill) evaluates only the new tokens, on the target and, where the turn's drafter
 uses it, on the draft model.
+
+Over 400 lines because the conversation's state (turns, the files in its context, the plain
+measurements) and the slash commands that read and change it are one object, ChatSession.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from tandem.chat import transcript
 from tandem.chat.answer import Answer
@@ -22,6 +25,8 @@ from tandem.engine.loop.sampling import SamplingParams
 from tandem.config.schema import FIELDS_BY_KEY, STRATEGIES, check_strategy
 from tandem.engine.pair import Pair
 from tandem.engine.drafting.drafters import DraftParams
+from tandem.engine.drafting.history import read_context_file
+from tandem.engine.prompt_files import check_files_fit, with_files
 from tandem.engine.loop.speculative import GenParams
 from tandem.engine.loop.stats import GenStats
 from tandem.errors import ContextOverflowError, UsageError
@@ -42,7 +47,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("temp", "X", "sampling temperature (0: greedy)"),
     ("max-tokens", "N", "most tokens per answer"),
     ("system", "TEXT", "set the system prompt (no text: clear it)"),
-    ("add", "FILE", "let auto draft from a text file (code or notes the answers will quote)"),
+    ("add", "FILE", "put a text file in the context: the model reads it, auto drafts from it"),
     ("reset", "", "forget the conversation (keeps the system prompt)"),
     ("save", "FILE", "save the conversation: .json as JSON, anything else as markdown"),
     ("exit", "", "leave (also /quit, Ctrl-D)"),
@@ -113,7 +118,7 @@ class ChatSession:
     def __init__(self, pair: Pair, *, system: str | None = None,
                  gen: GenParams = GenParams(), strategy: str | None = None,
                  draft: DraftParams | None = None, raw: bool = False,
-                 reserve: int | None = None):
+                 reserve: int | None = None, files: Sequence[tuple[str, str]] = ()):
         self.pair = pair
         self.system = system or None
         self.gen = gen
@@ -122,6 +127,9 @@ class ChatSession:
         self.raw = raw
         self._reserve = reserve
         self.turns: list[Turn] = []  # the whole conversation (what /save writes)
+        # files the model reads (--context-file, /add): (name, text, tokens), before the first
+        # message in the context, so older turns drop and the files stay
+        self.files: list[tuple[str, str, int]] = []
         self.context_start = 0  # turns before this index were dropped from the context
         self.dropped_turns = 0
         self._plain_tokens = 0  # plain-decoding tokens measured on this machine, this pair
@@ -130,6 +138,8 @@ class ChatSession:
         # the plain measurements, latest last: an answer is compared with the latest one
         # only while it is recent and was taken at the same load (machine/load.py)
         self.plain_log: list[PlainMeasure] = []
+        for name, text in files:
+            self.add_file(name, text)
 
     # ----- state -----
     @property
@@ -163,7 +173,27 @@ class ChatSession:
             out.append({"role": "assistant", "content": t.assistant})
         if user is not None:
             out.append({"role": "user", "content": user})
+        first = next((m for m in out if m["role"] == "user"), None)
+        if first is not None and self.files:
+            first["content"] = with_files(first["content"], [(n, t) for n, t, _ in self.files])
         return out
+
+    def add_file(self, name: str, text: str) -> int:
+        """Put a file in the context (the model reads it) and among auto's draft sources; its
+        tokens. UsageError, and nothing added, when the files leave no room for a message."""
+        n = len(self.pair.tokenize(text))
+        self.files.append((name, text, n))
+        try:
+            tokens = self.pair.prompt_tokens(self._messages(len(self.turns), "?"), raw=self.raw)
+            check_files_fit(len(tokens), self.n_ctx, 1, self._file_sizes())
+        except BaseException:
+            self.files.pop()
+            raise
+        self.pair.add_context_file(name, text)
+        return n
+
+    def _file_sizes(self) -> list[tuple[str, int]]:
+        return [(name, n) for name, _, n in self.files]
 
     def _turn_gen(self):
         """This turn's generation parameters: with --seed, each turn draws from its own
@@ -221,6 +251,7 @@ class ChatSession:
             if start >= len(self.turns):
                 if len(tokens) < self.n_ctx:
                     break  # fits, with less room for the answer than we would like
+                check_files_fit(len(tokens), self.n_ctx, 1, self._file_sizes())
                 raise ContextOverflowError(
                     f"this message needs {len(tokens)} tokens but the context holds {self.n_ctx}",
                     "send a shorter message, or restart with a larger --ctx-size")
@@ -341,10 +372,10 @@ class ChatSession:
         if not arg:
             raise UsageError("/add needs a file name", "for example: /add src/app.py")
         path = Path(arg).expanduser()
-        n = self.pair.add_context_file(path)
-        note = "" if self.strategy == "auto" else " (drafted from with /strategy auto)"
-        return CommandResult("set", f"added {path.name} ({n} tokens) for drafting{note}",
-                             {"file": str(path), "tokens": n})
+        n = self.add_file(arg, read_context_file(path))
+        note = "" if self.strategy == "auto" else " (auto drafts from it: /strategy auto)"
+        return CommandResult("set", f"added {path.name} ({n} tokens): the model reads it from "
+                             f"the next message{note}", {"file": str(path), "tokens": n})
 
     def _cmd_reset(self, arg: str) -> CommandResult:
         n = len(self.turns)
@@ -392,7 +423,8 @@ class ChatSession:
             "accepted": total.accepted,
             "acceptance_rate": total.acceptance_rate,
             "by_source": {k: list(v) for k, v in total.by_source.items()},
-            "context_files": list(self.pair.context_files),
+            "context_files": list(self.pair.context_files),  # auto's, --draft-from's too
+            "files_in_prompt": [name for name, _, _ in self.files],
             "mean_accepted_length": total.mean_accepted_length,
             "acceptance_by_position": total.acceptance_by_position,
             "plain_tokens_per_second": self.plain_rate,

@@ -33,6 +33,7 @@ def chat(
     show_draft: Annotated[bool, typer.Option("--show-draft", help="Colour the tokens the target accepted from the draft.")] = False,
     plain_probe: Annotated[int, typer.Option("--plain-probe", help="Tokens of plain decoding measured at start for the speedup figure (0: off; plain turns also count).")] = 16,
     exact: options.Exact = False, context_file: options.ContextFiles = None,
+    draft_from: options.DraftFrom = None,
     no_history: options.NoHistory = False, rpc: options.Rpc = None,
     rpc_timeout: options.RpcTimeout = None, ctx_checkpoints: options.CtxCheckpoints = None,
     grammar: options.Grammar = None, grammar_file: options.GrammarFile = None,
@@ -70,7 +71,8 @@ def chat(
     check_max_tokens(max_tokens)
     options.check_text(system, "the system prompt (-s)")
     sampling = options.sampling_params(temp, top_k, top_p, min_p, repeat_penalty, seed)
-    contexts = options.read_context_files(context_file)
+    shown = options.read_context_files(context_file)  # the model reads them; auto drafts too
+    drafted = options.read_context_files(draft_from)
     # checked and compiled now: a bad schema ends the chat before any model loads
     structured = constraint_flags(grammar, grammar_file, json_schema, json_schema_file,
                                   json_object)
@@ -89,10 +91,10 @@ def chat(
         # with --rpc a worker holds the pair: a broken link must not abort the chat
         session = open_pair(target_path, draft_path, opts)
     with session:
-        for path, text in contexts:
+        for path, text in drafted:
             session.add_context_file(path, text)
         chat = ChatSession(session, system=system, gen=gen, strategy=opts.strategy,
-                           draft=opts.draft)
+                           draft=opts.draft, files=[(str(p), text) for p, text in shown])
         if plain_probe > 0 and chat.strategy != "none":
             with view.loading(f"Measuring plain decoding on this machine ({plain_probe} tokens)…"):
                 chat.measure_plain(plain_probe)

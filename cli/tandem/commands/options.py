@@ -71,7 +71,8 @@ HfRepo = Annotated[Optional[str], typer.Option("--hf-repo", "-hf", help="Target 
 HfFile = Annotated[Optional[str], typer.Option("--hf-file", "-hff", help="The file of the -hf repository (instead of its :QUANT).")]
 HfRepoDraft = Annotated[Optional[str], typer.Option("--hf-repo-draft", "-hfd", "-hfrd", help="Draft from the hub: user/repo[:QUANT] or user/repo/file.gguf.")]
 Exact = setting_flag("mode", type_=bool, help="Exact mode: output bit-identical to plain decoding (unrepacked weights, q8_0 KV, verify batches of <= 7 tokens on a CPU; slower). Default (fast): llama.cpp's own kernels, greedy output equal to plain decoding up to floating-point rounding (a near-tie may flip).")
-ContextFiles = Annotated[Optional[list[Path]], typer.Option("--context-file", readable=False, help="A text file auto may draft from (repeatable): code or notes the answer will quote.")]
+ContextFiles = Annotated[Optional[list[Path]], typer.Option("--context-file", readable=False, help="A text file for the model (repeatable): run and chat put its name and text in the prompt before your request; auto drafts from it too.")]
+DraftFrom = Annotated[Optional[list[Path]], typer.Option("--draft-from", readable=False, help="A text file auto may draft from, not shown to the model (repeatable): code or notes the answer will quote.")]
 NoHistory = setting_flag("history", type_=bool, help="Do not draft from earlier answers kept on disk, nor keep this one (`history: off`).")
 Rpc = setting_flag("rpc", help="llama.cpp RPC servers for the target's layers, HOST:PORT[,HOST:PORT...] (start one with `tandem rpc-server`); the draft stays on this machine.")
 RpcTimeout = setting_flag("rpc_timeout", default=True, help="Seconds without progress over --rpc before the request ends with exit 6.")

@@ -23,6 +23,7 @@ from tandem.commands.options import (
 )
 from tandem.commands.constraint import constraint_flags, incomplete_error, settings_constraint
 from tandem.config.schema import check_max_tokens, check_prompt
+from tandem.engine.prompt_files import check_files_fit, with_files
 from tandem.errors import RemoteError
 
 
@@ -49,7 +50,8 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with text and statistics.")] = False,
     no_stream: Annotated[bool, typer.Option("--no-stream", help="Print the text once it is complete.")] = False,
     stats: Annotated[Optional[bool], typer.Option("--stats/--no-stats", help="Statistics on stderr (default: when stderr is a terminal).")] = None,
-    exact: options.Exact = False, context_file: options.ContextFiles = None, no_history: options.NoHistory = False,
+    exact: options.Exact = False, context_file: options.ContextFiles = None,
+    draft_from: options.DraftFrom = None, no_history: options.NoHistory = False,
     rpc: options.Rpc = None, rpc_timeout: options.RpcTimeout = None, ctx_checkpoints: options.CtxCheckpoints = None,
     grammar: options.Grammar = None, grammar_file: options.GrammarFile = None, json_schema: options.JsonSchema = None,
     json_schema_file: options.JsonSchemaFile = None, json_object: options.JsonObject = False,
@@ -90,7 +92,8 @@ def run(
     check_prompt(prompt)
     check_max_tokens(max_tokens)
     sampling = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, seed)
-    contexts = read_context_files(context_file)
+    shown = read_context_files(context_file)  # the model reads them, and auto drafts from them
+    contexts = shown + read_context_files(draft_from)
     expected = read_context_files([prediction] if prediction else [])
     structured = constraint_flags(grammar, grammar_file, json_schema, json_schema_file,
                                   json_object)
@@ -100,14 +103,14 @@ def run(
                     constraint=settings_constraint(prepared.settings))
     target_path, draft_path, opts = prepared.target, prepared.draft, prepared.options
     messages = ([{"role": "system", "content": system}] if system else []) + [
-        {"role": "user", "content": prompt}]
+        {"role": "user", "content": with_files(prompt, [(str(p), t) for p, t in shown])}]
     show_stats = sys.stderr.isatty() if stats is None else stats
     done = None
     out = sys.stdout
     wrote = ""  # the last text streamed: a failure mid-answer still ends its line
     try:
         for ev in _events(target_path, draft_path, opts, contexts, messages, gen, raw,
-                          expected[0][1] if expected else None):
+                          expected[0][1] if expected else None, len(shown)):
             if isinstance(ev, TokenEvent) and not as_json and not no_stream and ev.text:
                 out.write(ev.text)
                 out.flush()
@@ -155,17 +158,19 @@ def _finish(done, out, *, as_json: bool, no_stream: bool, show_stats: bool, n_ct
         print(done.stats.summary(), file=sys.stderr)
 
 
-def _events(target_path, draft_path, opts, contexts, messages, gen, raw, prediction=None):
+def _events(target_path, draft_path, opts, contexts, messages, gen, raw, prediction=None,
+            n_shown=0):
     """generate()'s events: in this process, or, with --rpc, from a supervised worker
     process (llama.cpp aborts the process that holds a broken RPC connection; see
-    engine/remote/worker.py). `prediction`: the expected answer's text."""
+    engine/remote/worker.py). `prediction`: the expected answer's text; the first `n_shown`
+    of `contexts` are in the prompt too (--context-file), the others only drafted from."""
     from tandem.commands.compose import open_pair
 
     session = open_pair(target_path, draft_path, opts)
     with session:
-        for path, text in contexts:
-            session.add_context_file(path, text)
+        sizes = [(str(path), session.add_context_file(path, text)) for path, text in contexts]
         tokens = session.prompt_tokens(messages, raw=raw)
+        check_files_fit(len(tokens), session.n_ctx, 1, sizes[:n_shown])
         if prediction:
             gen = replace(gen, prediction=tuple(session.tokenize(prediction)))
         yield from session.generate(tokens, gen)
