@@ -108,8 +108,7 @@ def serve(
                     "machine can use it")
     try:
         with open_pair(target_path, draft_path, opts) as session:
-            for path, text in contexts:
-                session.add_context_file(path, text)
+            _start_up(session, contexts, opts.strategy)
             engine = Scheduler(session, strategy=opts.strategy, draft=opts.draft,
                                   queue_size=queue, parallel=n_slots,
                                   cache_ram_mib=s.cache_ram)
@@ -126,6 +125,23 @@ def serve(
             server.serve(engine, config, sock, verbose=verbose)
     finally:
         sock.close()
+
+
+def _start_up(session, contexts, strategy: str) -> None:
+    """The context files indexed, then what the first request would wait for measured
+    before the server listens, each said on stderr with what it took (engine/pair.py:
+    warm_up)."""
+    from tandem.engine.pair import warm_up
+
+    for path, text in contexts:
+        session.add_context_file(path, text)
+    for step in session.stream(warm_up, strategy):
+        if step.seconds is None:
+            print(f"tandem serve: measuring the {step.what} before the first request ...",
+                  file=sys.stderr, flush=True)
+        else:
+            print(f"tandem serve: {step.what} in {step.seconds:.2f} s: {step.result}",
+                  file=sys.stderr, flush=True)
 
 
 def _slots_words(engine) -> str:

@@ -17,6 +17,7 @@ method of Pair is answered by PairSession's a few lines below, and `serve`'s slo
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence
@@ -448,6 +449,41 @@ class PairSession:
             knowledge = self.knowledge()
             drafter.learnt(knowledge)
             self.pricing.keep(self._cost_key, knowledge)
+
+
+@dataclass(frozen=True)
+class StartupStep:
+    """One measurement warm_up() takes: `what`, the `seconds` it took (None: it starts now,
+    and may take long) and what came of it."""
+
+    what: str
+    seconds: float | None
+    result: str = ""
+
+
+def warm_up(session: PairSession, strategy: str, *, should_stop: Callable[[], bool],
+            tick: Callable[[], None] | None = None) -> Iterator[StartupStep]:  # noqa: ARG001
+    """What the first answer of `strategy` would otherwise measure while its client waits,
+    measured now (`tandem serve`, before it listens; Pair.stream runs it where the session
+    is): the thread count that is fastest now (one sequence whose count is the engine's: the
+    slots' batches keep theirs) and auto's cost model (cached and checked, else calibrated:
+    engine/tuning/pricing.py, which `basis` tells)."""
+    threads = session.threads
+    if threads is not None and threads.active and not session.slots:
+        t0 = time.perf_counter()
+        threads.begin()  # the start's probe, as a first request's would be
+        tuner, said = threads.tuner, threads.notes
+        result = said[0].removeprefix("threads: ") if said else (
+            f"{tuner.current} of {tuner.default}, "
+            + ("fewer were not faster" if tuner.last_times else
+               "the machine was quiet while the models loaded"))
+        yield StartupStep("thread count", time.perf_counter() - t0, result)
+    if strategy == "auto" and not should_stop():  # the one that prices drafts (make_drafter)
+        yield StartupStep("drafting costs", None)
+        t0 = time.perf_counter()
+        with session.batcher.exclusive():  # as a slot's drafter asks for them
+            session.costs()
+        yield StartupStep("drafting costs", time.perf_counter() - t0, session.pricing.basis)
 
 
 def _drives_mtp(staging_calls: Callable[[], Any]) -> bool:

@@ -285,6 +285,14 @@ def others_share(before, after, min_jiffies: int = 20) -> float | None:
     return max(busy - own, 0) / total
 
 
+def load_while(work: Callable[[], float]) -> tuple[float, float | None]:
+    """work()'s value, and the share of the CPU other processes used while it ran (None:
+    unknown, or too short to tell)."""
+    before = cpu_snapshot()
+    value = work()
+    return value, others_share(before, cpu_snapshot())
+
+
 def disagreement(target, cached: CostModel, tokens: Sequence[int]) -> float:
     """Measured / cached cost of a plain step and a 4-token verify batch, timed now after
     `tokens` (best of two each), as one factor (their geometric mean); caches restored."""

@@ -8,10 +8,12 @@ everything the figures depend on).
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from tandem.engine.tuning.costs import BUSY_SHARE, DISAGREE, MAX_BATCH, CostModel, calibrate, disagreement
+from tandem.engine.tuning.costs import (BUSY_SHARE, DISAGREE, MAX_BATCH, CostModel, calibrate,
+                                         disagreement, load_while)
 from tandem.engine.tuning.knowledge import Knowledge
 from tandem.fsutil import machine_key
 
@@ -19,7 +21,8 @@ if TYPE_CHECKING:
     from tandem.engine.backend.llama import Context
 
 # a calibration measured on a busy machine (other processes above costs.BUSY_SHARE of the
-# CPU) serves the session that measured it and is not saved
+# CPU) never replaces a quiet one's figures: where there are none it is kept apart
+# (busy_path), for later starts that find the machine busy too, until a quiet one measures
 # what the calibration decodes: short, and the same on every machine
 PROBE_TEXT = "def main():\n    print('calibrating')\n"
 
@@ -79,6 +82,8 @@ class Pricing:
         # the cost cache for the next process (engine/tuning/knowledge.py)
         self.keep_knowledge = True
         self.notes: list[str] = []  # what became of cached costs (for the run's notes)
+        # what the latest costs measured are based on, in a sentence (serve's start-up line)
+        self.basis = ""
         self._costs: dict[str, CostModel] = {}
         self._calibrated: dict[str, CostModel] = {}
         self._knowledge: dict[str, Knowledge] = {}
@@ -114,30 +119,59 @@ class Pricing:
 
     def _measure(self, path: Path | None, target: Context, draft: Context | None,
                  probe: Sequence[int], save: bool = True) -> CostModel:
-        cached = CostModel.load(path) if path is not None else None
-        if cached is not None and (not cached.plausible() or cached.expired()):
-            cached = None
+        cached = _usable(path)
+        apart = busy_path(path) if path is not None and save else None
+        busy_kept = False
+        if cached is None and apart is not None and apart.exists():
+            cached = _usable(apart)  # a busy start's figures
+            busy_kept = cached is not None
         # measured after what the caches hold: prefilling the probe replaced a chat's
         # conversation, whose next turn then evaluated it all again (40 s on 3,500 tokens)
         target, draft = _after_cache(target), _after_cache(draft)
         if cached is not None:
-            off = disagreement(target, cached, probe)
-            if 1 / DISAGREE <= off <= DISAGREE:
+            off, now = load_while(lambda: disagreement(target, cached, probe))
+            saved = cached.describe().removeprefix("costs: ")
+            if 1 / DISAGREE <= off <= DISAGREE and not (busy_kept and _quiet(now)):
+                self.basis = (f"the costs a busy start measured ({saved}), checked now "
+                              f"({off:.2f}x); a quiet start measures them again"
+                              if busy_kept else f"the saved costs ({saved}), checked now "
+                              f"({off:.2f}x)")
                 return cached
+            if not busy_kept and now is not None and now > BUSY_SHARE:
+                # a calibration now would be busy and not kept: the quiet curve's shape at
+                # today's timings, instead of measuring at every busy start
+                scaled = cached.copy()
+                scaled.scale(off)
+                self.basis = (f"the saved costs ({saved}) scaled by {off:.2f}x to this "
+                              f"machine's timings now: other processes use {now:.0%} of the "
+                              "CPU, so a calibration would not be kept")
+                self.notes.append(f"machine busy (other processes used {now:.0%} of the "
+                                  f"CPU): the saved costs scaled by {off:.2f}x, not measured "
+                                  "again")
+                return scaled
             self.notes.append(f"cached costs were {off:.2f}x this machine's timings now: "
                               "measured again")
         fresh = calibrate(target, draft, probe)
         if self.rpc:  # the link's round trips are in every figure
             fresh.source = f"measured over RPC {','.join(self.rpc)}"
         if fresh.busy is not None and fresh.busy > BUSY_SHARE:
+            # kept apart, where no quiet figures are: the next busy start does not measure
+            keep = apart is not None and (cached is None or busy_kept) and _saved(fresh, apart)
+            self.basis = (f"calibrated now on a busy machine (other processes used "
+                          f"{fresh.busy:.0%} of the CPU): "
+                          + ("kept apart for later busy starts; a quiet start measures again"
+                             if keep else "for this session only, not saved"))
             self.notes.append(f"machine busy while calibrating (other processes used "
                               f"{fresh.busy:.0%} of the CPU): costs used for this session "
-                              "only, not saved")
-        elif path is not None and save:
-            try:
-                fresh.save(path)
-            except OSError:
-                pass  # a read-only home only costs a recalibration next time
+                              + ("and kept apart for later busy starts, until a quiet one"
+                                 if keep else "only, not saved"))
+        elif path is not None and save and _saved(fresh, path):
+            self.basis = "calibrated now, saved for later starts"
+            with contextlib.suppress(OSError):
+                busy_path(path).unlink(missing_ok=True)  # the quiet figures replace them
+        else:
+            self.basis = "calibrated now, for this session only" + (
+                "" if save else " (with fewer threads than this machine's)")
         return fresh
 
     def knowledge(self, key: str, sources: Sequence[str], buckets: Sequence[int]) -> Knowledge:
@@ -159,3 +193,27 @@ class Pricing:
             knowledge.save(path)
         except OSError:
             pass  # a read-only home: the next process starts from the priors again
+
+
+def busy_path(path: Path) -> Path:
+    """Where a busy machine's calibration is kept apart from the costs file `path`."""
+    return path.with_name(path.stem + ".busy.json")
+
+
+def _usable(path: Path | None) -> CostModel | None:
+    """The cost file's model where it is recent and plausible, else None."""
+    cached = CostModel.load(path) if path is not None else None
+    return cached if cached is not None and cached.plausible() and not cached.expired() \
+        else None
+
+
+def _quiet(share: float | None) -> bool:
+    return share is not None and share <= BUSY_SHARE
+
+
+def _saved(model: CostModel, path: Path) -> bool:
+    try:
+        model.save(path)
+    except OSError:
+        return False  # a read-only home only costs a recalibration next time
+    return True
