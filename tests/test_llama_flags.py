@@ -91,8 +91,11 @@ LLAMA_SERVER = [
                         "run": lambda p: p.options.target_ctx.type_v == "q8_0"}),
     (["-np", "2"], {"serve": _settings("parallel", 2), "run": None}),
     (["-cb"], {"serve": lambda p: True, "run": None}),  # serve batches continuously anyway
-    (["--mlock"], {"serve": None, "run": None}),
-    (["--no-mmap"], {"serve": None, "run": None}),
+    (["--mlock"], {"serve": _settings("mlock", "on"),
+                   "run": lambda p: (p.options.mlock, p.options.mmap) == (True, True)}),
+    (["--no-mmap"], {"serve": lambda p: (p.options.mmap, p.options.mlock) == (False, False),
+                     "run": _settings("mmap", "off")}),
+    (["-dev", "CUDA0"], {"serve": None, "run": None}),
     (["-hf", f"{REPO}:Q4_K_M"], {"serve": lambda p: p.target.name == "Tiny-Q4_K_M.gguf",
                                  "run": lambda p: p.target.name == "Tiny-Q4_K_M.gguf"}),
     (["-hf", REPO, "-hff", "target.gguf"], {"serve": lambda p: p.target.name == "target.gguf"}),
@@ -130,7 +133,8 @@ def test_llama_server_options_do_what_they_say_or_are_named(cmd, words, check, h
     (["run", "-r", "STOP", "hi"], "-r"),
     (["run", "-xyz", "hi"], "-xyz"),  # in no table: still not `-x yz`
     (["hw", "costs", "-ngl", "3"], "-ngl"),
-    (["chat", "--no-mmap"], "--no-mmap"),
+    (["pull", "--no-mmap"], "--no-mmap"),  # the commands that load a model have it
+    (["chat", "--device", "CUDA0"], "--device"),
 ])
 def test_an_option_tandem_lacks_is_named_in_its_own_error(words, name, tmp_path):
     res = tandem(words, tmp_path)
@@ -172,6 +176,151 @@ def test_gpu_layer_flags_set_offload_as_the_variables_do(flags, env, tiny_models
         assert res.returncode == STOPPED, err(res)
     a, b = (p.options for p in prepared)
     assert (a.target_gpu_layers, a.draft_gpu_layers) == (b.target_gpu_layers, b.draft_gpu_layers)
+
+
+# ------------------------------------------------------------------ how weights load
+
+
+@pytest.mark.parametrize("cmd", ["run", "chat", "serve", "spec-bench"])
+def test_no_mmap_and_mlock_reach_every_command_s_session(cmd, prepared, tiny_models, tmp_path):
+    """llama.cpp's --no-mmap and --mlock set the settings mmap and mlock (source cli) and the
+    session's options both models load with; without them: mapped, not locked (defaults)."""
+    tail = {"run": ["hi"], "serve": ["--port", "0"], "chat": [], "spec-bench": ["--quick"]}[cmd]
+    for words in (["--no-mmap", "--mlock"], []):
+        res = tandem([cmd, *tiny(tiny_models), *words, *tail], tmp_path)
+        assert res.returncode == STOPPED, err(res)
+    given, plain = prepared
+    assert (given.options.mmap, given.options.mlock) == (False, True)
+    assert [given.settings.sources[k].value for k in ("mmap", "mlock")] == ["off", "on"]
+    assert {given.settings.source(k) for k in ("mmap", "mlock")} == {"cli"}
+    assert (plain.options.mmap, plain.options.mlock) == (True, False)
+    assert {plain.settings.source(k) for k in ("mmap", "mlock")} == {"default"}
+
+
+def test_hw_shows_mmap_and_mlock_from_the_variables_and_config(tiny_models, tmp_path):
+    """`tandem hw` lists both with the other settings, and --json with their sources; the
+    variables set run's options as the flags do."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text("mlock: on\n")
+    hw = ["hw", "-m", tiny_models["target"], "-md", tiny_models["draft"]]
+    res = tandem([*hw, "--json"], tmp_path, env={"TANDEM_MMAP": "off"})
+    assert res.returncode == EXIT_OK, err(res)
+    shown = json.loads(res.stdout)["settings"]
+    assert (shown["mmap"]["value"], shown["mmap"]["source"]) == ("off", "env")
+    assert (shown["mlock"]["value"], shown["mlock"]["source"]) == ("on", "config")
+    table = tandem(hw, tmp_path).stdout.decode()
+    rows = [[cell.strip() for cell in line.split("│")[1:3]] for line in table.splitlines()]
+    assert ["mmap", "on"] in rows and ["mlock", "on"] in rows, table
+    bad = tandem([*hw, "--json"], tmp_path, env={"TANDEM_MLOCK": "maybe"})
+    assert bad.returncode == EXIT_USAGE and "TANDEM_MLOCK" in err(bad)
+
+
+@pytest.mark.parametrize("mmap,mlock,mode", [(True, False, "LLAMA_LOAD_MODE_MMAP"),
+                                             (False, False, "LLAMA_LOAD_MODE_NONE"),
+                                             (True, True, "LLAMA_LOAD_MODE_MMAP_MLOCK"),
+                                             (False, True, "LLAMA_LOAD_MODE_MLOCK")])
+def test_the_session_s_options_are_both_models_load_mode(mmap, mlock, mode, tiny_models,
+                                                         monkeypatch):
+    """What llama.cpp receives: the load_mode of each llama_model_params the session hands
+    to llama_model_load_from_file (the target's and the draft's), as llama-cpp-python's
+    Llama(use_mmap=, use_mlock=) would set it."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from tandem.engine.backend import llama
+    from tandem.engine.pair import PairSession, SessionOptions
+
+    seen = []
+    real = llama._lc.llama_model_load_from_file
+
+    def spy(path, params):
+        seen.append((os.path.basename(path.decode()), params.load_mode))
+        return real(path, params)
+
+    monkeypatch.setattr(llama._lc, "llama_model_load_from_file", spy)
+    opts = SessionOptions(strategy="draft", mmap=mmap, mlock=mlock)
+    with PairSession(tiny_models["target"], tiny_models["draft"], opts) as session:
+        assert session.draft is not None
+    want = getattr(llama_cpp, mode)
+    assert seen == [(tiny_models["target"].name, want), (tiny_models["draft"].name, want)]
+
+
+def _vm_locked(pid: int) -> int:
+    """kB of a process's memory locked in RAM (Linux)."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmLck:"))
+
+
+def _may_lock_beyond_the_limit() -> bool:
+    """Whether this process (and so its children) has CAP_IPC_LOCK, bit 14 of its effective
+    capabilities: then no lock limit applies (Linux)."""
+    with open("/proc/self/status") as f:
+        caps = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+    return bool(caps >> 14 & 1)
+
+
+def _may_lock_a_megabyte() -> bool:
+    """Whether this process's children may lock the tiny models: CAP_IPC_LOCK or a lock
+    limit of at least 4 MiB."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    return _may_lock_beyond_the_limit() or soft == resource.RLIM_INFINITY or soft >= 4 << 20
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_serve_no_mmap_mlock_reads_the_weights_in_and_locks_them(tiny_models, tmp_path):
+    """In llama.cpp's own terms: by default the server maps both GGUF files (they are in
+    /proc/PID/maps) and locks nothing; with --no-mmap --mlock neither file is mapped and the
+    weights are locked (VmLck), where this machine lets a process lock a megabyte."""
+    pytest.importorskip("llama_cpp")
+    from serve_helpers import Server
+
+    files = [str(tiny_models["target"]), str(tiny_models["draft"])]
+    found = {}
+    for words in ([], ["--no-mmap", "--mlock"]):
+        srv = Server(["-m", files[0], "-md", files[1], "-t", "1", *words], tmp_path / "home")
+        try:
+            status, answer, _ = srv.raw("POST", "/v1/completions", json.dumps(
+                {"prompt": "abc", "max_tokens": 4, "temperature": 0}))
+            assert status == 200, answer
+            with open(f"/proc/{srv.proc.pid}/maps") as f:
+                maps = f.read()
+            found[bool(words)] = ([p in maps for p in files], _vm_locked(srv.proc.pid),
+                                  answer["choices"][0]["text"])
+        finally:
+            srv.stop()
+        assert "Traceback" not in "".join(srv.log)
+    assert found[False][:2] == ([True, True], 0)
+    assert found[True][0] == [False, False]
+    assert found[True][2] == found[False][2]  # the same weights, read another way
+    if _may_lock_a_megabyte():
+        assert found[True][1] > 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_mlock_without_the_privilege_warns_and_answers(tiny_models, tmp_path):
+    """A lock limit of 0 (a user without CAP_IPC_LOCK): llama.cpp warns and loads the
+    models anyway, so tandem answers as it does without --mlock (the warning shows with -v;
+    with CAP_IPC_LOCK the limit does not apply and the lock succeeds)."""
+    pytest.importorskip("llama_cpp")
+    import resource
+
+    def no_locking():
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, 0))
+
+    env = {"TANDEM_HOME": str(tmp_path / "home")}
+    common = ["run", *tiny(tiny_models), "--raw", "-n", "6", "--temp", "0", "--json", "-v"]
+    plain = _cli([*common, "abc"], env)
+    full = {**os.environ, "NO_COLOR": "1", **env}
+    locked = subprocess.run([sys.executable, "-m", "tandem", *map(str, common), "--mlock",
+                             "abc"], capture_output=True, env=full, timeout=120,
+                            preexec_fn=no_locking)
+    assert (plain.returncode, locked.returncode) == (EXIT_OK, EXIT_OK), locked.stderr.decode()
+    assert json.loads(locked.stdout)["text"] == json.loads(plain.stdout)["text"]
+    log = locked.stderr.decode()
+    assert "load_mode = mmap+mlock" in log and "Traceback" not in log
+    if not _may_lock_beyond_the_limit():
+        assert "failed to mlock" in log, log
 
 
 def test_a_bad_layer_count_names_the_flag(tiny_models, tmp_path):

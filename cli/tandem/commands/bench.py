@@ -90,7 +90,7 @@ def spec_bench(
     n_ctx: options.CtxSize = None, n_threads: options.Threads = None, exact: options.Exact = False,
     target_gpu_layers: options.GpuLayers = None, draft_gpu_layers: options.GpuLayersDraft = None,
     flash_attn: options.FlashAttn = None, n_batch: options.BatchSize = None, n_ubatch: options.UBatchSize = None,
-    type_k: options.CacheTypeK = None, type_v: options.CacheTypeV = None,
+    type_k: options.CacheTypeK = None, type_v: options.CacheTypeV = None, no_mmap: options.NoMmap = False, mlock: options.Mlock = False,
     rpc: options.Rpc = None, rpc_timeout: options.RpcTimeout = None,
     grammar: options.Grammar = None, grammar_file: options.GrammarFile = None,
     json_schema: options.JsonSchema = None, json_schema_file: options.JsonSchemaFile = None,

@@ -29,7 +29,7 @@ def chat(
     min_p: options.MinP = None, repeat_penalty: options.RepeatPenalty = None,
     seed: options.Seed = None, n_ctx: options.CtxSize = None, n_threads: options.Threads = None,
     target_gpu_layers: options.GpuLayers = None, draft_gpu_layers: options.GpuLayersDraft = None, flash_attn: options.FlashAttn = None,
-    n_batch: options.BatchSize = None, n_ubatch: options.UBatchSize = None, type_k: options.CacheTypeK = None, type_v: options.CacheTypeV = None,
+    n_batch: options.BatchSize = None, n_ubatch: options.UBatchSize = None, type_k: options.CacheTypeK = None, type_v: options.CacheTypeV = None, no_mmap: options.NoMmap = False, mlock: options.Mlock = False,
     show_draft: Annotated[bool, typer.Option("--show-draft", help="Colour the tokens the target accepted from the draft.")] = False,
     plain_probe: Annotated[int, typer.Option("--plain-probe", help="Tokens of plain decoding measured at start for the speedup figure (0: off; plain turns also count).")] = 16,
     exact: options.Exact = False, context_file: options.ContextFiles = None,

@@ -269,6 +269,7 @@ def session_options(s: Settings, plan: Plan | None = None, *, backend: str = "cp
     return SessionOptions(strategy=s.strategy, draft=DraftParams(s.n_max, s.n_min, s.p_min),
                           target_ctx=exact_context(ctx) if exact else ctx, draft_ctx=None,
                           target_gpu_layers=layers[0], draft_gpu_layers=layers[1],
+                          mmap=s.mmap == "on", mlock=s.mlock == "on",
                           verbose=verbose, repack=not exact, history=s.history == "on",
                           rpc=rpc, rpc_timeout=float(s.rpc_timeout),
                           home=Path(home) if home is not None else None,

@@ -66,6 +66,8 @@ BatchSize = setting_flag("n_batch", "-b", help="Prompt tokens evaluated per deco
 UBatchSize = setting_flag("n_ubatch", "-ub", help="Physical batch size, at most --batch-size.")
 CacheTypeK = setting_flag("type_k", "-ctk", help="KV cache type of K: f16, f32, bf16, q8_0, q4_0, q4_1, q5_0, q5_1.")
 CacheTypeV = setting_flag("type_v", "-ctv", help="KV cache type of V (a quantized one needs flash attention).")
+NoMmap = setting_flag("mmap", type_=bool, help="Read both models' weights into memory instead of mapping their files (`mmap: off`).")
+Mlock = setting_flag("mlock", type_=bool, help="Lock both models' weights in RAM so that they are never swapped out (`mlock: on`; without the privilege llama.cpp warns and goes on).")
 # models named on the Hugging Face hub, as llama.cpp's -hf (resolved by models/refs.py)
 HfRepo = Annotated[Optional[str], typer.Option("--hf-repo", "-hf", help="Target from the Hugging Face hub: user/repo[:QUANT] (QUANT default Q4_K_M), downloaded into the store; the draft is chosen for it (-hfd names one).")]
 HfFile = Annotated[Optional[str], typer.Option("--hf-file", "-hff", help="The file of the -hf repository (instead of its :QUANT).")]
@@ -507,14 +509,18 @@ def prepare_pair(pair, model, model_draft, flags: dict, verbose: bool, yes: bool
 
 def setting_flags(params: Mapping[str, Any], **given: Any) -> dict:
     """The settings a command's flags give, collected by the schema's keys: each parameter
-    named as a settings key (None: not given), --exact as the mode and --no-history as the
-    history; then `given`, values the command computed (the checked constraint flags)."""
+    named as a settings key (None: not given), each switch as the value it sets (_SWITCHES);
+    then `given`, values the command computed (the checked constraint flags)."""
     flags = {k: v for k, v in params.items() if k in FIELDS_BY_KEY}
-    if "exact" in params:
-        flags["mode"] = "exact" if params["exact"] else None
-    if "no_history" in params:
-        flags["history"] = "off" if params["no_history"] else None
+    for param, key, value in _SWITCHES:
+        if param in params:
+            flags[key] = value if params[param] else None
     return {**flags, **given}
+
+
+# the switches: (parameter, settings key, the value it sets when given); absent: not given
+_SWITCHES = (("exact", "mode", "exact"), ("no_history", "history", "off"),
+             ("no_mmap", "mmap", "off"), ("mlock", "mlock", "on"))
 
 
 # options whose value llama.cpp lets one leave out (`-fa` alone): the value put in its place

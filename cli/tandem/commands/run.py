@@ -46,7 +46,7 @@ def run(
     n_ctx: options.CtxSize = None, n_threads: options.Threads = None,
     target_gpu_layers: options.GpuLayers = None, draft_gpu_layers: options.GpuLayersDraft = None,
     flash_attn: options.FlashAttn = None, n_batch: options.BatchSize = None, n_ubatch: options.UBatchSize = None,
-    type_k: options.CacheTypeK = None, type_v: options.CacheTypeV = None,
+    type_k: options.CacheTypeK = None, type_v: options.CacheTypeV = None, no_mmap: options.NoMmap = False, mlock: options.Mlock = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object with text and statistics.")] = False,
     no_stream: Annotated[bool, typer.Option("--no-stream", help="Print the text once it is complete.")] = False,
     stats: Annotated[Optional[bool], typer.Option("--stats/--no-stats", help="Statistics on stderr (default: when stderr is a terminal).")] = None,

@@ -47,7 +47,7 @@ def serve(
     hf_repo: options.HfRepo = None, hf_file: options.HfFile = None, hf_repo_draft: options.HfRepoDraft = None,
     model_alias: Annotated[Optional[str], typer.Option("--model-alias", "--alias", "-a", help="The model's name in /v1/models, /props and answers (default: the target file's name).")] = None,
     target_gpu_layers: options.GpuLayers = None, draft_gpu_layers: options.GpuLayersDraft = None,
-    flash_attn: options.FlashAttn = None, n_batch: options.BatchSize = None, n_ubatch: options.UBatchSize = None, type_k: options.CacheTypeK = None, type_v: options.CacheTypeV = None,
+    flash_attn: options.FlashAttn = None, n_batch: options.BatchSize = None, n_ubatch: options.UBatchSize = None, type_k: options.CacheTypeK = None, type_v: options.CacheTypeV = None, no_mmap: options.NoMmap = False, mlock: options.Mlock = False,
     n_max: options.DraftMax = None, n_min: options.DraftMin = None, p_min: options.DraftPMin = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens per answer when a request does not say (max_tokens).")] = SERVE_MAX_TOKENS,
     temp: options.Temp = None, top_k: options.TopK = None, top_p: options.TopP = None, min_p: options.MinP = None,

@@ -346,6 +346,12 @@ SETTING_FIELDS: tuple[Field, ...] = (
       label="draft GPU layers", flag="--n-gpu-layers-draft"),
     F("history", ("history",), "TANDEM_HISTORY", "choice", "on", choices=ON_OFF,
       label="draft history", flag="--no-history"),
+    # how llama.cpp reads both models' weights: mapped from the file (its default; off: read
+    # into memory, llama.cpp's --no-mmap) and locked in RAM against swapping (--mlock)
+    F("mmap", ("mmap",), "TANDEM_MMAP", "choice", "on", choices=ON_OFF,
+      label="memory-mapped weights", flag="--no-mmap"),
+    F("mlock", ("mlock",), "TANDEM_MLOCK", "choice", "off", choices=ON_OFF,
+      label="weights locked in RAM", flag="--mlock"),
     F("gpu_reserve_mb", ("offload", "reserve_mb"), "TANDEM_GPU_RESERVE_MB", "int", 512, 0,
       1 << 20, label="GPU reserve (MiB)"),
     # llama.cpp RPC servers holding the target's layers (the draft stays local)

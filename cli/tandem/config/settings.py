@@ -80,6 +80,8 @@ class Settings:
     target_gpu_layers: int | str
     draft_gpu_layers: int | str
     history: str
+    mmap: str  # on: weights mapped from the file; off: read into memory
+    mlock: str  # on: weights locked in RAM
     gpu_reserve_mb: int
     rpc: str  # HOST:PORT,... of llama.cpp RPC servers for the target ("": all local)
     rpc_timeout: float

@@ -54,6 +54,10 @@ class SessionOptions:
     draft_ctx: ContextParams | None = None  # None: same as the target's
     target_gpu_layers: int = 0
     draft_gpu_layers: int = 0
+    # both models' weights mapped from their files (off: read into memory, llama.cpp's
+    # --no-mmap) and locked in RAM (--mlock; llama.cpp warns where it may not lock)
+    mmap: bool = FIELDS_BY_KEY["mmap"].default == "on"
+    mlock: bool = FIELDS_BY_KEY["mlock"].default == "on"
     verbose: bool = False
     # Repacked CPU weights are llama.cpp's default and faster, but make verify batches of 4+
     # tokens differ numerically from single-token decoding: exact mode loads the target
@@ -197,7 +201,8 @@ class PairSession:
 
 
         def load(path: Path, label: str, **how) -> Model:
-            return Model(path, verbose=options.verbose, **how,
+            return Model(path, verbose=options.verbose, use_mmap=options.mmap,
+                         use_mlock=options.mlock, **how,
                          progress=None if progress is None else (lambda f: progress(label, f)))
 
         from tandem.engine.backend.llama import Model, staging_calls  # the backend, loaded here

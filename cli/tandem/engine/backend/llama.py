@@ -161,6 +161,11 @@ _PARTIAL = _lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
 _NO_ROWS = np.empty((0, 0), dtype=np.float32)  # a batch that asked for no logits
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
+# llama_model_params.load_mode by (mmap, mlock), as llama-cpp-python's Llama maps its
+# use_mmap and use_mlock (0.3.36 has no separate fields for them)
+LOAD_MODES = {(True, False): _lc.LLAMA_LOAD_MODE_MMAP, (False, False): _lc.LLAMA_LOAD_MODE_NONE,
+              (True, True): _lc.LLAMA_LOAD_MODE_MMAP_MLOCK,
+              (False, True): _lc.LLAMA_LOAD_MODE_MLOCK}
 
 
 class Model:
@@ -168,8 +173,11 @@ class Model:
 
     def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, use_mmap: bool = True,
                  verbose: bool = False, repack: bool = False, local_only: bool = False,
-                 progress: Callable[[float], None] | None = None, load_mtp: bool = False):
-        """`local_only`: this machine's devices only, never an attached RPC server (the
+                 progress: Callable[[float], None] | None = None, load_mtp: bool = False,
+                 use_mlock: bool = False):
+        """`use_mmap`: map the weights from the file (else read them into memory);
+        `use_mlock`: lock them in RAM (llama.cpp only warns where that is not permitted);
+        `local_only`: this machine's devices only, never an attached RPC server (the
         draft next to a remote target); `progress`: called during the load (a worker's
         heartbeat while weights go over the link); `load_mtp`: also load the model's
         multi-token-prediction heads (nextn layers), which an MTP draft runs (MtpHead)."""
@@ -182,7 +190,7 @@ class Model:
         params.n_gpu_layers = n_gpu_layers
         gpu = supports_gpu_offload()
         self.on_gpu = n_gpu_layers != 0 and gpu
-        params.load_mode = 1 if use_mmap else 0  # LLAMA_LOAD_MODE_MMAP / NONE
+        params.load_mode = LOAD_MODES[use_mmap, use_mlock]
         # Repacked CPU weights switch to a different GEMM kernel for batches of 4+ tokens, so
         # verify-batch logits would differ from single-token decoding; without repacking (and
         # with flash attention, q8_0 KV) the CPU backend gives bit-identical rows for batches
