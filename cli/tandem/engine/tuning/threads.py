@@ -9,7 +9,9 @@ tok/s where 1 thread made 15.5. So when the user did not fix a count, the sessio
    interleaved, three rounds at most, a candidate that is clearly slower not timed again) and
    moves from the count in use only at a clear margin (every sample of it slower than every
    sample of the other by MARGIN, or one sample SURE times slower), so noise on a quiet
-   machine keeps today's count. At the first request, the probe is skipped when other
+   machine keeps today's count; where other processes keep the machine busy, by the samples'
+   means (BUSY_MARGIN), since a stalling count's occasional fast sample says little there.
+   At the first request, the probe is skipped when other
    processes used under BUSY_CORES of the CPU while the models loaded;
 2. then watches the verify time of every step (`observe`, normalised to a plain step): steps
    well above the reference of the chosen count (a program started computing) or, with fewer
@@ -39,6 +41,14 @@ MARGIN = 1.25
 # ... or when its one sample of the first round is this much slower (a stalled barrier
 # cost 12-24x in this project's runs: a second round would only pay for it again)
 SURE = 4.0
+# ... and on a machine other processes keep busy, when the mean of the timed plain steps of
+# the one in use is this much above the other's: there a count that stalls at its barriers
+# has a fast sample now and then (both threads got a core) beside seconds-long ones, so one
+# lucky sample kept the losing count (issue 51: 2 threads kept at 3.6 tok/s where 1 made
+# 4.3-6.7). Up to BUSY_ROUNDS samples each, fewer once one count is BUSY_CLEAR times slower
+BUSY_MARGIN = 1.15
+BUSY_ROUNDS = 6
+BUSY_CLEAR = 1.5
 # after the first round a candidate this much slower than the best is not timed again, and
 # the ones below it (fewer threads than a count that is already worse) are not tried
 DROP = 1.5
@@ -83,6 +93,7 @@ class ThreadTuner:
         self._settle: list[float] = []
         self._probe_ref: float | None = None  # the probe's own timing of `current`
         self._due: str | None = "start"  # why a probe is wanted (None: it is not)
+        self._busy = False  # other processes used BUSY_CORES or more at the latest look
         self.check_every = CHECK_EVERY
         self._next_check = CHECK_EVERY
         # what the latest probe found: {count: [seconds, ...]}, and every change of count
@@ -130,6 +141,7 @@ class ThreadTuner:
         still fill the cores given up keeps the smaller count. A step-time jump always
         probes. When not, the request is dropped (and the next check scheduled)."""
         why = self._due
+        self._busy = others is not None and others * self.default >= BUSY_CORES
         if why == "check" and others is None and self.current == self.default:
             self.skip()  # no load to read: with every thread, the step times alone decide
             return False
@@ -166,11 +178,13 @@ class ThreadTuner:
         times: dict[int, list[float]] = {c: [] for c in self.counts}
         timed: list[int] = []
         best = float("inf")
+        # a busy machine's first samples may be lucky ones: only a stall rules a count out
+        drop = SURE if self._busy else DROP
         for c in self.counts:  # round one, largest first
             t = time_decode(c)
             times[c].append(t)
             timed.append(c)
-            if t > DROP * best:
+            if t > drop * best:
                 break  # fewer threads than a count that is already clearly worse: not tried
             best = min(best, t)
         if cur not in timed:
@@ -178,10 +192,12 @@ class ThreadTuner:
             timed.append(cur)
         fastest = min(timed, key=lambda c: times[c][0])
         sure = fastest != cur and times[cur][0] > SURE * times[fastest][0]
-        again = [c for c in timed if times[c][0] <= DROP * times[fastest][0] or c == cur]
+        again = [c for c in timed if times[c][0] <= drop * times[fastest][0] or c == cur]
         chosen = cur
         if sure:
             chosen = fastest
+        elif len(again) > 1 and self._busy:
+            chosen = _busy_rounds(times, again, cur, time_decode)
         elif len(again) > 1:
             for c in reversed(again):  # round two, smallest first (drift favours none)
                 times[c].append(time_decode(c))
@@ -212,6 +228,28 @@ class ThreadTuner:
         if not ta or not tb:
             return None
         return _median(ta) / _median(tb)
+
+
+def _busy_rounds(times: dict[int, list[float]], again: Sequence[int], cur: int,
+                 time_decode: Callable[[int], float]) -> int:
+    """A busy machine's rounds after the first: every count still in question timed again,
+    smallest first, BUSY_ROUNDS in all, or three once the count in use is BUSY_CLEAR times
+    slower than another; it is left only for a mean BUSY_MARGIN lower. Means, not medians:
+    a stalling count's steps cost what they cost on average, and one of a few spikes on a
+    lightly busy machine moves a mean of BUSY_ROUNDS by less than the margin. No early
+    stop for the count in use: a stalling count has runs of lucky samples."""
+    for n in range(2, BUSY_ROUNDS + 1):
+        for c in reversed(again):
+            times[c].append(time_decode(c))
+        fastest = min(again, key=lambda c: _mean(times[c]))
+        ratio = _mean(times[cur]) / _mean(times[fastest])
+        if n >= 3 and ratio > BUSY_CLEAR:
+            break
+    return fastest if ratio > BUSY_MARGIN else cur
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs)
 
 
 def _median(xs: Sequence[float]) -> float:
