@@ -207,3 +207,21 @@ def test_the_real_pair_answers_about_the_file_it_read(real_pair, tmp_path):
                          text=True, timeout=600, stdin=subprocess.DEVNULL)
     assert res.returncode == 0, res.stderr
     assert "def load(path)" in res.stdout, res.stdout
+
+
+def test_serve_drafts_from_files_and_puts_none_into_its_clients_prompts(tmp_path):
+    """A server's clients send their own prompts: serve takes --draft-from, and its
+    --context-file is refused with that hint (it had fed drafting only, under run's name)."""
+    import typer
+
+    from tandem.commands.app import app
+    from tandem.commands.options import llama_args
+    from tandem.errors import UsageError
+
+    command = typer.main.get_command(app)
+    app_py = tmp_path / "app.py"
+    app_py.write_text(APP)
+    assert "--draft-from" in llama_args(command, ["serve", "--draft-from", str(app_py)])
+    with pytest.raises(UsageError) as err:
+        llama_args(command, ["serve", "--context-file", str(app_py)])
+    assert "--context-file" in str(err.value) and "--draft-from" in err.value.hint

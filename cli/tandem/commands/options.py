@@ -570,7 +570,7 @@ def llama_args(root, args: list[str]) -> list[str]:
         others = [c for c, opts in _all_declared(root) if name in opts]
         if others:
             raise UsageError(f"{name} is not an option of `{where}`",
-                             f"it is one of `{'`, `'.join(others)}`")
+                             _INSTEAD.get((where, name), f"it is one of `{'`, `'.join(others)}`"))
         if re.fullmatch(r"-[A-Za-z]{2,}", name) and not all(
                 declared.get(f"-{c}") is False for c in name[1:]):
             raise UsageError(f"no such option: {name}",
@@ -578,6 +578,11 @@ def llama_args(root, args: list[str]) -> list[str]:
                              f"a space: {name[:2]} VALUE)")
         out.append(tok)
     return out
+
+
+# a tandem option another command spells otherwise: what to use there instead
+_INSTEAD = {("tandem serve", "--context-file"): "use --draft-from FILE: auto drafts from it "
+            "(a server puts no file into its clients' prompts)"}
 
 
 def _declared(cmd) -> dict[str, bool]:

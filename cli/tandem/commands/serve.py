@@ -52,7 +52,7 @@ def serve(
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", "--n-predict", help="Most tokens per answer when a request does not say (max_tokens).")] = SERVE_MAX_TOKENS,
     temp: options.Temp = None, top_k: options.TopK = None, top_p: options.TopP = None, min_p: options.MinP = None,
     repeat_penalty: options.RepeatPenalty = None, n_ctx: options.CtxSize = None, n_threads: options.Threads = None,
-    exact: options.Exact = False, context_file: options.ContextFiles = None, no_history: options.NoHistory = False,
+    exact: options.Exact = False, draft_from: options.DraftFrom = None, no_history: options.NoHistory = False,
     rpc: options.Rpc = None, rpc_timeout: options.RpcTimeout = None, ctx_checkpoints: options.CtxCheckpoints = None,
     verbose: options.Verbose = False,
 ):
@@ -64,7 +64,7 @@ def serve(
 
       tandem serve
 
-      tandem serve --port 8081 --strategy auto --context-file app.py
+      tandem serve --port 8081 --strategy auto --draft-from app.py
 
       TANDEM_API_KEY=secret tandem serve --host 0.0.0.0
 
@@ -81,7 +81,7 @@ def serve(
     # the flags checked before any download, and again once env and config.yaml are read
     cors_origins(cors, checked_key(api_key, "--api-key"))
     sampling = sampling_params(temp, top_k, top_p, min_p, repeat_penalty, None)
-    contexts = read_context_files(context_file)
+    contexts = read_context_files(draft_from)  # drafts only: clients' prompts are their own
     flags = setting_flags(locals())
     prepared = prepare_pair(pair, model, model_draft, flags, verbose,
                             refs=options.model_refs(hf_repo, hf_file, hf_repo_draft))
