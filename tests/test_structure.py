@@ -102,7 +102,8 @@ def test_dependency_rules():
     assert _importers("starlette") | _importers("uvicorn") == {
         "tandem.serve.routes", "tandem.serve.request_flow", "tandem.serve.connection",
         "tandem.serve.completion_flow", "tandem.serve.openai_routes",
-        "tandem.serve.llama_routes", "tandem.serve.server_state"}
+        "tandem.serve.llama_routes", "tandem.serve.server_state",
+        "tandem.serve.anthropic_routes", "tandem.serve.responses_routes", "tandem.serve.webui"}
 
 
 # The one module that needs the compiled binding: every other module only names its types
@@ -939,8 +940,9 @@ def _served(app) -> set[tuple[str, str, object]]:
 
 def test_every_route_of_serve_is_in_the_table():
     """`tandem serve` answers exactly serve/routes.py's ROUTES, each (path, method) once and
-    each a named module-level handler of openai_routes.py or llama_routes.py (issue 41: one
-    table a reader scans, not routes among closures); no other module makes a route."""
+    each a named module-level handler of an API's handler module (openai_routes.py,
+    llama_routes.py, anthropic_routes.py, responses_routes.py; webui.py the page) (issue 41:
+    one table a reader scans, not routes among closures); no other module makes a route."""
     import importlib
     import inspect
     from types import SimpleNamespace
@@ -960,7 +962,9 @@ def test_every_route_of_serve_is_in_the_table():
         assert inspect.iscoroutinefunction(handler), handler
         assert handler.__qualname__ == handler.__name__, handler  # not nested, not a lambda
         assert getattr(module, handler.__name__) is handler, handler
-        assert module.__name__ in ("tandem.serve.openai_routes", "tandem.serve.llama_routes")
+        assert module.__name__ in ("tandem.serve.openai_routes", "tandem.serve.llama_routes",
+                                   "tandem.serve.anthropic_routes",
+                                   "tandem.serve.responses_routes", "tandem.serve.webui")
     makers = {m for m, tree in _trees() for n in ast.walk(tree)
               if (getattr(n, "id", None) or getattr(n, "attr", None)) in _ROUTE_MAKERS}
     assert makers == {"tandem.serve.routes"}, makers

@@ -43,6 +43,7 @@ def serve(
     parallel: setting_flag("parallel", "-np", default=True, help="Slots: requests decoded together, one batch per step, each with its own drafts (llama-server's -np); -1 or 0: auto, 4 where memory allows, 1 with --rpc, --exact, MTP heads or a hybrid or recurrent model. With 2 or more, one slot more is kept for short requests (an editor's keystroke), each slot holding --ctx-size tokens.") = None,
     cache_ram: setting_flag("cache_ram", "-cram", default=True, help="MiB of RAM for the conversations idle slots held, put back when a request continues one (llama-server's --cache-ram); 0: off.") = None,
     cors: setting_flag("cors", help="Origins whose web pages may call the API from a browser, comma-separated (e.g. http://localhost:3000); off by default.") = None,
+    no_webui: Annotated[bool, typer.Option("--no-webui", help="No chat page at / (llama-server's flag): the page streams answers with their tokens/s and the accepted drafts marked.")] = False,
     model: options.TargetFile = None, model_draft: options.DraftFile = None, strategy: options.Strategy = None,
     hf_repo: options.HfRepo = None, hf_file: options.HfFile = None, hf_repo_draft: options.HfRepoDraft = None,
     model_alias: Annotated[Optional[str], typer.Option("--model-alias", "--alias", "-a", help="The model's name in /v1/models, /props and answers (default: the target file's name).")] = None,
@@ -56,7 +57,7 @@ def serve(
     rpc: options.Rpc = None, rpc_timeout: options.RpcTimeout = None, ctx_checkpoints: options.CtxCheckpoints = None,
     verbose: options.Verbose = False,
 ):
-    """Serve the OpenAI API (chat/completions, completions, models) on the local pair.
+    """Serve the OpenAI API (chat/completions, completions, models, responses), Anthropic's Messages API and a chat page on the local pair.
 
     Several requests at once (--parallel slots, decoded in one batch per step, each with its own drafts); a request goes to the slot whose cache shares most of its prompt (a client's turn 2 evaluates only its new tokens). The sampling flags are the defaults of requests that do not set temperature, top_p, top_k...
 
@@ -70,7 +71,7 @@ def serve(
 
       tandem serve --rpc 192.168.1.20:50052      # the target's layers on that server
 
-    Then point a client at http://127.0.0.1:8080/v1 (any API key unless --api-key is set).
+    Then point a client at http://127.0.0.1:8080/v1 (any API key unless --api-key is set; Anthropic's and OpenAI's Responses clients too), or a browser at http://127.0.0.1:8080 for the chat page.
     """
     from tandem.commands.compose import open_pair, serve_slots
     from tandem.serve import listening
@@ -116,7 +117,7 @@ def serve(
                             longest_token_bytes(target_path) or UNKNOWN_TOKEN_BYTES)
             config = server.ServeConfig(
                 model_id=model_alias or target_path.stem, api_key=api_key, budget=budget, timeout=timeout,
-                quiet=quiet, notice=partial(history_note, opts), cors=origins,
+                quiet=quiet, notice=partial(history_note, opts), cors=origins, webui=not no_webui,
                 defaults=Defaults(max_tokens=max_tokens, sampling=sampling))
             draft = f" + {draft_path.name}" if draft_path else ""
             print(f"tandem serve: {listening.listen_note(host, sock)} · {target_path.name}{draft} · "

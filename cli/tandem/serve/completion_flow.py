@@ -1,5 +1,6 @@
-"""A completion's whole life, shared by the four routes that generate (/v1/chat/completions,
-/v1/completions, llama-server's /infill and /completion): the cheap checks, the prompt off the
+"""A completion's whole life, shared by every route that generates (/v1/chat/completions,
+/v1/completions, llama-server's /infill and /completion, and the chat requests Anthropic's
+/v1/messages and OpenAI's /v1/responses become): the cheap checks, the prompt off the
 scheduler, the queue, the prompt's verdict before any header, then the answer whole or
 streamed in the route's wire format, and the job cancelled however the request ends."""
 from __future__ import annotations
@@ -8,6 +9,7 @@ import asyncio
 import time
 import uuid
 from functools import partial
+from typing import Callable, NamedTuple
 
 from starlette.responses import JSONResponse
 
@@ -32,9 +34,29 @@ from tandem.serve.server_state import ApiCall, ServerState
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-async def complete(state: ServerState, call: ApiCall, req: protocol.Request, id_prefix: str):
-    """The answer to a parsed completion request; refusals raise (QueueFull, TandemError and
-    ApiError, which the route's shared handling turns into the API's errors and logs)."""
+class Wire(NamedTuple):
+    """An API's answer shapes on this one path: `whole(req, rid, created, model, answer)`,
+    the object of an answer (chat.answer.Answer), and `stream(req, rid, created, model,
+    events, first, log)`, its server-sent events. OpenAI's below; Anthropic's Messages and
+    OpenAI's Responses (serve/chat_bridge.py) answer chat requests in their own."""
+
+    whole: Callable[..., dict]
+    stream: Callable
+
+
+def _openai_whole(req, rid: str, created: int, model: str, answer) -> dict:
+    return responses.completion(req, rid, created, model, answer.text, answer.reason,
+                                answer.stats, responses.returned_tokens(req, answer))
+
+
+OPENAI = Wire(_openai_whole, openai_stream)
+
+
+async def complete(state: ServerState, call: ApiCall, req: protocol.Request, id_prefix: str,
+                   wire: Wire = OPENAI):
+    """The answer to a parsed completion request, in `wire`'s shapes; refusals raise
+    (QueueFull, TandemError and ApiError, which the route's shared handling turns into the
+    API's errors and logs)."""
     engine, defaults, budget = state.engine, state.config.defaults, state.budget
     if req.infill is not None and state.fim.missing():
         raise llama_api.refusal_501(state.fim.missing())
@@ -85,7 +107,7 @@ async def complete(state: ServerState, call: ApiCall, req: protocol.Request, id_
         model = state.config.model_id
         if req.stream:
             watch.cancel()  # from here the stream response watches the connection
-            stream = openai_stream(req, rid, now, model, events, first, log)
+            stream = wire.stream(req, rid, now, model, events, first, log)
             handed_over = True
             return EngineStream(stream, job.cancel, media_type="text/event-stream",
                                 headers=SSE_HEADERS)
@@ -93,9 +115,7 @@ async def complete(state: ServerState, call: ApiCall, req: protocol.Request, id_
         if answer is None:
             return client_gone(job, log)
         log(200, answer.stats)
-        return JSONResponse(responses.completion(req, rid, now, model, answer.text,
-                                                 answer.reason, answer.stats,
-                                                 responses.returned_tokens(req, answer)))
+        return JSONResponse(wire.whole(req, rid, now, model, answer))
     finally:
         watch.cancel()
         if not handed_over:  # answered, refused, or this handler cancelled: stop the job

@@ -13,6 +13,19 @@ FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"
           "interrupted": "stop"}
 
 
+class Piece(str):
+    """A piece of an answer's text as the scheduler releases it (a str) that says whether
+    its token was a draft the target accepted: chunk() marks those, and the chat page shows
+    them as the terminal chat does."""
+
+    from_draft: bool = False
+
+    def __new__(cls, text: str, from_draft: bool) -> Piece:
+        piece = super().__new__(cls, text)
+        piece.from_draft = from_draft
+        return piece
+
+
 def usage(stats) -> dict:
     """OpenAI's usage, with the prompt tokens the KV cache already held as cached_tokens."""
     cached = max(stats.n_prompt - stats.n_prompt_eval, 0)
@@ -89,7 +102,8 @@ def chunk(req: Request, rid: str, created: int, model: str, *, text: str | None 
           tokens: list[int] | None = None) -> dict:
     """One server-sent event's object. The chat's first chunk carries the role; the last one
     the finish reason and timings; with include_usage a final chunk has no choices and the
-    usage, as OpenAI sends it."""
+    usage, as OpenAI sends it. A piece of text whose token the draft gave (and the target
+    accepted) has tandem's `"tandem": {"from_draft": 1}`."""
     obj = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
     out = {"id": rid, "object": obj, "created": created, "model": model}
     if usage_only:
@@ -110,6 +124,8 @@ def chunk(req: Request, rid: str, created: int, model: str, *, text: str | None 
     else:
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
     out["choices"] = [choice]
+    if isinstance(text, Piece) and text.from_draft:
+        out["tandem"] = {"from_draft": 1}
     if stats is not None:
         out["timings"] = timings(stats)
         out["tandem"] = tandem_stats(stats, tokens)

@@ -25,7 +25,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tandem.errors import TandemError
-from tandem.serve import llama_routes, openai_routes, protocol
+from tandem.serve import (anthropic_api, anthropic_routes, llama_routes, openai_routes,
+                          protocol, responses_routes, webui)
 from tandem.serve.api_errors import ApiError
 from tandem.serve.connection import IDLE_TIMEOUT, guarded
 from tandem.serve.scheduler import Scheduler, QueueFull
@@ -41,6 +42,8 @@ class Endpoint(NamedTuple):
     handler: Handler
     keyed: bool = True  # the API key is asked (--api-key); /health answers probes without it
     logged: bool = False  # a line on stderr per request: the routes that generate
+    # the API's own error shape, for every refusal (Anthropic's); None: OpenAI's
+    shape: Callable[[ApiError], ApiError] | None = None
 
 
 # Every route of `tandem serve`: adding one is a line here and its handler.
@@ -63,6 +66,17 @@ ROUTES: tuple[Endpoint, ...] = (
     Endpoint("/props", "GET", llama_routes.props),
     Endpoint("/metrics", "GET", llama_routes.metrics),
     Endpoint("/slots", "GET", llama_routes.slots),
+    # Anthropic's Messages API (Claude Code: ANTHROPIC_BASE_URL) and OpenAI's Responses API
+    # (Codex CLI), both on the chat completions path
+    Endpoint("/v1/messages", "POST", anthropic_routes.messages, logged=True,
+             shape=anthropic_api.as_anthropic),
+    Endpoint("/v1/messages/count_tokens", "POST", anthropic_routes.count_tokens,
+             shape=anthropic_api.as_anthropic),
+    Endpoint("/v1/responses", "POST", responses_routes.responses, logged=True),
+    Endpoint("/v1/responses/input_tokens", "POST", responses_routes.input_tokens),
+    Endpoint("/responses", "POST", responses_routes.responses, logged=True),
+    # the chat page (--no-webui: none)
+    Endpoint("/", "GET", webui.page, keyed=False),
 )
 
 
@@ -89,6 +103,8 @@ def endpoint(state: ServerState, route: Endpoint) -> Callable[[Request], Awaitab
         except ApiError as exc:
             if route.logged:
                 state.log(call, exc.status)
+            if route.shape is not None:
+                raise route.shape(exc) from None
             raise
 
     return run

@@ -31,7 +31,7 @@ from tandem.engine.pair import Pair
 from tandem.engine.loop.sampling import SamplingParams
 from tandem.engine.loop.speculative import GenParams
 from tandem.errors import TandemError
-from tandem.serve import prompt
+from tandem.serve import prompt, responses
 from tandem.serve.metrics import ServeMetrics
 from tandem.serve.prompt import PromptBudget
 from tandem.serve.prompt_cache import PromptCache
@@ -51,7 +51,7 @@ class QueueFull(Exception):
 @dataclass(eq=False)
 class GenerationJob:
     """One request's generation. `sink(kind, value)` receives, in order: ("prefilled", n) once
-    the prompt is evaluated, ("text", str) per released piece of text, then exactly one of ("done", Answer), ("error", TandemError),
+    the prompt is evaluated, ("text", responses.Piece) per released piece of text, then exactly one of ("done", Answer), ("error", TandemError),
     ("failed", Exception) or ("cancelled", None). It is called from the engine's threads."""
 
     make: Callable[[Pair], tuple[Sequence[int], GenParams]] | None  # see prepare()
@@ -335,7 +335,7 @@ class Scheduler:
             for ev in stream:
                 if isinstance(ev, TokenEvent) and ev.text:
                     state.n_decoded += 1
-                    text = ev.text if limit is None else limit.feed(ev.text)
+                    text = limit.feed(ev.text) if limit else responses.Piece(ev.text, ev.from_draft)
                     if text:
                         _deliver(job, "text", text)
                     if limit is not None and limit.stopped:

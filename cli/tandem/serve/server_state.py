@@ -38,6 +38,7 @@ class ServeConfig:
     timeout: float = REQUEST_TIMEOUT  # s for a request's headers, and again for its body
     quiet: bool = False  # no per-request line on stderr
     cors: tuple[str, ...] = ()  # origins a browser page may call from (--cors)
+    webui: bool = True  # the chat page at / (--no-webui: none)
     # after an answer: a note for stderr, once (the command's: where answers are kept)
     notice: Callable[[], str | None] | None = None
 
@@ -92,11 +93,15 @@ class ServerState:
         if key is None:
             return
         # the key exactly, compared in constant time (HTTP itself drops the header's outer
-        # whitespace: a key cannot end in a space, and --api-key refuses one that does)
+        # whitespace: a key cannot end in a space, and --api-key refuses one that does), as
+        # a bearer token or in Anthropic's x-api-key header
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-                token.encode("utf-8", "surrogateescape"), key.encode()):
-            raise ApiError(401, "invalid or missing API key: send 'Authorization: Bearer KEY'",
+        given = [token] if scheme.lower() == "bearer" else []
+        given += request.headers.getlist("x-api-key")
+        if not any(hmac.compare_digest(t.encode("utf-8", "surrogateescape"), key.encode())
+                   for t in given):
+            raise ApiError(401, "invalid or missing API key: send 'Authorization: Bearer KEY' "
+                           "(or 'x-api-key: KEY')",
                            type="authentication_error", code="invalid_api_key",
                            headers={"WWW-Authenticate": 'Bearer realm="tandem"'})
 
