@@ -251,3 +251,22 @@ def test_prediction_file_keeps_the_answer_and_counts_what_it_used(cli, tmp_path)
     assert alone["stats"]["prediction"] is None
     missing = cli("--prediction", str(tmp_path / "nope.txt"), *args)
     assert missing.returncode == EXIT_USAGE and "nope.txt" in err(missing)
+
+
+def test_auto_says_the_cost_calibration_it_waits_for_once(cli, tmp_path):
+    """A machine with no saved costs: auto calibrates before the first answer and says so on
+    stderr, with what it took (a user once waited seconds for it, unannounced); the next run
+    finds the costs on disk and says nothing of them."""
+    env = {"TANDEM_HOME": str(tmp_path / "home"), "TANDEM_STRATEGY": "auto"}
+    first = cli("--raw", "-n", "4", "hello there", env=env)
+    assert first.returncode == EXIT_OK, err(first)
+    lines = err(first).splitlines()
+    said = [i for i, line in enumerate(lines) if "drafting costs" in line]
+    assert len(said) == 2 and "measuring" in lines[said[0]], lines
+    assert lines[said[1]].startswith("tandem: drafting costs in ") and " s: calibrated now" \
+        in lines[said[1]], lines
+    assert [p for p in (tmp_path / "home").rglob("costs/*.json")
+            if not p.name.endswith(".knowledge.json")]  # the costs (or a busy start's, apart)
+    again = cli("--raw", "-n", "4", "hello there", env=env)
+    assert again.returncode == EXIT_OK and "measuring" not in err(again), err(again)
+    assert text(again) == text(first)

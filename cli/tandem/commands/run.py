@@ -173,4 +173,23 @@ def _events(target_path, draft_path, opts, contexts, messages, gen, raw, predict
         check_files_fit(len(tokens), session.n_ctx, 1, sizes[:n_shown])
         if prediction:
             gen = replace(gen, prediction=tuple(session.tokenize(prediction)))
+        if opts.strategy == "auto":
+            _say_start_up(session)
         yield from session.generate(tokens, gen)
+
+
+def _say_start_up(session) -> None:
+    """auto's cost calibration on a machine that has no saved costs (seconds, once), measured
+    before the answer (after the thread count, as the answer would) and said on stderr with
+    what it took, instead of a silent wait."""
+    from tandem.engine.pair import warm_up
+
+    for step in session.stream(warm_up, "auto"):
+        if step.what != "drafting costs":
+            continue  # the thread count: the stats line and --json say it
+        if step.seconds is None and step.result != "saved":
+            print(f"tandem: measuring this machine's {step.what} before the first answer "
+                  "(once) ...", file=sys.stderr, flush=True)
+        elif step.seconds is not None and step.result.startswith("calibrated"):
+            print(f"tandem: {step.what} in {step.seconds:.1f} s: {step.result}",
+                  file=sys.stderr, flush=True)

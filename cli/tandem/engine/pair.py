@@ -34,7 +34,7 @@ from tandem.engine.tuning.knowledge import Knowledge
 from tandem.engine.backend.context_params import ContextParams, default_threads
 from tandem.engine.backend.sequences import SeqContext, Slot, StepBatcher, shared_context
 from tandem.engine.backend.loading import ContextCache, check_pair, draft_paths, load_drafts
-from tandem.engine.tuning.pricing import PROBE_TEXT, Pricing, cost_key
+from tandem.engine.tuning.pricing import PROBE_TEXT, Pricing, busy_path, cost_key
 from tandem.engine.loop.speculative import GenParams, generate
 from tandem.engine.drafting.drafters import DraftParams
 from tandem.engine.drafting.strategies import (DrafterParts, make_drafter, need_draft_model,
@@ -469,10 +469,12 @@ class StartupStep:
 def warm_up(session: PairSession, strategy: str, *, should_stop: Callable[[], bool],
             tick: Callable[[], None] | None = None) -> Iterator[StartupStep]:  # noqa: ARG001
     """What the first answer of `strategy` would otherwise measure while its client waits,
-    measured now (`tandem serve`, before it listens; Pair.stream runs it where the session
-    is): the thread count that is fastest now (one sequence whose count is the engine's: the
-    slots' batches keep theirs) and auto's cost model (cached and checked, else calibrated:
-    engine/tuning/pricing.py, which `basis` tells)."""
+    measured now (`tandem serve`, before it listens; `tandem run`, saying so; Pair.stream
+    runs it where the session is): the thread count that is fastest now (one sequence whose
+    count is the engine's: the slots' batches keep theirs), then auto's cost model at that
+    count (cached and checked, else calibrated: engine/tuning/pricing.py, which `basis`
+    tells). The costs' first step says "saved" where a cost file is on disk (checked, not
+    calibrated: no wait to announce)."""
     threads = session.threads
     if threads is not None and threads.active and not session.slots:
         t0 = time.perf_counter()
@@ -484,7 +486,9 @@ def warm_up(session: PairSession, strategy: str, *, should_stop: Callable[[], bo
                "the machine was quiet while the models loaded"))
         yield StartupStep("thread count", time.perf_counter() - t0, result)
     if strategy == "auto" and not should_stop():  # the one that prices drafts (make_drafter)
-        yield StartupStep("drafting costs", None)
+        path = session.costs_path()
+        saved = path is not None and (path.exists() or busy_path(path).exists())
+        yield StartupStep("drafting costs", None, "saved" if saved else "")
         t0 = time.perf_counter()
         with session.batcher.exclusive():  # as a slot's drafter asks for them
             session.costs()

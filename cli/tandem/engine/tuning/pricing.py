@@ -120,7 +120,9 @@ class Pricing:
     def _measure(self, path: Path | None, target: Context, draft: Context | None,
                  probe: Sequence[int], save: bool = True) -> CostModel:
         cached = _usable(path)
-        apart = busy_path(path) if path is not None and save else None
+        # a busy start's figures are kept apart whatever its thread count (a busy machine's
+        # next start likely takes the same): otherwise every busy `tandem run` calibrated again
+        apart = busy_path(path) if path is not None else None
         busy_kept = False
         if cached is None and apart is not None and apart.exists():
             cached = _usable(apart)  # a busy start's figures
