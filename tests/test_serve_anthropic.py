@@ -40,8 +40,9 @@ def server(tiny_models, tmp_path_factory):
 
 def _client(srv: Server, **kwargs):
     kwargs.setdefault("api_key", "unused")
+    kwargs.setdefault("timeout", 120)
     return anthropic.Anthropic(base_url=f"http://127.0.0.1:{srv.port}", max_retries=0,
-                               timeout=120, **kwargs)
+                               **kwargs)
 
 
 # greedy: this SDK has no sampling fields any more; the server takes them as extra fields
@@ -183,6 +184,8 @@ def test_refusals_in_anthropics_error_shape(server):
         ({**base, "messages": [QUESTION], "tools": [
             {"type": "web_search_20250305", "name": "web_search"}]},
          "tools[0]: the server tool 'web_search_20250305'"),
+        ({**base, "messages": [QUESTION], "mcp_servers": [{"type": "url", "url": "x"}]},
+         "'mcp_servers' is not supported"),
         ({**base, "messages": [QUESTION, {"role": "assistant", "content": "It is"}]},
          "messages[1]: continuing an assistant turn (prefill)"),
         ({**base, "messages": [QUESTION], "stop_sequences": 5},  # checked by the chat path
@@ -244,9 +247,10 @@ def test_real_pair_tool_call_and_a_cached_second_turn(real_pair, tmp_path):
         assert msg.stop_reason == "tool_use", msg
         use = next(b for b in msg.content if b.type == "tool_use")
         assert use.name == "get_weather" and use.input["city"] == "Paris"
+        result = {"type": "tool_result", "tool_use_id": use.id,
+                  "content": '{"temperature_c": 21, "sky": "sunny"}'}
         follow = [question, {"role": "assistant", "content": [b.model_dump() for b in msg.content]},
-                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
-                                                "content": "21 C, sunny"}]}]
+                  {"role": "user", "content": [result]}]
         final = client.messages.create(model="x", max_tokens=60, extra_body=GREEDY,
                                        messages=follow, tools=[weather])
         assert final.stop_reason == "end_turn" and "21" in _text(final)

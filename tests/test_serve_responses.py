@@ -192,7 +192,7 @@ def test_real_pair_function_call_and_a_cached_second_turn(real_pair, tmp_path):
         assert json.loads(calls[0].arguments)["city"] == "Paris"
         turns = [question, calls[0].model_dump(exclude_none=True),
                  {"type": "function_call_output", "call_id": calls[0].call_id,
-                  "output": "21 C, sunny"}]
+                  "output": '{"temperature_c": 21, "sky": "sunny"}'}]
         final = _ask(client, turns, tools=[weather], max_output_tokens=60)
         assert final.status == "completed" and "21" in final.output_text
         # the resent conversation: only what is new was evaluated

@@ -24,6 +24,16 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--window-size=1100,820")
 XSS = "<script>alert(1)</script>"
+CODE = """def is_prime(n):
+    if n < 2:
+        return False
+    i = 2
+    while i * i <= n:
+        if n % i == 0:
+            return False
+        i += 1
+    return True
+"""
 
 
 def _finish(srv: Server) -> None:
@@ -89,7 +99,11 @@ def _send(browser, text: str) -> dict:
     """Send a message from the page; once its answer's final line is there, the answer's
     text, its drafted pieces and the line."""
     n = len(_by(browser, ".msg.assistant"))
-    _by(browser, "#input")[0].send_keys(text)
+    box = _by(browser, "#input")[0]
+    if "\n" in text:  # typed, a newline would send (Enter sends, Shift+Enter is a newline)
+        browser.execute_script("arguments[0].value = arguments[1]", box, text)
+    else:
+        box.send_keys(text)
     _by(browser, "#send")[0].click()
     _wait(browser, lambda: len(_by(browser, ".msg.assistant")) > n and
           "accepted" in _by(browser, ".msg.assistant .line")[-1].text and
@@ -176,7 +190,22 @@ def test_the_page_asks_for_the_api_key_once(tiny_models, tmp_path, browser):
         # the 401s before the key (the model's name, the figures) are the only errors
         assert all("401" in e["message"] for e in _severe(browser))
     finally:
+        browser.get("about:blank")  # the page polls: not a server that is gone
         _finish(srv)
+
+
+def test_the_page_ships_in_the_package():
+    """One static file, package data (a wheel carries it), nothing fetched from elsewhere."""
+    import tomllib
+    from fnmatch import fnmatch
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]["tandem"]
+    assert any(fnmatch("serve/webui/index.html", g) for g in globs), globs
+    html = (root / "cli" / "tandem" / "serve" / "webui" / "index.html").read_text()
+    assert "http://" not in html and "https://" not in html and "innerHTML" not in html
 
 
 def test_no_webui_leaves_the_root_a_404(tiny_models, tmp_path):
@@ -195,6 +224,7 @@ def test_real_pair_page(real_pair, browser, tmp_path):
     the line with tokens/s and acceptance (docs/img/webui.png is this page)."""
     target, draft = real_pair
     srv = Server(["-m", str(target), "-md", str(draft), "--max-tokens", "200"], tmp_path)
+    browser.get_log("browser")  # what earlier pages logged
     try:
         browser.get(f"http://127.0.0.1:{srv.port}/")
         browser.execute_script("localStorage.clear()")
@@ -202,9 +232,10 @@ def test_real_pair_page(real_pair, browser, tmp_path):
         _wait(browser, lambda: "slots" in _by(browser, "#server")[0].text)
         _settings(browser, temperature="0", max_tokens="200", extra="")
         _by(browser, "summary")[0].click()  # settings closed for the picture
-        got = _send(browser, "Write a Python function that checks whether a number is prime.")
-        assert "def " in got["text"] and got["drafted"] and "tok/s" in got["line"]
-        _wait(browser, lambda: "tokens served" in _by(browser, "#server")[0].text)
+        # an edit that copies most of the code it is given: auto drafts it from the prompt
+        got = _send(browser, "Add type hints and a docstring to this function:\n\n" + CODE)
+        assert "def is_prime" in got["text"] and got["drafted"] and "tok/s" in got["line"]
+        _wait(browser, lambda: " 0 tokens served" not in _by(browser, "#server")[0].text)
         _screenshot(browser, tmp_path / "webui.png")
         assert _severe(browser) == []
     finally:

@@ -6,7 +6,7 @@ path), the answer as a `message` object or its stream of events (`message_start`
 reasons, and Anthropic's error object.
 
 What the model cannot do is refused naming the field: image and document blocks, server
-tools, an assistant turn to continue (prefill). `thinking` is accepted and ignored (the answer
+tools (and `mcp_servers`, `container`), an assistant turn to continue (prefill). `thinking` is accepted and ignored (the answer
 has no thinking blocks), as are thinking blocks sent back, `cache_control` and `metadata`.
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ FIELDS = (
     (r"^response_format\b.*", "output_config.format"),
 )
 CHOICES = {"auto": "auto", "any": "required", "none": "none"}  # and {"type": "tool"}
+SERVER_SIDE = ("mcp_servers", "container")  # tools that run on Anthropic's servers
 # HTTP status -> Anthropic's error type
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                403: "permission_error", 404: "not_found_error", 413: "request_too_large",
@@ -59,6 +60,10 @@ def chat_body(body: dict, counting: bool = False) -> tuple[dict, list[str]]:
     if not counting and body.get("max_tokens") is None:
         raise bad("'max_tokens' is required: a Messages request says how long its answer "
                   "may be", "max_tokens", "missing_required_parameter")
+    for key in SERVER_SIDE:
+        if body.get(key):
+            raise bad(f"'{key}' is not supported by tandem serve: its tools run on Anthropic's "
+                      "servers (client tools only)", key, "unsupported_parameter")
     messages, origins = [], []
     if body.get("system") is not None:
         messages.append({"role": "system", "content": _texts(body["system"], "system")})
