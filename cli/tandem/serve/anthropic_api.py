@@ -145,7 +145,7 @@ def _message(m, where: str) -> list[tuple[dict, str]]:
         if kind in ("thinking", "redacted_thinking") and role == "assistant":
             continue  # an earlier answer's thinking: this server writes none, and needs none
         if kind == "tool_use" and role == "assistant":
-            calls.append(_call(block, at))
+            calls.append(_call(block))
         elif kind == "tool_result" and role == "user":
             results.append(({"role": "tool", "tool_call_id": block.get("tool_use_id"),
                               "content": _texts(block.get("content", ""), f"{at}.content")},
@@ -164,7 +164,7 @@ def _message(m, where: str) -> list[tuple[dict, str]]:
     return out
 
 
-def _call(block: dict, where: str) -> dict:
+def _call(block: dict) -> dict:
     """An assistant's tool_use block as the chat's tool call (checked there)."""
     return {"id": block.get("id"), "type": "function",
             "function": {"name": block.get("name"), "arguments": block.get("input", {})}}

@@ -83,11 +83,10 @@ def content(req: protocol.Request, answer) -> tuple[str | None, list[dict], str]
 @dataclass(frozen=True)
 class End:
     """How a streamed answer ended: the engine's outcome (chat.answer.Answer: text, reason,
-    stats), OpenAI's finish reason, and whether the server's stop cut it (an error follows)."""
+    stats) and OpenAI's finish reason (stop, length, tool_calls)."""
 
     answer: object
     finish: str
-    stopped: bool
 
 
 class Writer(Protocol):
@@ -125,16 +124,14 @@ async def parts(req, events, first, log) -> AsyncIterator[tuple[str, object]]:
     while True:
         what, value = item
         if what == "text":
-            for delta in structured.deltas(calls, value):
-                if _part(delta)[1]:
-                    yield _part(delta)
+            for part in _parts(calls, value):
+                yield part
         elif what in ("done", "cancelled") and value is not None:
             log(200 if what == "done" else 503, value.stats)
-            for delta in structured.deltas(calls, None):
-                if _part(delta)[1]:
-                    yield _part(delta)
+            for part in _parts(calls, None):
+                yield part
             reason = structured.stream_finish(calls, value.reason, FINISH)
-            yield "end", End(value, FINISH.get(reason, reason), what == "cancelled")
+            yield "end", End(value, FINISH.get(reason, reason))
             if what == "cancelled":
                 n = value.stats.n_generated
                 yield "error", stopping_error(f": the answer was cut after {n} tokens")
@@ -154,5 +151,12 @@ def sse_event(name: str, obj: dict) -> bytes:
     return b"event: " + name.encode() + b"\n" + sse(obj)
 
 
-def _part(delta: dict) -> tuple[str, object]:
-    return ("call", delta["calls"][0]) if "calls" in delta else ("text", delta["text"])
+def _parts(calls, text: str | None) -> list[tuple[str, object]]:
+    """A piece of text (None: the end) as parts: text as it comes, or, with a tool-call
+    reader, the text around the calls and each call whole (structured.deltas)."""
+    out = []
+    for delta in structured.deltas(calls, text):
+        part = ("call", delta["calls"][0]) if "calls" in delta else ("text", delta["text"])
+        if part[1]:
+            out.append(part)
+    return out
