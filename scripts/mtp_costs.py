@@ -44,6 +44,7 @@ def _median_s(fn, repeats: int) -> float:
 def measure(path: Path, repeats: int, n_gpu_layers: int = 0, threads: int = 1) -> dict:
     from tandem.engine.backend.context_params import ContextParams
     from tandem.engine.backend.llama import Context, Model
+    from tandem.engine.backend.mtp_head import use_mtp
     from tandem.engine.drafting.drafters import DraftParams
     from tandem.engine.drafting.mtp import MtpDrafter
     from tandem.engine.loop.events import DoneEvent
@@ -62,7 +63,7 @@ def measure(path: Path, repeats: int, n_gpu_layers: int = 0, threads: int = 1) -
 
     ctx.prefill(prompt)
     plain = {n: _median_s(verify(n), repeats) for n in range(1, K_MAX + 2)}
-    head = ctx.use_mtp(True)
+    head = use_mtp(ctx, True)
     following = {n: _median_s(verify(n), repeats) for n in range(1, K_MAX + 2)}
 
     def head_step():
@@ -89,6 +90,7 @@ def greedy_equal(path: Path, n_gpu_layers: int = 0, threads: int = 1) -> bool:
     """Whether greedy `--strategy mtp` output equals plain decoding on the three prompts."""
     from tandem.engine.backend.context_params import ContextParams
     from tandem.engine.backend.llama import Context, Model
+    from tandem.engine.backend.mtp_head import use_mtp
     from tandem.engine.drafting.drafters import DraftParams, NoDrafter
     from tandem.engine.drafting.mtp import MtpDrafter
     from tandem.engine.loop.events import DoneEvent
@@ -100,7 +102,7 @@ def greedy_equal(path: Path, n_gpu_layers: int = 0, threads: int = 1) -> bool:
         out = []
         for drafter in (NoDrafter(), None):
             if drafter is None:
-                drafter = MtpDrafter(ctx.use_mtp(True), DraftParams(n_max=K_MAX, n_min=0,
+                drafter = MtpDrafter(use_mtp(ctx, True), DraftParams(n_max=K_MAX, n_min=0,
                                                                     p_min=0.0))
             out.append([[ev.tokens for ev in generate(
                 ctx, model.tokenize(text, add_special=True), drafter,

@@ -16,8 +16,10 @@ pytest.importorskip("llama_cpp")
 
 from engine_helpers import assert_same_first_tokens, run, sampled_first_tokens, session_done  # noqa: E402
 from tandem.engine.backend import llama as backend  # noqa: E402
+from tandem.engine.backend import mtp_head as heads  # noqa: E402
 from tandem.engine.backend.context_params import ContextParams  # noqa: E402
 from tandem.engine.backend.llama import Context, Model  # noqa: E402
+from tandem.engine.backend.mtp_head import use_mtp  # noqa: E402
 from tandem.engine.drafting.drafters import DraftParams, NoDrafter  # noqa: E402
 from tandem.engine.drafting.mtp import MtpDrafter  # noqa: E402
 from tandem.errors import ModelError  # noqa: E402
@@ -54,18 +56,18 @@ def test_the_memory_plan_counts_the_heads_block(tiny_models):
 
 
 def test_the_staging_symbols_are_derived_from_name_and_arguments():
-    assert backend.cxx_symbol("llama_set_embeddings_nextn", ("ctx", "bool", "bool")) == \
+    assert heads.cxx_symbol("llama_set_embeddings_nextn", ("ctx", "bool", "bool")) == \
         "_Z26llama_set_embeddings_nextnP13llama_contextbb"
-    assert backend.cxx_symbol("llama_get_embeddings_nextn_ith", ("ctx", "int32")) == \
+    assert heads.cxx_symbol("llama_get_embeddings_nextn_ith", ("ctx", "int32")) == \
         "_Z30llama_get_embeddings_nextn_ithP13llama_contexti"
-    assert set(backend.staging_calls()) == set(backend._STAGING)
+    assert set(heads.staging_calls()) == set(heads._STAGING)
 
 
 def test_greedy_mtp_equals_plain_and_its_drafts_are_accepted(model):
     c = ctx(model)
     prompt = model.tokenize(PROMPT, add_special=True)
     plain, _ = run(c, prompt, NoDrafter(), max_tokens=80, ignore_eos=True)
-    head = c.use_mtp(True)
+    head = use_mtp(c, True)
     drafter = MtpDrafter(head, DraftParams(n_max=4, n_min=0, p_min=0.0))
     spec, steps = run(c, prompt, drafter, max_tokens=80, ignore_eos=True)
     assert spec.tokens == plain.tokens
@@ -83,14 +85,14 @@ def test_a_head_that_missed_decodes_brings_the_target_back(model):
     stopped (the next prompt re-reads the rest) and the drafts are as before."""
     c = ctx(model)
     prompt = model.tokenize(PROMPT, add_special=True)
-    head = c.use_mtp(True)
+    head = use_mtp(c, True)
     drafter = MtpDrafter(head, DraftParams(n_max=4, n_min=0, p_min=0.0))
     first, _ = run(c, prompt, drafter, max_tokens=40, ignore_eos=True)
     held = head.n
-    assert c.use_mtp(False) is None
+    assert use_mtp(c, False) is None
     run(c, prompt + list(first.tokens), NoDrafter(), max_tokens=20, ignore_eos=True)
     assert len(c.tokens) > held == head.n
-    assert c.use_mtp(True) is head and len(c.tokens) == held
+    assert use_mtp(c, True) is head and len(c.tokens) == held
     again, _ = run(c, prompt, drafter, max_tokens=40, ignore_eos=True)
     assert again.tokens == first.tokens and again.stats.accepted == first.stats.accepted
     c.close()
@@ -103,7 +105,7 @@ def test_sampled_mtp_drafts_keep_the_targets_distribution(model):
     prompt = model.tokenize(PROMPT, add_special=True)
     n = 1500
     plain, _, _ = sampled_first_tokens(c, prompt, NoDrafter(), range(n))
-    drafter = MtpDrafter(c.use_mtp(True), DraftParams(n_max=4, n_min=0, p_min=0.0))
+    drafter = MtpDrafter(use_mtp(c, True), DraftParams(n_max=4, n_min=0, p_min=0.0))
     spec, drafted, rejected = sampled_first_tokens(c, prompt, drafter, range(10**6, 10**6 + n))
     assert drafted >= 2 * n and rejected > n // 10, (drafted, rejected)
     assert_same_first_tokens(plain, spec, "mtp")
@@ -111,19 +113,28 @@ def test_sampled_mtp_drafts_keep_the_targets_distribution(model):
 
 
 def test_a_library_without_the_staging_calls_is_a_clear_error(monkeypatch, tiny_models):
-    """No crash: the load fails with the version and a hint, before any MTP context exists."""
-    monkeypatch.setattr(backend, "_staging", None)
-    monkeypatch.setitem(backend._STAGING, "llama_get_embeddings_nextn_ith",
+    """No crash: --strategy mtp fails with the version and a hint before the model loads, and
+    so does a head asked of a model loaded with its heads, before any MTP context exists."""
+    from tandem.engine.pair import PairSession, SessionOptions
+
+    monkeypatch.setattr(heads, "_staging", None)
+    monkeypatch.setitem(heads._STAGING, "llama_get_embeddings_nextn_ith",
                         (("ctx", "int32", "int32"), None))  # a symbol no libllama has
     with pytest.raises(ModelError) as err:
-        Model(tiny_models["mtp"], load_mtp=True)
+        PairSession(tiny_models["mtp"], None, SessionOptions(strategy="mtp"))
     assert backend.LLAMA_CPP_VERSION in err.value.message
     assert "llama_get_embeddings_nextn_ith" in err.value.message and err.value.hint
-    monkeypatch.setattr(backend, "_libllama", lambda: None)  # no library found at all
-    monkeypatch.setattr(backend, "_staging", None)
+    m = Model(tiny_models["mtp"], load_mtp=True)
+    c = ctx(m)
     with pytest.raises(ModelError):
-        backend.staging_calls()
-    Model(tiny_models["mtp"]).close()  # without load_mtp nothing is asked of it
+        use_mtp(c, True)
+    assert c.mtp is None
+    c.close()
+    m.close()
+    monkeypatch.setattr(heads, "_libllama", lambda: None)  # no library found at all
+    monkeypatch.setattr(heads, "_staging", None)
+    with pytest.raises(ModelError):
+        heads.staging_calls()
 
 
 # ----- the command line
@@ -169,7 +180,7 @@ def test_the_head_reads_the_targets_hidden_rows(model):
     """The rows the engine carries to the head matter: with them zeroed the head's first
     draft token differs somewhere (its weights mix HEAD_H_GAIN of the row in)."""
     c = ctx(model)
-    head = c.use_mtp(True)
+    head = use_mtp(c, True)
     tokens = model.tokenize(PROMPT, add_special=True)
     c.prefill(tokens[:-1])
     real = head.start(tokens[-1])
@@ -332,7 +343,7 @@ def test_the_head_gets_the_targets_row_of_the_position_before(echo_model):
     accept()). The echo head's first draft is the target's argmax there."""
     m = echo_model
     c = ctx(m)
-    head = c.use_mtp(True)
+    head = use_mtp(c, True)
     tokens = m.tokenize(PROMPT, add_special=True)
     rows = np.array(c.decode(tokens[:-1], all_logits=True))
     assert int(np.argmax(head.start(tokens[-1]))) == int(np.argmax(rows[-1]))

@@ -90,12 +90,13 @@ def _importers(top: str) -> set[str]:
 
 
 def test_dependency_rules():
-    assert _importers("llama_cpp") == {"tandem.engine.backend.llama"}
-    # native calls: llama.cpp through the binding (llama), ggml's registry for RPC devices
-    # and the RPC server, which the binding does not cover (ggml), and libc's prctl that ends
-    # a benchmark's llama-server with the process that started it (bench/llama_server.py)
-    assert _importers("ctypes") == {"tandem.engine.backend.llama", "tandem.engine.remote.ggml",
-                                    "tandem.bench.llama_server"}
+    assert _importers("llama_cpp") == BINDINGS
+    # native calls: llama.cpp through the binding (engine/backend's binding modules), ggml's
+    # registry for RPC devices and the RPC server, which the binding does not cover (ggml), and
+    # libc's prctl that ends a benchmark's llama-server with the process that started it
+    # (bench/llama_server.py)
+    assert _importers("ctypes") == BINDINGS | {"tandem.engine.remote.ggml",
+                                               "tandem.bench.llama_server"}
     ui = _importers("typer") | _importers("rich")
     assert all(m.startswith("tandem.commands.") or m == "tandem.chat.tui" for m in ui), ui
     # the HTTP stack only where `tandem serve` runs it (tandem run never loads it)
@@ -106,9 +107,13 @@ def test_dependency_rules():
         "tandem.serve.anthropic_routes", "tandem.serve.responses_routes", "tandem.serve.webui"}
 
 
-# The one module that needs the compiled binding: every other module only names its types
-# (under `if TYPE_CHECKING:`) or imports it inside the function that loads a model.
+# The modules that need the compiled binding, engine/backend's binding modules: llama.py
+# (models, contexts) and mtp.py (the MTP heads' context, which follows a Context and binds
+# llama.cpp's staging calls from llama_cpp.llama_cpp_ext; kept apart so that llama.py stays
+# a readable size and owns no MTP logic). Every other module only names their types (under
+# `if TYPE_CHECKING:`) or imports them inside the function that loads a model.
 BACKEND = "tandem.engine.backend.llama"
+BINDINGS = {BACKEND, "tandem.engine.backend.mtp_head"}
 
 
 def _top_level_imports(tree) -> set[str]:
@@ -135,12 +140,13 @@ def _top_level_imports(tree) -> set[str]:
 
 
 def test_only_the_backend_loads_llama_cpp_at_import():
-    """Only engine/backend/llama.py imports llama_cpp, and no module imports engine/backend/llama.py when it
-    is itself imported: the types come under TYPE_CHECKING, a Model or Context is made by a
-    function that imports the backend when it runs (engine/pair.py, engine/backend/loading.py)."""
-    assert _importers("llama_cpp") == {BACKEND}
-    eager = sorted(m for m, tree in _trees() if m != BACKEND
-                   and BACKEND in _top_level_imports(tree))
+    """Only the binding modules import llama_cpp, and no other module imports one of them when
+    it is itself imported: the types come under TYPE_CHECKING, a Model, Context or MtpHead is
+    made by a function that imports the backend when it runs (engine/pair.py,
+    engine/backend/loading.py)."""
+    assert _importers("llama_cpp") == BINDINGS
+    eager = sorted(m for m, tree in _trees() if m not in BINDINGS
+                   and BINDINGS & _top_level_imports(tree))
     assert eager == [], eager
 
 
@@ -164,7 +170,7 @@ def test_every_module_but_the_backend_imports_without_llama_cpp(tmp_path):
     import sys
 
     names = sorted(_module_name(p) for p in PKG.rglob("*.py")
-                   if _module_name(p) not in (BACKEND, "tandem.__main__"))
+                   if _module_name(p) not in BINDINGS | {"tandem.__main__"})
     code = (
         "import importlib, json, sys\n"
         "sys.modules['llama_cpp'] = None\n"

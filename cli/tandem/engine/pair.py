@@ -43,7 +43,8 @@ from tandem.engine.tuning.threads import NO_THREADS, ThreadControl, ThreadTuner,
 from tandem.errors import TandemError, UsageError
 
 if TYPE_CHECKING:
-    from tandem.engine.backend.llama import Context, Model, MtpHead
+    from tandem.engine.backend.llama import Context, Model
+    from tandem.engine.backend.mtp_head import MtpHead
 
 
 @dataclass(frozen=True)
@@ -205,11 +206,14 @@ class PairSession:
                          use_mlock=options.mlock, **how,
                          progress=None if progress is None else (lambda f: progress(label, f)))
 
-        from tandem.engine.backend.llama import Model, staging_calls  # the backend, loaded here
+        from tandem.engine.backend.llama import Model  # the backend, loaded here
+        from tandem.engine.backend.mtp_head import staging_calls
 
         # the MTP heads' weights only where they may draft (llama-server: --spec-type
         # draft-mtp): mtp, or auto where this library can drive them
         mtp = options.strategy == "mtp"
+        if mtp:
+            staging_calls()  # a library without them: a ModelError naming it, before the load
         self.target = load(self.target_path, self.target_path.name,
                            n_gpu_layers=options.target_gpu_layers, repack=options.repack,
                            load_mtp=mtp or (options.strategy == "auto" and _drives_mtp(
@@ -384,7 +388,9 @@ class PairSession:
         ctx = self.target_ctx
         if on and not self.target.mtp_loaded:
             raise need_mtp_heads(self.target_path.name, loaded=self.target.n_layer_nextn > 0)
-        return ctx.use_mtp(on) if on or ctx.mtp is not None else None
+        from tandem.engine.backend.mtp_head import use_mtp
+
+        return use_mtp(ctx, on)
 
     def costs(self, calibrated: bool = False) -> CostModel:
         """The active configuration's cost model (engine/tuning/pricing.py: cached on disk, else

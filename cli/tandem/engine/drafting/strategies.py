@@ -20,7 +20,8 @@ from tandem.engine.tuning.knowledge import Knowledge
 from tandem.errors import UsageError
 
 if TYPE_CHECKING:
-    from tandem.engine.backend.llama import Context, MtpHead
+    from tandem.engine.backend.llama import Context
+    from tandem.engine.backend.mtp_head import MtpHead
 
 
 def need_draft_model(strategy: str) -> UsageError:
