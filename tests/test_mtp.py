@@ -55,12 +55,19 @@ def test_the_memory_plan_counts_the_heads_block(tiny_models):
     assert shape.n_layer == 3 and len(shape.layer_bytes) == 3 and all(shape.n_head_kv)
 
 
-def test_the_staging_symbols_are_derived_from_name_and_arguments():
-    assert heads.cxx_symbol("llama_set_embeddings_nextn", ("ctx", "bool", "bool")) == \
-        "_Z26llama_set_embeddings_nextnP13llama_contextbb"
-    assert heads.cxx_symbol("llama_get_embeddings_nextn_ith", ("ctx", "int32")) == \
-        "_Z30llama_get_embeddings_nextn_ithP13llama_contexti"
-    assert set(heads.staging_calls()) == set(heads._STAGING)
+def test_the_staging_calls_are_the_bindings_own():
+    """llama_cpp.llama_cpp_ext binds the hidden-row calls by their plain, Itanium and MSVC
+    names; tandem spells no mangled name of its own."""
+    import re
+    from pathlib import Path
+
+    from llama_cpp import llama_cpp_ext
+
+    assert heads.staging_calls() is llama_cpp_ext
+    pkg = Path(heads.__file__).parents[2]
+    mangled = [(p.name, m) for p in pkg.rglob("*.py")
+               for m in re.findall(r"\b_Z\d+\w+", p.read_text(encoding="utf-8"))]
+    assert mangled == [], mangled
 
 
 def test_greedy_mtp_equals_plain_and_its_drafts_are_accepted(model):
@@ -113,28 +120,32 @@ def test_sampled_mtp_drafts_keep_the_targets_distribution(model):
 
 
 def test_a_library_without_the_staging_calls_is_a_clear_error(monkeypatch, tiny_models):
-    """No crash: --strategy mtp fails with the version and a hint before the model loads, and
-    so does a head asked of a model loaded with its heads, before any MTP context exists."""
+    """No crash: with a libllama that lacks one of the calls (llama_cpp_ext then fails to
+    import), --strategy mtp fails with the version and a hint before the model loads, and so
+    does a head asked of a model loaded with its heads, before any MTP context exists; a
+    binding without llama_cpp_ext is the same error."""
+    from types import SimpleNamespace
+
+    import llama_cpp.llama_cpp as binding
     from tandem.engine.pair import PairSession, SessionOptions
 
-    monkeypatch.setattr(heads, "_staging", None)
-    monkeypatch.setitem(heads._STAGING, "llama_get_embeddings_nextn_ith",
-                        (("ctx", "int32", "int32"), None))  # a symbol no libllama has
+    monkeypatch.setattr(heads, "_ext", None)
+    monkeypatch.delitem(sys.modules, "llama_cpp.llama_cpp_ext", raising=False)  # imported again:
+    monkeypatch.setattr(binding, "_lib", SimpleNamespace())  # a library exporting none
     with pytest.raises(ModelError) as err:
         PairSession(tiny_models["mtp"], None, SessionOptions(strategy="mtp"))
     assert backend.LLAMA_CPP_VERSION in err.value.message
-    assert "llama_get_embeddings_nextn_ith" in err.value.message and err.value.hint
+    assert "llama_set_embeddings_nextn" in err.value.message and err.value.hint
+    monkeypatch.undo()  # the real library again: the model loads with its heads
     m = Model(tiny_models["mtp"], load_mtp=True)
     c = ctx(m)
-    with pytest.raises(ModelError):
+    monkeypatch.setattr(heads, "_ext", None)
+    monkeypatch.setitem(sys.modules, "llama_cpp.llama_cpp_ext", None)  # no such module
+    with pytest.raises(ModelError, match="staging calls"):
         use_mtp(c, True)
     assert c.mtp is None
     c.close()
     m.close()
-    monkeypatch.setattr(heads, "_libllama", lambda: None)  # no library found at all
-    monkeypatch.setattr(heads, "_staging", None)
-    with pytest.raises(ModelError):
-        heads.staging_calls()
 
 
 # ----- the command line

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import time
-from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import llama_cpp as _lc
 import numpy as np
@@ -20,53 +19,28 @@ from tandem.engine.backend.llama import (LLAMA_CPP_VERSION, Context, decode_fail
 from tandem.errors import ModelError
 
 # The hidden-row calls an MTP draft needs (common/speculative.cpp's draft-mtp), llama.cpp's
-# "staging API" (src/llama-ext.h): libllama exports them as C++ functions, which the binding
-# does not wrap. Each is found by its Itanium-mangled name, derived from its name and argument
-# types here and nowhere else: (arguments, result).
-_STAGING = {
-    "llama_set_embeddings_nextn": (("ctx", "bool", "bool"), None),
-    "llama_get_embeddings_nextn": (("ctx",), ctypes.POINTER(ctypes.c_float)),
-    "llama_get_embeddings_nextn_ith": (("ctx", "int32"), ctypes.POINTER(ctypes.c_float)),
-}
-_CXX_ARGS = {"ctx": ("P13llama_context", ctypes.c_void_p), "bool": ("b", ctypes.c_bool),
-             "int32": ("i", ctypes.c_int32)}  # int32_t is int on every platform llama.cpp builds
-_staging: dict[str, Callable] | None = None
+# "staging API" (src/llama-ext.h), which libllama exports as C++ functions only: the binding's
+# llama_cpp_ext finds each by its plain, Itanium or MSVC name. It has every call the head
+# makes (llama_set_embeddings_nextn, llama_get_embeddings_nextn(_ith)): tandem binds none.
+_ext = None
 
 
-def cxx_symbol(name: str, args: Sequence[str]) -> str:
-    """The Itanium C++ ABI's name of a free function (`_Z` + length + name + argument codes)."""
-    return f"_Z{len(name)}{name}" + "".join(_CXX_ARGS[a][0] for a in args)
-
-
-def _libllama() -> Path | None:
-    """The libllama the binding loaded (its package's lib/ folder)."""
-    folder = Path(_lc.__file__).parent / "lib"
-    found = sorted(folder.glob("libllama.*")) + sorted(folder.glob("llama.dll"))
-    return found[0] if found else None
-
-
-def staging_calls() -> dict[str, Callable]:
-    """The staging calls, bound once; a library without one is a ModelError naming the
+def staging_calls():
+    """llama_cpp.llama_cpp_ext, imported once. A binding without it, or a libllama without one
+    of its calls (the module then fails to import), is a ModelError naming the
     llama-cpp-python version (MTP drafting is then unavailable), never a crash."""
-    global _staging
-    if _staging is None:
-        path = _libllama()
-        lib = ctypes.CDLL(str(path)) if path is not None else None  # the loaded one: same handle
-        calls = {}
-        for name, (args, result) in _STAGING.items():
-            symbol = cxx_symbol(name, args)
-            fn = getattr(lib, symbol, None) if lib is not None else None
-            if fn is None:
-                raise ModelError(
-                    f"llama-cpp-python {LLAMA_CPP_VERSION}'s libllama does not export {name} "
-                    f"({symbol}), which MTP drafting needs",
-                    "install llama-cpp-python 0.3.36, whose llama.cpp has MTP heads; or draft "
-                    "with --strategy ngram, or a draft model (-md)")
-            fn.argtypes = [_CXX_ARGS[a][1] for a in args]
-            fn.restype = result
-            calls[name] = fn
-        _staging = calls
-    return _staging
+    global _ext
+    if _ext is None:
+        try:
+            import llama_cpp.llama_cpp_ext as ext
+        except (ImportError, AttributeError) as exc:
+            raise ModelError(
+                f"llama-cpp-python {LLAMA_CPP_VERSION} lacks llama.cpp's staging calls, which "
+                f"MTP drafting needs ({exc})",
+                "install llama-cpp-python 0.3.36, whose llama.cpp has MTP heads; or draft "
+                "with --strategy ngram, or a draft model (-md)") from exc
+        _ext = ext
+    return _ext
 
 
 class MtpHead:
@@ -93,7 +67,7 @@ class MtpHead:
         if not model.mtp_loaded:
             raise ModelError(f"{model.path.name} was loaded without its MTP heads",
                              "load it with --strategy mtp")
-        calls = staging_calls()
+        ext = staging_calls()
         cp = llama_context_params(target.params)
         cp.n_ctx = target.n_ctx
         cp.ctx_type = _lc.LLAMA_CONTEXT_TYPE_MTP
@@ -103,10 +77,10 @@ class MtpHead:
         if not ptr:
             raise ModelError(f"llama.cpp could not create the MTP context of {model.path.name}",
                              "run with --verbose to see llama.cpp's reason")
-        self._ptr, self._target, self._calls = ptr, target, calls
+        self._ptr, self._target, self._ext = ptr, target, ext
         self.n_embd = _lc.llama_model_n_embd_out(model._ptr)
         self.n_vocab = model.n_vocab
-        calls["llama_set_embeddings_nextn"](ptr, True, True)  # its own rows: output rows only
+        ext.llama_set_embeddings_nextn(ptr, True, True)  # its own rows: output rows only
         self._mem = _lc.llama_get_memory(ptr)
         self._batch = _lc.llama_batch_ext_init(ptr)
         self.n = 0  # positions its cache holds: the target's first n
@@ -121,7 +95,7 @@ class MtpHead:
 
     def follow(self, on: bool) -> None:
         """Have the target output its hidden rows (every row of a batch: unmasked) or not."""
-        self._calls["llama_set_embeddings_nextn"](self._target._ptr, on, False)
+        self._ext.llama_set_embeddings_nextn(self._target._ptr, on, False)
 
     def _add(self, token: int, pos: int, h: np.ndarray, output: bool) -> None:
         idx = _lc.llama_batch_ext_add_token(self._batch, 0, token)
@@ -145,7 +119,7 @@ class MtpHead:
         if pos0 < self.n:
             self.keep(pos0)
         n = len(tokens)
-        ptr = self._calls["llama_get_embeddings_nextn"](self._target._ptr)
+        ptr = self._ext.llama_get_embeddings_nextn(self._target._ptr)
         if pos0 != self.n or not ptr:  # the head missed decodes: use_mtp() brings it back
             return
         rows = np.ctypeslib.as_array(ptr, shape=(n, self.n_embd)).copy()
@@ -180,7 +154,7 @@ class MtpHead:
         self._add(token, self._pos, self._h, True)
         self._process()
         self._pos += 1
-        h = self._calls["llama_get_embeddings_nextn_ith"](self._ptr, 0)
+        h = self._ext.llama_get_embeddings_nextn_ith(self._ptr, 0)
         self._h = np.ctypeslib.as_array(h, shape=(self.n_embd,)).copy()
         logits = _lc.llama_get_logits_ith(self._ptr, 0)
         return np.ctypeslib.as_array(logits, shape=(self.n_vocab,)).copy()
