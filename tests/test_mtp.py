@@ -105,6 +105,53 @@ def test_a_head_that_missed_decodes_brings_the_target_back(model):
     c.close()
 
 
+class Recorder:
+    """A follower of a Context's decodes that notes what it is told."""
+
+    following = True
+
+    def __init__(self):
+        self.calls = []
+
+    def decoded(self, tokens, pos0):
+        self.calls.append(("decoded", list(tokens), pos0))
+
+    def truncated(self, n):
+        self.calls.append(("truncated", n))
+
+    def set_threads(self, n):
+        self.calls.append(("threads", n))
+
+    def close(self):
+        self.calls.append(("close",))
+
+
+def test_a_follower_hears_every_decode_rollback_and_thread_count(tiny_models):
+    """Context's one hook for what follows its decodes (the head is one): each llama_decode's
+    tokens at their positions while it follows (a long batch chunk by chunk), every
+    rollback, the thread count, closed first; off, rollbacks only, and cache reuse runs
+    again, telling it where the moved positions start."""
+    m = Model(tiny_models["target"])
+    c = Context(m, ContextParams(n_ctx=256, n_batch=8, n_threads=1))
+    rec = c.follower = Recorder()
+    prompt = list(range(10, 30))
+    c.decode(prompt)
+    assert rec.calls == [("decoded", prompt[:8], 0), ("decoded", prompt[8:16], 8),
+                         ("decoded", prompt[16:], 16)]
+    c.truncate(12)
+    c.set_threads(2)
+    c.reuse_min = 4
+    assert c.reuse(prompt[:3] + prompt[5:12]) == 0  # no moved runs while it follows
+    rec.following = False
+    c.decode([7])
+    assert rec.calls[3:] == [("truncated", 12), ("threads", 2)]
+    assert c.reuse(prompt[:3] + prompt[5:12]) == 7  # prompt[5:12] moved to position 3
+    assert rec.calls[5:] == [("truncated", 3)] and c.tokens == prompt[:3] + prompt[5:12]
+    c.close()
+    assert rec.calls[-1] == ("close",) and c.follower is None
+    m.close()
+
+
 def test_sampled_mtp_drafts_keep_the_targets_distribution(model):
     """Positions 0 and 1 at T=1 with top-k 8, plain against mtp (independent seeds),
     chi-square per position; 1500 samples a side."""
@@ -143,7 +190,7 @@ def test_a_library_without_the_staging_calls_is_a_clear_error(monkeypatch, tiny_
     monkeypatch.setitem(sys.modules, "llama_cpp.llama_cpp_ext", None)  # no such module
     with pytest.raises(ModelError, match="staging calls"):
         use_mtp(c, True)
-    assert c.mtp is None
+    assert c.follower is None
     c.close()
     m.close()
 
@@ -228,7 +275,7 @@ def test_the_session_switches_between_mtp_and_plain_and_keeps_the_output(session
     spec = session_done(session, prompt, gen, "mtp")
     again = session_done(session, prompt, gen, "none")  # the heads stop following: plain costs
     assert spec.tokens == plain.tokens == again.tokens and spec.stats.accepted > 0
-    assert session.target_ctx._mirror is None
+    assert not session.target_ctx.follower.following
     for strategy in ("ngram", "auto"):  # the other target-alone strategies still run
         assert session_done(session, prompt, gen, strategy).tokens == plain.tokens, strategy
 
@@ -269,7 +316,7 @@ def test_auto_drafts_with_the_heads_where_they_pay_and_keeps_the_output(session,
     off = session_done(session, prompt, gen, "auto")
     assert off.tokens == plain.tokens
     assert any(n.startswith("MTP heads off:") for n in off.stats.notes), off.stats.notes
-    assert session.target_ctx._mirror is None
+    assert not session.target_ctx.follower.following
     assert session.costs(True).draft_token > 0  # a head step, measured
     monkeypatch.setattr(auto, "model_draft_gain", lambda costs, n_max, accept: 2.0)
     for costs in (session.costs(False), session.costs(True)):  # and a draft step cheap
@@ -280,7 +327,7 @@ def test_auto_drafts_with_the_heads_where_they_pay_and_keeps_the_output(session,
     assert on.tokens == plain.tokens
     assert on.stats.by_source.get("model", [0, 0])[0] > 0, (on.stats.by_source,
                                                             on.stats.notes)
-    assert session.target_ctx._mirror is not None
+    assert session.target_ctx.follower.following
 
 
 def test_spec_bench_has_an_mtp_row_equal_to_plain(tiny_models, tmp_path):

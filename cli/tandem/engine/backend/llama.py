@@ -15,7 +15,7 @@ import os
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -27,9 +27,6 @@ from tandem.engine.backend.fim import FimTokens
 from tandem.engine.backend.memory import (EXACT_ROWS, HYBRID, RECURRENT, RollbackPlan, StateCopies,
                                           keeps_copies, memory_type)
 from tandem.errors import ContextOverflowError, ModelError
-
-if TYPE_CHECKING:
-    from tandem.engine.backend.mtp_head import MtpHead
 
 try:
     import llama_cpp as _lc
@@ -336,6 +333,27 @@ def llama_context_params(params: ContextParams):
     return cp
 
 
+class Follower(Protocol):
+    """What follows a Context's decodes of sequence 0 (MtpHead, engine/backend/mtp_head.py):
+    told of every rollback and thread count, closed before the context. It gets decodes only
+    while `following` (off, decoding costs what it did), and cache reuse is off meanwhile
+    (moved runs are positions it would not see)."""
+
+    following: bool
+
+    def decoded(self, tokens: Sequence[int], pos0: int) -> None:
+        """The context just evaluated `tokens` at positions pos0.."""
+
+    def truncated(self, n: int) -> None:
+        """The context went back to its first n positions."""
+
+    def set_threads(self, n: int) -> None:
+        """The context decodes with n threads from now on."""
+
+    def close(self) -> None:
+        """The context is closing (it reads from it until then)."""
+
+
 class Context:
     """A llama.cpp context on one sequence, which remembers the tokens its KV cache holds."""
 
@@ -407,9 +425,8 @@ class Context:
         self.n_decoded = 0  # tokens evaluated since creation (prompt + generated)
         self.t_llama = 0.0  # seconds inside llama.cpp's loop calls, while time_llama() is on
         self.time_llama(False)
-        # the model's MTP heads, in a context of their own that follows this one (use_mtp)
-        self.mtp: MtpHead | None = None
-        self._mirror: Callable[[Sequence[int], int], None] | None = None
+        # what follows this context's decodes: the model's MTP heads (engine/backend/mtp_head.py)
+        self.follower: Follower | None = None
 
     def _plan_rollback(self, model: Model, ptr, limit: int) -> int:
         """How this context goes back (engine/backend/memory.py), and the verify batch it
@@ -459,14 +476,14 @@ class Context:
         chooses n); llama.cpp takes it on the live context, nothing is reallocated."""
         if (n, n) != (self.n_threads, self.n_threads_batch):
             _lc.llama_set_n_threads(self._ptr, n, n)
-            if self.mtp is not None:  # the heads decode beside this context, on its cores
-                _lc.llama_set_n_threads(self.mtp._ptr, n, n)
+            if self.follower is not None:  # it decodes beside this context, on its cores
+                self.follower.set_threads(n)
             self.n_threads = self.n_threads_batch = n
 
     def close(self) -> None:
-        if getattr(self, "mtp", None) is not None:  # (a context that failed to init has none)
-            self.mtp.close()  # before the context it reads from
-            self.mtp = None
+        if getattr(self, "follower", None) is not None:  # (none where init failed)
+            self.follower.close()  # before the context it reads from
+            self.follower = None
         if getattr(self, "_ptr", None):
             _lc.llama_batch_free(self._batch)
             _lc.llama_free(self._ptr)
@@ -486,8 +503,8 @@ class Context:
         length = len(self.tokens)
         if n >= length:
             return
-        if self.mtp is not None:
-            self.mtp.keep(n)
+        if self.follower is not None:
+            self.follower.truncated(n)
         plan = self.rollback
         if not keeps_copies(plan.kind):
             if not self._seq_rm(self._mem, 0, n, -1):
@@ -566,6 +583,9 @@ class Context:
                 "shorten the prompt or raise --ctx-size")
         if all_logits and n > self._max_rows:
             raise ValueError("all_logits decode is limited to n_batch and n_outputs_max rows")
+        follower = self.follower
+        if follower is not None and not follower.following:
+            follower = None
         if self._tracks_batches:
             self.rollback.decoded(len(self.tokens) + (n - 1) // self.n_batch * self.n_batch)
         if n <= self.n_batch:  # one llama_decode call: the loop's case
@@ -573,8 +593,8 @@ class Context:
             rc = self._llama_decode(self._ptr, self._batch)
             if rc != 0:
                 decode_failed(rc)
-            if self._mirror is not None:
-                self._mirror(tokens, len(self.tokens))
+            if follower is not None:
+                follower.decoded(tokens, len(self.tokens))
             self.tokens.extend(tokens)
         else:
             for start in range(0, n, self.n_batch):
@@ -583,8 +603,8 @@ class Context:
                 rc = self._llama_decode(self._ptr, self._batch)
                 if rc != 0:
                     decode_failed(rc)
-                if self._mirror is not None:
-                    self._mirror(chunk, len(self.tokens))
+                if follower is not None:
+                    follower.decoded(chunk, len(self.tokens))
                 self.tokens.extend(chunk)
         self.n_decoded += n
         rows = n if all_logits else 1
@@ -610,8 +630,8 @@ class Context:
         sequence's tokens go after the ones it holds. Returns the logits of every row in the
         mapping's order, or of each sequence's last row; a view, as decode()'s. For attention
         memory: truncate_seq() rolls a sequence back by removing its positions."""
-        if self._mirror is not None:
-            raise ValueError("decode_seqs() on a context that MTP heads follow (sequence 0 only)")
+        if self.follower is not None and self.follower.following:
+            raise ValueError("decode_seqs() on a followed context (its follower: sequence 0)")
         for seq, toks in tokens_by_seq.items():
             if len(self._seq_tokens.get(seq, ())) + len(toks) > self.n_ctx_seq:
                 raise ContextOverflowError(f"sequence {seq} would pass its {self.n_ctx_seq} "
@@ -712,9 +732,14 @@ class Context:
         does (server-context.cpp): a keystroke that changes the prefix's end then costs the
         changed span, not the suffix and the chunks after it. Returns how many tokens moved;
         the cache then holds a longer common prefix with `tokens`."""
-        if self.reuse_min <= 0 or self._mirror is not None:  # (MTP heads do not move)
+        follower = self.follower  # one that follows must see every position evaluated
+        if self.reuse_min <= 0 or follower is not None and follower.following:
             return 0
-        return self.reuse_seq(0, self.tokens, tokens, self.reuse_min)
+        start = common_prefix(self.tokens, tokens)
+        moved = self.reuse_seq(0, self.tokens, tokens, self.reuse_min)
+        if moved and follower is not None:  # positions from `start` on are not what it saw
+            follower.truncated(start)
+        return moved
 
     def reuse_seq(self, seq: int, cache: list[int], tokens: Sequence[int], min_run: int) -> int:
         """reuse() on sequence `seq`, whose tokens `cache` lists (updated in place)."""

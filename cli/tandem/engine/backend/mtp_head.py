@@ -47,13 +47,14 @@ class MtpHead:
     """The model's multi-token-prediction head (its first nextn layer) in an MTP context of
     its own, made against the target's context as llama-server makes it
     (common_speculative_init_result: ctx_type MTP, ctx_other the target, n_ctx the target's)
-    and driven as common/speculative.cpp's draft-mtp drives a single head:
+    and driven as common/speculative.cpp's draft-mtp drives a single head. It is the target
+    Context's follower (llama.py's Follower):
 
-    - mirror(): after each target decode, the same tokens at the same positions, each paired
+    - decoded(): after each target decode while following, the same tokens at the same positions, each paired
       with the target's hidden row (h_nextn, before the output norm) of the position before
       it; the first with the row kept from the batch before (pending). The head's KV cache
       then holds what the target's holds.
-    - keep(n): the target went back to n tokens: so does the head's cache, and the pending
+    - truncated(n): the target went back to n tokens: so does the head's cache, and the pending
       row becomes the target's row at position n - 1 (llama.cpp's accept()); one from an
       earlier batch is not kept (zeros, as for a sequence's first token: drafts only degrade).
     - start(token) / step(token): a draft, one head step per token: the target's last sampled
@@ -90,12 +91,18 @@ class MtpHead:
         self._h = self._pending  # the head's latest hidden row (the next draft step's input)
         self._pos = 0  # the next draft step's position
         self._pos_buf = (_lc.llama_pos * 1)()
+        self.following = False  # the target's decodes come here (follow())
         self.t_mirror = 0.0  # seconds the head spent following the target (its cost)
         self.n_mirrored = 0
 
     def follow(self, on: bool) -> None:
-        """Have the target output its hidden rows (every row of a batch: unmasked) or not."""
+        """Have the target output its hidden rows (every row of a batch: unmasked) and send
+        its decodes here, or not."""
         self._ext.llama_set_embeddings_nextn(self._target._ptr, on, False)
+        self.following = on
+
+    def set_threads(self, n: int) -> None:
+        _lc.llama_set_n_threads(self._ptr, n, n)
 
     def _add(self, token: int, pos: int, h: np.ndarray, output: bool) -> None:
         idx = _lc.llama_batch_ext_add_token(self._batch, 0, token)
@@ -113,11 +120,11 @@ class MtpHead:
         if rc != 0:
             decode_failed(rc)
 
-    def mirror(self, tokens: Sequence[int], pos0: int) -> None:
+    def decoded(self, tokens: Sequence[int], pos0: int) -> None:
         """The target just decoded `tokens` at pos0..: the same into the head's cache."""
         t0 = time.perf_counter()
         if pos0 < self.n:
-            self.keep(pos0)
+            self.truncated(pos0)
         n = len(tokens)
         ptr = self._ext.llama_get_embeddings_nextn(self._target._ptr)
         if pos0 != self.n or not ptr:  # the head missed decodes: use_mtp() brings it back
@@ -132,7 +139,7 @@ class MtpHead:
         self.n_mirrored += n
         self.t_mirror += time.perf_counter() - t0
 
-    def keep(self, n: int) -> None:
+    def truncated(self, n: int) -> None:
         """Forget positions n.. (the target went back to n tokens)."""
         if n >= self.n:
             return
@@ -187,12 +194,12 @@ def use_mtp(ctx: Context, on: bool) -> MtpHead | None:
     """Let the model's MTP heads follow `ctx` (on: every decode's tokens and hidden rows go to
     them, as llama-server's draft-mtp; off: decoding costs what it did). A head that missed
     decodes while off makes the context go back to where it stopped. None when off."""
-    if on and ctx.mtp is None:
-        ctx.mtp = MtpHead(ctx)
-    if ctx.mtp is None:
+    head = ctx.follower
+    if on and head is None:
+        head = ctx.follower = MtpHead(ctx)
+    if head is None:
         return None
-    ctx.mtp.follow(on)
-    ctx._mirror = ctx.mtp.mirror if on else None
-    if on and ctx.mtp.n != len(ctx.tokens):
-        ctx.truncate(min(ctx.mtp.n, len(ctx.tokens)))
-    return ctx.mtp if on else None
+    head.follow(on)
+    if on and head.n != len(ctx.tokens):
+        ctx.truncate(min(head.n, len(ctx.tokens)))
+    return head if on else None
