@@ -1,4 +1,4 @@
-"""The backend's several-sequence decode (Context.decode_seqs, truncate_seq): rows of several
+"""The backend's several-sequence decode (Context.decode_batch, seq_rm): rows of several
 sequences in one llama_decode, each sequence's logits those it gets alone, each rolled back
 on its own; a context of one sequence is made as before."""
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tandem.engine.backend.context_params import ALL, LAST, NONE
 from tandem.engine.backend.llama import Context, ContextParams, Model
-from tandem.errors import ContextOverflowError
 
 PROMPTS = {0: [5, 17, 99, 3, 42, 7], 1: [8, 8, 8, 120, 64], 2: [200, 2, 41, 41, 9, 10, 11]}
 STEP = {0: [12, 13], 1: [77], 2: [4, 5, 6]}
@@ -37,9 +37,9 @@ def test_rows_of_several_sequences_match_each_sequence_decoded_alone(model):
     ctx = Context(model, ContextParams(n_ctx=1024, n_threads=1, n_seq_max=4))
     try:
         assert ctx.n_seq_max == 4 and ctx.n_ctx_seq * 4 <= ctx.n_ctx
-        last = np.array(ctx.decode_seqs(PROMPTS, all_logits=False))
+        last = np.array(ctx.decode_batch([(s, 0, p, LAST) for s, p in PROMPTS.items()]))
         assert last.shape == (3, model.n_vocab)
-        rows = np.array(ctx.decode_seqs(STEP))
+        rows = np.array(ctx.decode_batch([(s, len(PROMPTS[s]), STEP[s], ALL) for s in STEP]))
         assert rows.shape == (sum(map(len, STEP.values())), model.n_vocab)
         at = 0
         for seq, step in STEP.items():
@@ -49,31 +49,36 @@ def test_rows_of_several_sequences_match_each_sequence_decoded_alone(model):
                                        atol=ATOL)
             at += len(step)
         # one sequence rolled back and decoded again; the others keep what they hold
-        ctx.truncate_seq(2, len(PROMPTS[2]))
-        again = np.array(ctx.decode_seqs({2: STEP[2][:1], 1: [78]}))
+        ctx.seq_rm(2, len(PROMPTS[2]))
+        again = np.array(ctx.decode_batch([(2, len(PROMPTS[2]), STEP[2][:1], ALL),
+                                           (1, len(PROMPTS[1]) + 1, [78], ALL)]))
         np.testing.assert_allclose(again[0], alone(model, PROMPTS[2] + STEP[2][:1])[-1],
                                    atol=ATOL)
         np.testing.assert_allclose(again[1], alone(model, PROMPTS[1] + STEP[1] + [78])[-1],
                                    atol=ATOL)
-        assert ctx.tokens == PROMPTS[0] + STEP[0]  # sequence 0 is the context's own
-        ctx.truncate_seq(0, 2)
-        assert ctx.tokens == PROMPTS[0][:2]
+        # a prompt chunk asks for no rows
+        assert ctx.decode_batch([(3, 0, [1, 2, 3], NONE)]).shape[0] == 0
     finally:
         ctx.close()
 
 
-def test_bad_sequence_ids_and_overflow_are_refused_before_decoding(model):
+def test_bad_sequence_ids_and_batches_are_refused_before_decoding(model):
     ctx = Context(model, ContextParams(n_ctx=512, n_threads=1, n_seq_max=2))
     try:
         with pytest.raises(ValueError, match="ids go from 0 to 1"):
-            ctx.decode_seqs({2: [1]})
+            ctx.decode_batch([(2, 0, [1], ALL)])
         with pytest.raises(ValueError, match="at least one token"):
-            ctx.decode_seqs({0: [1], 1: []})
-        with pytest.raises(ContextOverflowError):
-            ctx.decode_seqs({1: [7] * (ctx.n_ctx_seq + 1)}, all_logits=False)
+            ctx.decode_batch([(0, 0, [1], ALL), (1, 0, [], ALL)])
+        with pytest.raises(ValueError, match="ids go from 0 to 1"):  # after a good entry
+            ctx.decode_batch([(1, 0, [7, 8], ALL), (5, 0, [1], ALL)])
+        with pytest.raises(ValueError, match="n_batch"):
+            ctx.decode_batch([(1, 0, [7] * (ctx.n_batch + 1), NONE)])
         assert ctx.n_decoded == 0
-        ctx.decode_seqs({1: [7, 8]})  # the refusals left the batch's sequence ids as they were
+        # the refusals left the batch's sequence ids as they were: this decode is sequence
+        # 0's, so sequence 1 still starts at position 0
         assert ctx.decode([9]).shape == (1, model.n_vocab) and ctx.tokens == [9]
+        row = np.array(ctx.decode_batch([(1, 0, [7, 8], LAST)]))
+        np.testing.assert_allclose(row[0], alone(model, [7, 8])[-1], atol=ATOL)
     finally:
         ctx.close()
 

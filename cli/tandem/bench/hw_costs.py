@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from tandem.engine.backend.context_params import ContextParams
+from tandem.engine.backend.context_params import ALL, NONE, ContextParams
 
 SCHEMA = 1
 PROMPT_TOKENS = 128  # context before the decode and verify timings (a short chat prompt)
@@ -165,17 +165,17 @@ def time_layouts(ctx, prompts: Sequence[Sequence[int]], layouts: Sequence[tuple[
     if len(prompts) < n or any(len(p) < prompt_tokens + width for p in prompts[:n]):
         raise RuntimeError(f"{n} prompts of {prompt_tokens + width} tokens needed")
     for i in range(n):
-        ctx.decode_seqs({first_seq + i: prompts[i][:prompt_tokens]}, all_logits=False)
+        ctx.decode_batch([(first_seq + i, 0, prompts[i][:prompt_tokens], NONE)])
     clock = time.perf_counter
 
     def step(layout: tuple[int, ...]) -> float:
-        rows = {first_seq + i: prompts[i][prompt_tokens:prompt_tokens + w]
-                for i, w in enumerate(layout)}
+        rows = [(first_seq + i, prompt_tokens, prompts[i][prompt_tokens:prompt_tokens + w], ALL)
+                for i, w in enumerate(layout)]
         t0 = clock()
-        ctx.decode_seqs(rows)  # returns once the logits are on the host
+        ctx.decode_batch(rows)  # returns once the logits are on the host
         took = clock() - t0
-        for s in rows:
-            ctx.truncate_seq(s, prompt_tokens)
+        for seq, *_ in rows:
+            ctx.seq_rm(seq, prompt_tokens)
         return took
 
     step(max(layouts, key=sum))

@@ -48,8 +48,8 @@ class ContextParams:
     n_outputs_max: int = MAX_OUTPUTS
     # exact mode: verify batches stay within EXACT_BATCH rows on CPU kernels (see above)
     exact: bool = False
-    # sequences one context holds (decode_seqs); out of repr, which names cost files: every
-    # context that is costed holds one
+    # sequences one context holds (Context.decode_batch); out of repr, which names cost
+    # files: every context that is costed holds one
     n_seq_max: int = field(default=1, repr=False)
     # one KV cache all sequences share (llama-server's default with several slots): the
     # session sizes it for every slot (engine/backend/sequences.py); out of repr

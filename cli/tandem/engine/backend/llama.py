@@ -15,7 +15,7 @@ import os
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -385,7 +385,7 @@ class Context:
                              "try a smaller --ctx-size, or f16 KV cache types")
         self._ptr = ptr
         self.n_ctx = _lc.llama_n_ctx(ptr)
-        # several sequences split the context: each holds n_ctx_seq positions (decode_seqs)
+        # several sequences split the context: each holds n_ctx_seq positions (decode_batch)
         self.n_seq_max, self.n_ctx_seq = _lc.llama_n_seq_max(ptr), _lc.llama_n_ctx_seq(ptr)
         self.n_batch, self.n_ubatch = _lc.llama_n_batch(ptr), _lc.llama_n_ubatch(ptr)  # <= n_ctx
         # the largest verify batch generate() may send: one llama_decode call (n_batch) with
@@ -415,7 +415,6 @@ class Context:
         # and llama.cpp keeps its output buffer until it needs a larger one
         self._views: dict[tuple[int, int], np.ndarray] = {}
         self.tokens: list[int] = []  # what the KV cache holds, position i -> tokens[i]
-        self._seq_tokens = {0: self.tokens}  # the same, per sequence (decode_seqs)
         # llama-server's --cache-reuse: cached runs of at least this many tokens that a new
         # prompt holds at another position are moved there (their positions shifted), not
         # evaluated again; 0: off. Not bit-identical to evaluating them, so exact mode keeps 0
@@ -624,25 +623,6 @@ class Context:
             view = self._views[key] = np.ctypeslib.as_array(ptr, shape=(rows, self.n_vocab))
         return view
 
-    def decode_seqs(self, tokens_by_seq: Mapping[int, Sequence[int]],
-                    all_logits: bool = True) -> np.ndarray:
-        """One llama_decode over several sequences (a context made with n_seq_max > 1): each
-        sequence's tokens go after the ones it holds. Returns the logits of every row in the
-        mapping's order, or of each sequence's last row; a view, as decode()'s. For attention
-        memory: truncate_seq() rolls a sequence back by removing its positions."""
-        if self.follower is not None and self.follower.following:
-            raise ValueError("decode_seqs() on a followed context (its follower: sequence 0)")
-        for seq, toks in tokens_by_seq.items():
-            if len(self._seq_tokens.get(seq, ())) + len(toks) > self.n_ctx_seq:
-                raise ContextOverflowError(f"sequence {seq} would pass its {self.n_ctx_seq} "
-                                           "positions", "raise the context size")
-        want = ALL if all_logits else LAST
-        rows = self.decode_batch([(seq, len(self._seq_tokens.get(seq, ())), toks, want)
-                                  for seq, toks in tokens_by_seq.items()])
-        for seq, toks in tokens_by_seq.items():
-            self._seq_tokens.setdefault(seq, []).extend(toks)
-        return rows
-
     def decode_batch(self, entries: Sequence[tuple[int, int, Sequence[int], int]]) -> np.ndarray:
         """The one llama_decode of several sequences' tokens: entries of (sequence, position
         of the first token, tokens, which rows want logits: NONE, LAST or ALL). Positions are
@@ -655,17 +635,17 @@ class Context:
                              "n_outputs_max rows")
         tok, pos, want, seq_id = self._tok, self._pos, self._want, self._batch.seq_id
         i = 0
-        for seq, start, toks, rows in entries:
-            if not 0 <= seq < self.n_seq_max or not toks:
-                raise ValueError(f"sequence {seq}: ids go from 0 to {self.n_seq_max - 1} "
-                                 "(n_seq_max), each with at least one token")
-            last = len(toks) - 1
-            for j, t in enumerate(toks):
-                tok[i], pos[i], seq_id[i][0] = t, start + j, seq
-                want[i] = 1 if rows == ALL or (rows == LAST and j == last) else 0
-                i += 1
-        self._batch.n_tokens = n
-        try:
+        try:  # (a refusal half-way resets the ids written before it too)
+            for seq, start, toks, rows in entries:
+                if not 0 <= seq < self.n_seq_max or not toks:
+                    raise ValueError(f"sequence {seq}: ids go from 0 to {self.n_seq_max - 1} "
+                                     "(n_seq_max), each with at least one token")
+                last = len(toks) - 1
+                for j, t in enumerate(toks):
+                    tok[i], pos[i], seq_id[i][0] = t, start + j, seq
+                    want[i] = 1 if rows == ALL or (rows == LAST and j == last) else 0
+                    i += 1
+            self._batch.n_tokens = n
             rc = self._llama_decode(self._ptr, self._batch)
         finally:
             for i in range(n):  # decode() writes tokens and positions only: sequence 0's
@@ -676,16 +656,6 @@ class Context:
         if out > self.max_logit_rows:
             self.max_logit_rows = out
         return self._logits_view(out) if out else _NO_ROWS
-
-    def truncate_seq(self, seq: int, n: int) -> None:
-        """Forget positions n.. of one sequence (sequence 0: truncate())."""
-        if seq == 0:
-            self.truncate(n)
-            return
-        held = self._seq_tokens.get(seq, [])
-        if n < len(held):
-            self.seq_rm(seq, n)
-            del held[n:]
 
     def seq_rm(self, seq: int, n: int) -> None:
         """Remove positions n.. of a sequence whose positions the caller keeps (attention
