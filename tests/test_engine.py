@@ -350,10 +350,10 @@ def test_kv_fallback_and_exact_mode_say_what_they_cannot_keep(models, tiny_model
 def test_partial_gpu_offload_keeps_the_cpu_verify_cap(tiny_models, monkeypatch):
     """Finding 6: a target with some layers on the CPU still runs CPU kernels, so exact mode
     keeps EXACT_BATCH; only a full offload lifts it (with a note: GPU kernels unmeasured)."""
-    from tandem.engine.backend import llama
+    from tandem.engine.backend import model as model_module
     from tandem.engine.backend.llama import EXACT_BATCH
 
-    monkeypatch.setattr(llama, "supports_gpu_offload", lambda: True)  # a CPU build ignores ngl
+    monkeypatch.setattr(model_module, "supports_gpu_offload", lambda: True)  # CPU: ngl ignored
     for ngl, full in ((1, False), (2, False), (3, True), (-1, True)):
         m = Model(tiny_models["target"], n_gpu_layers=ngl)  # 2 layers + output
         ctx = Context(m, ContextParams(n_ctx=128, exact=True, n_threads=1))

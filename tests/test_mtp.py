@@ -16,6 +16,7 @@ pytest.importorskip("llama_cpp")
 
 from engine_helpers import assert_same_first_tokens, run, sampled_first_tokens, session_done  # noqa: E402
 from tandem.engine.backend import llama as backend  # noqa: E402
+from tandem.engine.backend import model as model_module  # noqa: E402
 from tandem.engine.backend import mtp_head as heads  # noqa: E402
 from tandem.engine.backend.context_params import ContextParams  # noqa: E402
 from tandem.engine.backend.llama import Context, Model  # noqa: E402
@@ -364,7 +365,7 @@ def test_heads_of_an_architecture_llama_cpp_does_not_run_are_refused(tiny_models
     from tandem.engine.pair import PairSession, SessionOptions
     from tandem.errors import UsageError
 
-    monkeypatch.setattr(backend, "MTP_ARCHS", frozenset({"qwen35"}))
+    monkeypatch.setattr(model_module, "MTP_ARCHS", frozenset({"qwen35"}))
     with pytest.raises(UsageError, match=r"runs no MTP head for its architecture \(glm4moe\)"):
         PairSession(tiny_models["mtp"], None, SessionOptions(strategy="mtp"))
     m = Model(tiny_models["mtp"], load_mtp=True)

@@ -108,12 +108,14 @@ def test_dependency_rules():
 
 
 # The modules that need the compiled binding, engine/backend's binding modules: llama.py
-# (models, contexts) and mtp.py (the MTP heads' context, which follows a Context and binds
-# llama.cpp's staging calls from llama_cpp.llama_cpp_ext; kept apart so that llama.py stays
-# a readable size and owns no MTP logic). Every other module only names their types (under
-# `if TYPE_CHECKING:`) or imports them inside the function that loads a model.
+# (contexts; what callers import), model.py (a loaded model and the process-wide set-up,
+# which llama.py re-exports) and mtp_head.py (the MTP heads' context, which follows a Context
+# and calls llama.cpp's staging API through llama_cpp.llama_cpp_ext). Three, not one, so that
+# each stays a readable size and Context owns no MTP logic. Every other module only names
+# their types (under `if TYPE_CHECKING:`) or imports them inside the function that loads a
+# model.
 BACKEND = "tandem.engine.backend.llama"
-BINDINGS = {BACKEND, "tandem.engine.backend.mtp_head"}
+BINDINGS = {BACKEND, "tandem.engine.backend.model", "tandem.engine.backend.mtp_head"}
 
 
 def _top_level_imports(tree) -> set[str]:

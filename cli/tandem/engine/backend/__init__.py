@@ -1,1 +1,1 @@
-"""The llama.cpp backend: llama.py is the only module importing llama_cpp; the context parameters, model loading and chat templates beside it."""
+"""The llama.cpp backend: the binding modules (llama.py, model.py, mtp_head.py) are the only ones importing llama_cpp; the context parameters, model loading and chat templates beside them."""

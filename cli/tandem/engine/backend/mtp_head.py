@@ -2,8 +2,8 @@
 context of type MTP made against the target's context, which follows its decodes, and the
 calls of llama.cpp's staging API (src/llama-ext.h) that carry the target's hidden rows to it.
 
-A binding module beside llama.py (tests/test_structure.py names them): it builds on
-llama.py's Context and context parameters, and llama.py never imports it.
+A binding module beside llama.py and model.py (tests/test_structure.py names them): it
+builds on llama.py's Context and context parameters, and neither imports it.
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Sequence
 import llama_cpp as _lc
 import numpy as np
 
-from tandem.engine.backend.llama import (LLAMA_CPP_VERSION, Context, decode_failed,
-                                         llama_context_params)
+from tandem.engine.backend.llama import Context, decode_failed, llama_context_params
+from tandem.engine.backend.model import LLAMA_CPP_VERSION
 from tandem.errors import ModelError
 
 # The hidden-row calls an MTP draft needs (common/speculative.cpp's draft-mtp), llama.cpp's
