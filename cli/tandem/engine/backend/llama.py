@@ -66,8 +66,9 @@ def llama_context_params(params: ContextParams):
 class Follower(Protocol):
     """What follows a Context's decodes of sequence 0 (MtpHead, engine/backend/mtp_head.py):
     told of every rollback and thread count, closed before the context. It gets decodes only
-    while `following` (off, decoding costs what it did), and cache reuse is off meanwhile
-    (moved runs are positions it would not see)."""
+    while `following` (off, decoding costs what it did). Cache reuse is off while it follows
+    (moved runs are positions it would not see); a reuse while it does not is a rollback to
+    where the moved runs start."""
 
     following: bool
 
