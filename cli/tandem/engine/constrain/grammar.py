@@ -3,7 +3,7 @@ GrammarState follows the output, giving the allowed tokens at the next position,
 tokens the grammar forces there, and commit/rollback as tokens are decided.
 
 llguidance is imported only when a grammar is used (`tandem run --help` and plain runs never
-load it). Its tokenizer is built once per model from the bytes engine/backend/llama.py
+load it). Its tokenizer is built once per model from the bytes engine/backend/model.py
 reads, and control tokens are marked special there, so grammar text never matches them:
 a literal "<|im_end|>" in a grammar is written as plain text tokens.
 """
