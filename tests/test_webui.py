@@ -5,7 +5,7 @@ tokens/s and acceptance line and marks the accepted drafts, renders `<script>` f
 model as text, keeps the conversation over a reload, asks for the API key once; --no-webui
 leaves / a 404. The stream's per-piece `tandem.from_draft` mark is checked over HTTP too.
 
-TANDEM_WEBUI_SCREENSHOT=docs/img/webui.png writes the screenshot there (the real pair's,
+WEBUI_SCREENSHOT_TO=docs/img/webui.png writes the screenshot there (the real pair's,
 with -m slow; the tiny models' otherwise)."""
 from __future__ import annotations
 
@@ -122,8 +122,8 @@ def _severe(browser) -> list:
 def _screenshot(browser, path) -> None:
     browser.save_screenshot(str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    if os.environ.get("TANDEM_WEBUI_SCREENSHOT"):
-        shutil.copyfile(path, os.environ["TANDEM_WEBUI_SCREENSHOT"])
+    if os.environ.get("WEBUI_SCREENSHOT_TO"):
+        shutil.copyfile(path, os.environ["WEBUI_SCREENSHOT_TO"])
 
 
 def test_the_stream_marks_each_accepted_drafts_piece(server):
