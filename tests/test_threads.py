@@ -224,6 +224,32 @@ def test_a_lightly_busy_machine_keeps_the_faster_default(spikes):
     assert kept.count(False) <= (4 if spikes else 0), kept.count(False)
 
 
+def test_slower_steps_probe_only_fewer_threads():
+    """Steps slowing down mean another program started computing: only fewer threads can
+    help. At one thread no probe starts (issue 51: each such probe timed a 2-thread decode
+    that stalled for seconds, several times a run, and the defaults made 5.6 tok/s where a
+    fixed -t 1 made 12.9); above it, the probe times no count above the one in use."""
+    tuner = ThreadTuner(2)
+    tuner.current = 1
+    tuner.want_probe(None)
+    tuner.skip()  # the start's probe done with
+    for seconds in [0.07] * 4 + [0.2] * 20:  # the reference, then steps 3x slower
+        assert not tuner.observe(1, seconds) or tuner.due == "check"
+        if tuner.due == "check":
+            tuner.skip()
+    assert tuner.due is None
+    eight = ThreadTuner(8)
+    eight.current = 4
+    eight._due = "slower"
+    calls: list[int] = []
+
+    def time_decode(n: int) -> float:
+        calls.append(n)
+        return 0.2 / n
+    eight.probe(time_decode)
+    assert calls and max(calls) == 4, calls
+
+
 def test_a_stalled_barrier_is_decided_on_one_round():
     """2 threads 10x slower: one sample each is enough (the second round would cost another
     stalled step)."""

@@ -125,7 +125,10 @@ class ThreadTuner:
                 self.ref = self.avg = ref
         else:
             self.avg += WEIGHT * (x - self.avg)
-            if self.avg > JUMP * self.ref and x > JUMP * self.ref:
+            # steps slower: a program started computing, and only fewer threads can help (with
+            # none fewer left, a probe only paid for stalled decodes of more: issue 51)
+            if self.avg > JUMP * self.ref and x > JUMP * self.ref and \
+                    self.current > self.counts[-1]:
                 self._due = "slower"
             elif self.current < self.default and self.avg < CALM * self.ref:
                 self._due = "faster"
@@ -180,7 +183,9 @@ class ThreadTuner:
         best = float("inf")
         # a busy machine's first samples may be lucky ones: only a stall rules a count out
         drop = SURE if self._busy else DROP
-        for c in self.counts:  # round one, largest first
+        # steps got slower: the counts above the one in use would only contend more
+        counts = [c for c in self.counts if c <= cur] if why == "slower" else self.counts
+        for c in counts:  # round one, largest first
             t = time_decode(c)
             times[c].append(t)
             timed.append(c)
