@@ -41,11 +41,10 @@ MARGIN = 1.25
 # ... or when its one sample of the first round is this much slower (a stalled barrier
 # cost 12-24x in this project's runs: a second round would only pay for it again)
 SURE = 4.0
-# ... and on a machine other processes keep busy, when the mean of the timed plain steps of
-# the one in use is this much above the other's: there a count that stalls at its barriers
-# has a fast sample now and then (both threads got a core) beside seconds-long ones, so one
-# lucky sample kept the losing count (issue 51: 2 threads kept at 3.6 tok/s where 1 made
-# 4.3-6.7). Up to BUSY_ROUNDS samples each, fewer once one count is BUSY_CLEAR times slower
+# ... and on a busy machine, when the mean of its timed plain steps is this much above the
+# other's: a count that stalls at its barriers has a fast sample now and then beside
+# seconds-long ones, and one lucky sample kept the losing count (issue 51). Up to
+# BUSY_ROUNDS samples each, fewer once one count is BUSY_CLEAR times slower
 BUSY_MARGIN = 1.15
 BUSY_ROUNDS = 6
 BUSY_CLEAR = 1.5
