@@ -184,12 +184,12 @@ def _say_start_up(session) -> None:
     what it took, instead of a silent wait."""
     from tandem.engine.pair import warm_up
 
-    for step in session.stream(warm_up, "auto"):
+    for step in session.stream(warm_up, "auto", True):
         if step.what != "drafting costs":
             continue  # the thread count: the stats line and --json say it
-        if step.seconds is None and step.result != "saved":
+        if step.seconds is None:
             print(f"tandem: measuring this machine's {step.what} before the first answer "
                   "(once) ...", file=sys.stderr, flush=True)
-        elif step.seconds is not None and step.result.startswith("calibrated"):
+        elif step.result.startswith("calibrated"):
             print(f"tandem: {step.what} in {step.seconds:.1f} s: {step.result}",
                   file=sys.stderr, flush=True)

@@ -472,7 +472,8 @@ class StartupStep:
     result: str = ""
 
 
-def warm_up(session: PairSession, strategy: str, *, should_stop: Callable[[], bool],
+def warm_up(session: PairSession, strategy: str, unsaved_only: bool = False, *,
+            should_stop: Callable[[], bool],
             tick: Callable[[], None] | None = None) -> Iterator[StartupStep]:  # noqa: ARG001
     """What the first answer of `strategy` would otherwise measure while its client waits,
     measured now (`tandem serve`, before it listens; `tandem run`, saying so; Pair.stream
@@ -480,7 +481,12 @@ def warm_up(session: PairSession, strategy: str, *, should_stop: Callable[[], bo
     count is the engine's: the slots' batches keep theirs), then auto's cost model at that
     count (cached and checked, else calibrated: engine/tuning/pricing.py, which `basis`
     tells). The costs' first step says "saved" where a cost file is on disk (checked, not
-    calibrated: no wait to announce)."""
+    calibrated: no wait to announce); `unsaved_only`: nothing at all then (a run's answer
+    probes its threads at its start, and says so as the first request's)."""
+    path = session.costs_path() if strategy == "auto" else None
+    saved = path is not None and (path.exists() or busy_path(path).exists())
+    if unsaved_only and (saved or strategy != "auto"):
+        return
     threads = session.threads
     if threads is not None and threads.active and not session.slots:
         t0 = time.perf_counter()
@@ -492,8 +498,6 @@ def warm_up(session: PairSession, strategy: str, *, should_stop: Callable[[], bo
                "the machine was quiet while the models loaded"))
         yield StartupStep("thread count", time.perf_counter() - t0, result)
     if strategy == "auto" and not should_stop():  # the one that prices drafts (make_drafter)
-        path = session.costs_path()
-        saved = path is not None and (path.exists() or busy_path(path).exists())
         yield StartupStep("drafting costs", None, "saved" if saved else "")
         t0 = time.perf_counter()
         with session.batcher.exclusive():  # as a slot's drafter asks for them

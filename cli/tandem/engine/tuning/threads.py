@@ -44,7 +44,7 @@ SURE = 4.0
 # ... and on a busy machine, when the mean of its timed plain steps is this much above the
 # other's: a count that stalls at its barriers has a fast sample now and then beside
 # seconds-long ones, and one lucky sample kept the losing count (issue 51). Up to
-# BUSY_ROUNDS samples each, fewer once one count is BUSY_CLEAR times slower
+# BUSY_ROUNDS samples each, fewer once the one in use is BUSY_CLEAR times slower
 BUSY_MARGIN = 1.15
 BUSY_ROUNDS = 6
 BUSY_CLEAR = 1.5
@@ -237,17 +237,17 @@ class ThreadTuner:
 def _busy_rounds(times: dict[int, list[float]], again: Sequence[int], cur: int,
                  time_decode: Callable[[int], float]) -> int:
     """A busy machine's rounds after the first: every count still in question timed again,
-    smallest first, BUSY_ROUNDS in all, or three once the count in use is BUSY_CLEAR times
-    slower than another; it is left only for a mean BUSY_MARGIN lower. Means, not medians:
-    a stalling count's steps cost what they cost on average, and one of a few spikes on a
-    lightly busy machine moves a mean of BUSY_ROUNDS by less than the margin. No early
-    stop for the count in use: a stalling count has runs of lucky samples."""
-    for n in range(2, BUSY_ROUNDS + 1):
+    smallest first, BUSY_ROUNDS in all, fewer once the count in use is BUSY_CLEAR times
+    slower (each sample of a stalling count costs a stall); it is left only for a mean
+    BUSY_MARGIN lower. Means: a stalling count's steps cost what they cost on average, and a
+    spike moves a mean of BUSY_ROUNDS by less than the margin. No early stop to keep the
+    count in use: a stalling count has runs of lucky samples."""
+    for _ in range(2, BUSY_ROUNDS + 1):
         for c in reversed(again):
             times[c].append(time_decode(c))
         fastest = min(again, key=lambda c: _mean(times[c]))
         ratio = _mean(times[cur]) / _mean(times[fastest])
-        if n >= 3 and ratio > BUSY_CLEAR:
+        if ratio > BUSY_CLEAR:
             break
     return fastest if ratio > BUSY_MARGIN else cur
 
