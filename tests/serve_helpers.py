@@ -97,3 +97,10 @@ class Server:
 
 def tiny_args(tiny_models) -> list[str]:
     return ["-m", str(tiny_models["target"]), "-md", str(tiny_models["draft"]), "-t", "1"]
+
+
+def stop_cleanly(srv: Server) -> None:
+    """Stop a module's server and hold it to a clean exit: Ctrl-C's codes, no traceback."""
+    srv.stop()
+    assert srv.proc.returncode in (0, 130, -signal.SIGINT), "".join(srv.log)
+    assert "Traceback" not in "".join(srv.log), "".join(srv.log)

@@ -6,14 +6,13 @@ error shape for every refusal. The real pair (slow): a tool call and a cached se
 from __future__ import annotations
 
 import json
-import signal
 
 import pytest
 
 anthropic = pytest.importorskip("anthropic")
 jsonschema = pytest.importorskip("jsonschema")
 
-from serve_helpers import Server, tiny_args  # noqa: E402
+from serve_helpers import Server, stop_cleanly, tiny_args  # noqa: E402
 
 # short strings: the tiny models spell every character as one token
 WEATHER = {"name": "get_weather", "description": "The weather in a city",
@@ -23,19 +22,13 @@ WEATHER = {"name": "get_weather", "description": "The weather in a city",
 QUESTION = {"role": "user", "content": "What is the weather in Paris?"}
 
 
-def _finish(srv: Server) -> None:
-    srv.stop()
-    assert srv.proc.returncode in (0, 130, -signal.SIGINT), "".join(srv.log)
-    assert "Traceback" not in "".join(srv.log), "".join(srv.log)
-
-
 @pytest.fixture(scope="module")
 def server(tiny_models, tmp_path_factory):
     # exact: greedy answers equal plain decoding's, so streamed equals whole
     srv = Server([*tiny_args(tiny_models), "--exact", "--strategy", "draft",
                   "--max-tokens", "200"], tmp_path_factory.mktemp("serve-anthropic-home"))
     yield srv
-    _finish(srv)
+    stop_cleanly(srv)
 
 
 def _client(srv: Server, **kwargs):
@@ -224,7 +217,7 @@ def test_the_api_key_in_x_api_key_or_as_a_bearer(tiny_models, tmp_path):
         status, _, _ = srv.raw("GET", "/v1/models", headers={"x-api-key": "s3cret"})
         assert status == 200
     finally:
-        _finish(srv)
+        stop_cleanly(srv)
 
 
 # ----------------------------------------------------------------------- the real pair
@@ -257,4 +250,4 @@ def test_real_pair_tool_call_and_a_cached_second_turn(real_pair, tmp_path):
         # the resent conversation: only what is new was evaluated
         assert final.usage.cache_read_input_tokens > msg.usage.input_tokens // 2
     finally:
-        _finish(srv)
+        stop_cleanly(srv)

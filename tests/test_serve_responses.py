@@ -6,14 +6,13 @@ fields. The real pair (slow): a tool call and a cached second turn."""
 from __future__ import annotations
 
 import json
-import signal
 
 import pytest
 
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
-from serve_helpers import Server, tiny_args  # noqa: E402
+from serve_helpers import Server, stop_cleanly, tiny_args  # noqa: E402
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
            "parameters": {"type": "object", "properties": {
@@ -22,19 +21,13 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "The weathe
 QUESTION = "What is the weather in Paris?"
 
 
-def _finish(srv: Server) -> None:
-    srv.stop()
-    assert srv.proc.returncode in (0, 130, -signal.SIGINT), "".join(srv.log)
-    assert "Traceback" not in "".join(srv.log), "".join(srv.log)
-
-
 @pytest.fixture(scope="module")
 def server(tiny_models, tmp_path_factory):
     # exact: greedy answers equal plain decoding's, so streamed equals whole
     srv = Server([*tiny_args(tiny_models), "--exact", "--strategy", "draft",
                   "--max-tokens", "200"], tmp_path_factory.mktemp("serve-responses-home"))
     yield srv
-    _finish(srv)
+    stop_cleanly(srv)
 
 
 def _ask(client, input=QUESTION, **kwargs):
@@ -198,4 +191,4 @@ def test_real_pair_function_call_and_a_cached_second_turn(real_pair, tmp_path):
         # the resent conversation: only what is new was evaluated
         assert final.usage.input_tokens_details.cached_tokens > resp.usage.input_tokens // 2
     finally:
-        _finish(srv)
+        stop_cleanly(srv)

@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 
 import pytest
 
 openai = pytest.importorskip("openai")
 
-from serve_helpers import Server, tiny_args  # noqa: E402
+from serve_helpers import Server, stop_cleanly, tiny_args  # noqa: E402
 
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -36,19 +35,13 @@ CODE = """def is_prime(n):
 """
 
 
-def _finish(srv: Server) -> None:
-    srv.stop()
-    assert srv.proc.returncode in (0, 130, -signal.SIGINT), "".join(srv.log)
-    assert "Traceback" not in "".join(srv.log), "".join(srv.log)
-
-
 @pytest.fixture(scope="module")
 def server(tiny_models, tmp_path_factory):
     # exact + draft: greedy answers equal the API's, and the draft model's tokens are accepted
     srv = Server([*tiny_args(tiny_models), "--exact", "--strategy", "draft",
                   "--max-tokens", "48"], tmp_path_factory.mktemp("webui-home"))
     yield srv
-    _finish(srv)
+    stop_cleanly(srv)
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +184,7 @@ def test_the_page_asks_for_the_api_key_once(tiny_models, tmp_path, browser):
         assert all("401" in e["message"] for e in _severe(browser))
     finally:
         browser.get("about:blank")  # the page polls: not a server that is gone
-        _finish(srv)
+        stop_cleanly(srv)
 
 
 def test_the_page_ships_in_the_package():
@@ -215,7 +208,7 @@ def test_no_webui_leaves_the_root_a_404(tiny_models, tmp_path):
         assert status == 404 and body["error"]["message"] == "no route /"
         assert srv.raw("GET", "/health")[0] == 200
     finally:
-        _finish(srv)
+        stop_cleanly(srv)
 
 
 @pytest.mark.slow
@@ -239,4 +232,4 @@ def test_real_pair_page(real_pair, browser, tmp_path):
         _screenshot(browser, tmp_path / "webui.png")
         assert _severe(browser) == []
     finally:
-        _finish(srv)
+        stop_cleanly(srv)
