@@ -107,15 +107,19 @@ def _spec_args(spec) -> dict:
             "size": spec.size, "sha256": spec.sha256}
 
 
-def test_ctrl_c_keeps_the_finished_parts(mirror, parts):
-    spec = fake_spec(parts)
-
+def _stop_at_part(spec, part: int) -> None:
+    """A pull stopped by Ctrl-C as the mirror's `part` starts downloading."""
     def interrupt(ev: ProgressEvent):
-        if ev.phase == "download" and ev.part == 4:
+        if ev.phase == "download" and ev.part == part:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         Store().ensure(spec, progress=interrupt)
+
+
+def test_ctrl_c_keeps_the_finished_parts(mirror, parts):
+    spec = fake_spec(parts)
+    _stop_at_part(spec, 4)
     assert len(mirror) == 3
     del mirror[:]
     assert Store().ensure(spec).read_bytes() == b"".join(parts)
@@ -127,13 +131,7 @@ def test_the_resumed_file_is_checked_whole(mirror, parts):
     partial file goes, and the pull after that starts over."""
     spec = fake_spec(parts)
     dest = Store().path_for(spec)
-
-    def interrupt(ev: ProgressEvent):
-        if ev.phase == "download" and ev.part == 3:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        Store().ensure(spec, progress=interrupt)
+    _stop_at_part(spec, 3)
     with open(partial_path(dest), "r+b") as f:
         f.seek(10)
         f.write(b"\x00" if f.read(1) != b"\x00" else b"\x01")
@@ -149,13 +147,7 @@ def test_the_resumed_file_is_checked_whole(mirror, parts):
 def test_a_partial_file_that_cannot_be_resumed_is_started_over(mirror, parts, change):
     spec = fake_spec(parts)
     dest = Store().path_for(spec)
-
-    def interrupt(ev: ProgressEvent):
-        if ev.phase == "download" and ev.part == 3:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        Store().ensure(spec, progress=interrupt)
+    _stop_at_part(spec, 3)
     record = json.loads(resume_path(dest).read_text())
     if change == "other-file":  # the catalog moved on to another version of the packages
         record["identity"]["version"] = "0.0.9"
