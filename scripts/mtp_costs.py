@@ -44,7 +44,7 @@ def _median_s(fn, repeats: int) -> float:
 def measure(path: Path, repeats: int, n_gpu_layers: int = 0, threads: int = 1) -> dict:
     from tandem.engine.backend.context_params import ContextParams
     from tandem.engine.backend.llama import Context, Model
-    from tandem.engine.backend.mtp_head import use_mtp
+    from tandem.engine.backend.mtp import use_mtp
     from tandem.engine.drafting.drafters import DraftParams
     from tandem.engine.drafting.mtp import MtpDrafter
     from tandem.engine.loop.events import DoneEvent
@@ -90,7 +90,7 @@ def greedy_equal(path: Path, n_gpu_layers: int = 0, threads: int = 1) -> bool:
     """Whether greedy `--strategy mtp` output equals plain decoding on the three prompts."""
     from tandem.engine.backend.context_params import ContextParams
     from tandem.engine.backend.llama import Context, Model
-    from tandem.engine.backend.mtp_head import use_mtp
+    from tandem.engine.backend.mtp import use_mtp
     from tandem.engine.drafting.drafters import DraftParams, NoDrafter
     from tandem.engine.drafting.mtp import MtpDrafter
     from tandem.engine.loop.events import DoneEvent

@@ -17,10 +17,10 @@ pytest.importorskip("llama_cpp")
 from engine_helpers import assert_same_first_tokens, run, sampled_first_tokens, session_done  # noqa: E402
 from tandem.engine.backend import llama as backend  # noqa: E402
 from tandem.engine.backend import model as model_module  # noqa: E402
-from tandem.engine.backend import mtp_head as heads  # noqa: E402
+from tandem.engine.backend import mtp as heads  # noqa: E402
 from tandem.engine.backend.context_params import ContextParams  # noqa: E402
 from tandem.engine.backend.llama import Context, Model  # noqa: E402
-from tandem.engine.backend.mtp_head import use_mtp  # noqa: E402
+from tandem.engine.backend.mtp import use_mtp  # noqa: E402
 from tandem.engine.drafting.drafters import DraftParams, NoDrafter  # noqa: E402
 from tandem.engine.drafting.mtp import MtpDrafter  # noqa: E402
 from tandem.errors import ModelError  # noqa: E402

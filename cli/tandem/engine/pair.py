@@ -44,7 +44,7 @@ from tandem.errors import TandemError, UsageError
 
 if TYPE_CHECKING:
     from tandem.engine.backend.llama import Context, Model
-    from tandem.engine.backend.mtp_head import MtpHead
+    from tandem.engine.backend.mtp import MtpHead
 
 
 @dataclass(frozen=True)
@@ -207,7 +207,7 @@ class PairSession:
                          progress=None if progress is None else (lambda f: progress(label, f)))
 
         from tandem.engine.backend.llama import Model  # the backend, loaded here
-        from tandem.engine.backend.mtp_head import staging_calls
+        from tandem.engine.backend.mtp import staging_calls
 
         # the MTP heads' weights only where they may draft (llama-server: --spec-type
         # draft-mtp): mtp, or auto where this library can drive them
@@ -388,7 +388,7 @@ class PairSession:
         ctx = self.target_ctx
         if on and not self.target.mtp_loaded:
             raise need_mtp_heads(self.target_path.name, loaded=self.target.n_layer_nextn > 0)
-        from tandem.engine.backend.mtp_head import use_mtp
+        from tandem.engine.backend.mtp import use_mtp
 
         return use_mtp(ctx, on)
 

@@ -8,7 +8,7 @@ that need them, so llama.cpp's host buffer never exceeds (rows of the largest ba
 
 Over 400 lines because every ctypes call of a context (batches, logits views, rollback,
 sequence copies, the opt-in timer) stays here, behind a small API. A Context's one hook for
-what follows its decodes is its Follower: the MTP heads' context (engine/backend/mtp_head.py)
+what follows its decodes is its Follower: the MTP heads' context (engine/backend/mtp.py)
 binds its own calls beside this module.
 """
 from __future__ import annotations
@@ -64,7 +64,7 @@ def llama_context_params(params: ContextParams):
 
 
 class Follower(Protocol):
-    """What follows a Context's decodes of sequence 0 (MtpHead, engine/backend/mtp_head.py):
+    """What follows a Context's decodes of sequence 0 (MtpHead, engine/backend/mtp.py):
     told of every rollback and thread count, closed before the context. It gets decodes only
     while `following` (off, decoding costs what it did). Cache reuse is off while it follows
     (moved runs are positions it would not see); a reuse while it does not is a rollback to
@@ -155,7 +155,7 @@ class Context:
         self.n_decoded = 0  # tokens evaluated since creation (prompt + generated)
         self.t_llama = 0.0  # seconds inside llama.cpp's loop calls, while time_llama() is on
         self.time_llama(False)
-        # what follows this context's decodes: the model's MTP heads (engine/backend/mtp_head.py)
+        # what follows this context's decodes: the model's MTP heads (engine/backend/mtp.py)
         self.follower: Follower | None = None
 
     def _plan_rollback(self, model: Model, ptr, limit: int) -> int:

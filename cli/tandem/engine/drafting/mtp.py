@@ -3,7 +3,7 @@ model source where a target has them and no draft model is loaded).
 
 Models trained with MTP layers ("nextn": GLM-4.5, Qwen3.5/3.6, step35...) predict the token
 after next from the token and the target's last hidden row. llama.cpp runs such a head in a
-context of its own against the target model (engine/backend/mtp_head.py MtpHead), which follows
+context of its own against the target model (engine/backend/mtp.py MtpHead), which follows
 every target decode; this drafter asks it for a draft, one head step per token, and takes the
 tokens as llama.cpp's draft-simple takes a draft model's (drafters.draft_tokens): greedy top-1
 of a top-10 softmax with p_min and n_min, or sampled from the head's q at temperature > 0, which
@@ -21,7 +21,7 @@ from tandem.engine.drafting.drafters import Draft, DraftParams, StepSources, dra
 from tandem.engine.loop.events import StepEvent
 
 if TYPE_CHECKING:
-    from tandem.engine.backend.mtp_head import MtpHead
+    from tandem.engine.backend.mtp import MtpHead
 
 
 class MtpDrafter:

@@ -21,7 +21,7 @@ from tandem.errors import UsageError
 
 if TYPE_CHECKING:
     from tandem.engine.backend.llama import Context
-    from tandem.engine.backend.mtp_head import MtpHead
+    from tandem.engine.backend.mtp import MtpHead
 
 
 def need_draft_model(strategy: str) -> UsageError:

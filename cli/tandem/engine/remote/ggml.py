@@ -6,7 +6,7 @@ parameters: its own tools attach a server through ggml's registry (common/arg.cp
 add_rpc_devices), which lives in libggml, shipped beside libllama in the wheel. This module
 opens that same libggml (the one libllama already uses, so the registry is shared) and does
 what llama.cpp's tools do. Outside engine/backend's binding modules (llama, model,
-mtp_head) it is the one module that calls llama.cpp's native code (bench/llama_server.py
+mtp) it is the one module that calls llama.cpp's native code (bench/llama_server.py
 calls only libc's prctl), and it imports no llama_cpp (tests/test_structure.py holds both).
 """
 from __future__ import annotations
