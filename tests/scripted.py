@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
+from tandem.engine.backend.decode_requests import DecodesAtOnce
 from tandem.engine.backend.llama import MAX_OUTPUTS, common_prefix
 from tandem.errors import ContextOverflowError
 
@@ -63,7 +64,7 @@ class _Params:
     exact: bool = False
 
 
-class ScriptedContext:
+class ScriptedContext(DecodesAtOnce):
     """`logits_fn(prefix) -> logits of the token after prefix`; `cost(n_tokens) -> seconds`."""
 
     def __init__(self, model: ScriptedModel, logits_fn: Callable[[list[int]], np.ndarray],

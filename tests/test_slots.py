@@ -5,7 +5,6 @@ they join (BatchCosts) with scripted cost curves of a steep host and a flat one.
 from __future__ import annotations
 
 import json
-import threading
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from tandem.engine.drafting.adaptive import longest_paying
 from tandem.engine.loop.events import DoneEvent, TokenEvent
 from tandem.engine.loop.sampling import SamplingParams
 from tandem.engine.loop.speculative import GenParams
+from tandem.engine.loop.step_loop import Generation, StepLoop
 from tandem.engine.pair import PairSession, SessionOptions
 from tandem.engine.tuning.costs import BatchCosts, CostModel
 
@@ -27,24 +27,40 @@ PROMPTS = [[1, 5, 17, 99, 3, 42, 7] * 3, [1, 8, 8, 8, 120, 64] * 4,
 
 
 def answer(session, prompt, gen, strategy, slot=None):
-    for ev in session.generate(prompt, gen, strategy, slot=slot, record=False):
+    if slot is not None:  # a slot's decodes wait for the engine loop's batch
+        return together(session, [prompt], [gen], strategy, [slot])[0]
+    for ev in session.generate(prompt, gen, strategy, record=False):
         if isinstance(ev, DoneEvent):
             return ev.tokens
 
 
-def together(session, prompts, gens, strategy):
-    """Each prompt on its own slot with its GenParams, all at once (one thread each, as serve
-    runs them)."""
+def run_all(loop, generations):
+    """Step `loop` until the generations ((events, on_event) pairs) are all over, as serve's
+    engine thread does; a generation's failure fails the test."""
+    errors = []
+    for events, on_event in generations:
+        loop.add(Generation(events, on_event, lambda error: errors.append(error)))
+    while loop.live:
+        loop.step()
+    assert [e for e in errors if e is not None] == []
+
+
+def together(session, prompts, gens, strategy, slots=None):
+    """Each prompt on its own slot with its GenParams, all at once (one engine loop steps
+    them, as serve runs them)."""
     out = [None] * len(prompts)
 
-    def one(i):
-        out[i] = answer(session, prompts[i], gens[i], strategy, session.slots[i])
+    def keep(i):
+        def on_event(ev):
+            if isinstance(ev, DoneEvent):
+                out[i] = ev.tokens
+            return True
+        return on_event
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    run_all(StepLoop(session.batcher),
+            [(session.generate(prompts[i], gens[i], strategy,
+                               slot=(slots or session.slots)[i], record=False), keep(i))
+             for i in range(len(prompts))])
     return out
 
 
@@ -98,26 +114,22 @@ def test_a_generation_that_stops_leaves_the_batch(sessions):
     alone, shared = sessions
     gen = GenParams(max_tokens=64, ignore_eos=True)
     ref = answer(alone, PROMPTS[1], gen, "draft")
-    got: dict[str, object] = {}
+    got: dict[str, object] = {"stopped": 0}
 
-    def stopped():  # closed after five tokens, as a client that goes away
-        stream = shared.generate(PROMPTS[0], gen, "draft", slot=shared.slots[0], record=False)
-        n = 0
-        for ev in stream:
-            n += isinstance(ev, TokenEvent)
-            if n >= 5:
-                break
-        stream.close()
-        got["stopped"] = n
+    def stopped(ev):  # ended after five tokens, as a client that goes away
+        got["stopped"] += isinstance(ev, TokenEvent)
+        return got["stopped"] < 5
 
-    def whole():
-        got["whole"] = answer(shared, PROMPTS[1], gen, "draft", shared.slots[1])
+    def whole(ev):
+        if isinstance(ev, DoneEvent):
+            got["whole"] = ev.tokens
+        return True
 
-    threads = [threading.Thread(target=stopped), threading.Thread(target=whole)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    run_all(StepLoop(shared.batcher),
+            [(shared.generate(PROMPTS[0], gen, "draft", slot=shared.slots[0], record=False),
+              stopped),
+             (shared.generate(PROMPTS[1], gen, "draft", slot=shared.slots[1], record=False),
+              whole)])
     assert got["stopped"] == 5
     assert_same_as_plain(alone.target, PROMPTS[1], ref, got["whole"])
     assert shared.batcher.members == 0
@@ -138,17 +150,16 @@ def test_a_prompt_borrows_the_prefix_another_slot_holds(sessions):
     before = [slot.target.borrowed for slot in shared.slots[1:3]]
     done = [None, None]
 
-    def one(i):
-        for ev in shared.generate(prompts[i], gen, "draft", slot=shared.slots[i + 1],
-                                  record=False):
+    def keep(i):
+        def on_event(ev):
             if isinstance(ev, DoneEvent):
                 done[i] = ev
+            return True
+        return on_event
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    run_all(StepLoop(shared.batcher),
+            [(shared.generate(prompts[i], gen, "draft", slot=shared.slots[i + 1], record=False),
+              keep(i)) for i in range(2)])
     for i, p in enumerate(prompts):
         assert done[i].stats.n_prompt_eval == len(p) - 40  # what follows the borrowed
         assert shared.slots[i + 1].target.borrowed - before[i] == 40
@@ -179,26 +190,17 @@ def test_draft_decodes_go_first_and_the_target_batch_waits_for_them():
     target, draft = RecordingContext("target", calls), RecordingContext("draft", calls)
     views = {seq: (SeqContext(target, seq, 256, batcher),
                    SeqContext(draft, seq, 256, batcher, drafts=True)) for seq in (1, 2)}
-    joined = threading.Barrier(2)
 
     def drafting():
-        with batcher.member():
-            joined.wait()
-            for tok in (5, 6, 7):
-                views[1][1].decode([tok])
-            views[1][0].decode([1, 5, 6, 7], all_logits=True)
+        for tok in (5, 6, 7):
+            yield from views[1][1].decode_steps([tok])
+        yield from views[1][0].decode_steps([1, 5, 6, 7], all_logits=True)
 
     def plain():
-        with batcher.member():
-            joined.wait()
-            views[2][0].decode([9])
-            views[2][0].decode([10])
+        yield from views[2][0].decode_steps([9])
+        yield from views[2][0].decode_steps([10])
 
-    threads = [threading.Thread(target=drafting), threading.Thread(target=plain)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    run_all(StepLoop(batcher), [(drafting(), None), (plain(), None)])
     assert calls == [("draft", [(1, 1)])] * 3 + [("target", [(1, 4), (2, 1)]),
                                                  ("target", [(2, 1)])]
     assert views[1][0].others == 1 and views[2][0].tokens == [9, 10]

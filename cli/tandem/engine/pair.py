@@ -16,7 +16,6 @@ method of Pair is answered by PairSession's a few lines below, and `serve`'s slo
 """
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,7 +243,6 @@ class PairSession:
         self.configure(target_params, draft_params, next(iter(self.drafts), None))
         # the slots' views of both contexts, and where their decodes meet
         self.batcher = StepBatcher()
-        self._recording = threading.Lock()
         per_slot = (options.target_ctx.n_ctx, (options.draft_ctx or options.target_ctx).n_ctx)
         self.slots = [Slot(i, SeqContext(self.target_ctx, i + 1, per_slot[0], self.batcher),
                            SeqContext(self.draft_ctx, i + 1, per_slot[1], self.batcher,
@@ -374,10 +372,10 @@ class PairSession:
                             parts)
 
     def _slot_costs(self, slot: Slot, calibrated: bool) -> CostModel:
-        """costs() as one slot's drafter sees it: the calibration run while no batch runs
-        (it decodes on sequence 0), and the refined model priced for the slot's batch."""
-        with self.batcher.exclusive():
-            model = self.costs(calibrated)
+        """costs() as one slot's drafter sees it: the calibration, run on sequence 0 where
+        the generation starts (the engine loop's thread, between batches), and the refined
+        model priced for the slot's batch."""
+        model = self.costs(calibrated)
         view, batcher = slot.target, self.batcher
         return model if calibrated else BatchCosts(model, lambda: view.others,
                                                    lambda: view.decode_s,
@@ -432,13 +430,11 @@ class PairSession:
         drafter = self.drafter(strategy, draft, slot)
         if gen.prediction and isinstance(drafter, AutoDrafter):  # a source of auto's only
             drafter.expect(gen.prediction)
-        if slot is None:
-            yield from self._generate(generate(self.target_ctx, prompt, drafter, gen, threads),
-                                      drafter, record)
-            return
-        with self.batcher.member():  # from here the other slots' batches wait for this one
-            yield from self._generate(generate(slot.target, prompt, drafter, gen, threads),
-                                      drafter, record)
+        # on a slot the events come with DecodeRequests, for the engine loop that steps every
+        # slot's generation (engine/loop/step_loop.py)
+        target = self.target_ctx if slot is None else slot.target
+        yield from self._generate(generate(target, prompt, drafter, gen, threads), drafter,
+                                  record)
 
     def _generate(self, inner: Iterator[Event], drafter: Drafter,
                   record: bool) -> Iterator[Event]:
@@ -447,9 +443,9 @@ class PairSession:
                 if self._progress is not None:
                     self._progress("generate", 0.0)
                 if isinstance(ev, DoneEvent) and record:
-                    with self._recording:  # slots finish in their own threads
-                        self.library.record(ev.tokens)
-                        self._learn(drafter)
+                    # (slots finish on the engine loop's thread: one at a time)
+                    self.library.record(ev.tokens)
+                    self._learn(drafter)
                 yield ev
         finally:
             inner.close()
@@ -500,8 +496,7 @@ def warm_up(session: PairSession, strategy: str, unsaved_only: bool = False, *,
     if strategy == "auto" and not should_stop():  # the one that prices drafts (make_drafter)
         yield StartupStep("drafting costs", None, "saved" if saved else "")
         t0 = time.perf_counter()
-        with session.batcher.exclusive():  # as a slot's drafter asks for them
-            session.costs()
+        session.costs()
         yield StartupStep("drafting costs", time.perf_counter() - t0, session.pricing.basis)
 
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from tandem.config.schema import FIELDS_BY_KEY, MAX_DRAFT
 from tandem.engine.backend.memory import MAX_COPIES
+
+if TYPE_CHECKING:
+    from tandem.engine.backend.decode_requests import Steps
 
 # Rows of logits one decode may ask for: a verify batch of up to 64 drafts + the last token.
 # llama.cpp reserves compute memory for n_outputs_max rows (default: n_batch, ~300 MiB with
@@ -91,10 +94,11 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def prefill_in_chunks(ctx, tokens: Sequence[int], decode_chunk,
-                      progress=None) -> int:
+                      progress=None) -> Steps[int]:
     """Make `ctx` (a Context, or one sequence of a shared one) hold exactly `tokens`: moved
     runs (ctx.reuse) and the common prefix kept, the rest decoded n_batch tokens at a time
-    by `decode_chunk`; returns how many tokens ctx evaluated (ctx.n_decoded's growth)."""
+    by `decode_chunk(chunk)` (steps: engine/backend/decode_requests.py); returns how many
+    tokens ctx evaluated (ctx.n_decoded's growth)."""
     before = ctx.n_decoded
     ctx.reuse(tokens)
     keep = common_prefix(ctx.tokens, tokens)
@@ -102,7 +106,7 @@ def prefill_in_chunks(ctx, tokens: Sequence[int], decode_chunk,
     todo = list(tokens[keep:])
     for start in range(0, len(todo), ctx.n_batch):
         chunk = todo[start:start + ctx.n_batch]
-        decode_chunk(chunk)
+        yield from decode_chunk(chunk)
         if progress is not None:
             progress(start + len(chunk), len(todo))
     return ctx.n_decoded - before

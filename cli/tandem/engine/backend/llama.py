@@ -23,6 +23,7 @@ import numpy as np
 from tandem.engine.backend.context_params import (  # noqa: F401 - re-exported: the backend's API
     ALL, EXACT_BATCH, LAST, MAX_OUTPUTS, ContextParams, common_prefix, default_threads,
     exact_context, prefill_in_chunks)
+from tandem.engine.backend.decode_requests import DecodesAtOnce, run_now
 from tandem.engine.backend.memory import (EXACT_ROWS, HYBRID, RECURRENT, RollbackPlan, StateCopies,
                                           keeps_copies)
 # first: model.py says what a missing llama_cpp means (a ModelError with the rebuild hint)
@@ -85,7 +86,7 @@ class Follower(Protocol):
         """The context is closing (it reads from it until then)."""
 
 
-class Context:
+class Context(DecodesAtOnce):
     """A llama.cpp context on one sequence, which remembers the tokens its KV cache holds."""
 
     def __init__(self, model: Model, params: ContextParams = ContextParams()):
@@ -476,7 +477,7 @@ class Context:
         Returns how many tokens were evaluated (0 when the cache already held them all),
         those a recurrent state restored from a copy evaluated again included.
         """
-        return prefill_in_chunks(self, tokens, self.decode, progress)
+        return run_now(prefill_in_chunks(self, tokens, self.decode_steps, progress))
 
     def sync(self, tokens: Sequence[int]) -> np.ndarray:
         """Make the cache hold exactly `tokens` and return the last one's logits.

@@ -1,50 +1,36 @@
 """Several sequences in one pair of contexts, decoded together (`tandem serve --parallel`).
 
-Each slot's answer runs generate() unchanged, in a thread of its own, on SeqContexts: one
-sequence of a shared Context each, which the loop and the drafters use as they use a Context.
-Their decodes meet in the StepBatcher: a decode waits until every generation in progress waits
-on one too, then the last to arrive runs them all, one llama_decode per context (more where
-they pass n_batch); the draft model's steps first, the rest waiting until none is left. So
-the slots' draft steps share one draft batch, every slot's step and its drafts' verification
-one target batch, a long prompt's chunks (n_ubatch) ride between the streaming slots' steps,
-and a generation that starts or ends joins or leaves the next batch: continuous batching,
-each sequence with its own sampler, grammar, stops and drafter.
+Each slot's answer runs generate() unchanged on SeqContexts: one sequence of a shared Context
+each, which the loop and the drafters use as they use a Context. Their decodes are
+DecodeRequests (engine/backend/decode_requests.py) that the engine loop
+(engine/loop/step_loop.py) gathers from every live generation and hands to the StepBatcher:
+one llama_decode per context (more where they pass n_batch), the draft model's steps first,
+the rest waiting until none is left. So the slots' draft steps share one draft batch, every
+slot's step and its drafts' verification one target batch, a long prompt's chunks (n_ubatch)
+ride between the streaming slots' steps, and a generation that starts or ends joins or leaves
+the next batch: continuous batching, each sequence with its own sampler, grammar, stops and
+drafter. One thread (the engine loop's) runs all of it: nothing here locks.
 
-The rows a sequence gets are views into llama.cpp's buffer, as Context.decode's: no batch runs
-before every member has asked for its next decode, by which time it has read them (rows of a
-context's earlier calls in one round, overwritten by its later ones, are copied).
+The rows a sequence gets are views into llama.cpp's buffer, as Context.decode's: the loop
+resumes every generation a batch served before it runs the next (rows of a context's earlier
+calls in one round, overwritten by its later ones, are copied).
 Attention memory only: a sequence goes back by removing its positions (Context.seq_rm).
 """
 from __future__ import annotations
 
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from tandem.engine.backend.context_params import (ALL, LAST, MAX_OUTPUTS, NONE, ContextParams,
                                                    common_prefix, prefill_in_chunks)
+from tandem.engine.backend.decode_requests import DecodeRequest, Steps, run_now
 from tandem.errors import ContextOverflowError
 
 if TYPE_CHECKING:
     from tandem.engine.backend.llama import Context
-
-
-@dataclass(eq=False)
-class _Decode:
-    view: SeqContext
-    tokens: Sequence[int]
-    want: int
-    rows: np.ndarray | None = None
-    error: BaseException | None = None
-    done: bool = False
-
-    @property
-    def outputs(self) -> int:
-        return len(self.tokens) if self.want == ALL else (1 if self.want == LAST else 0)
 
 
 @dataclass
@@ -62,63 +48,23 @@ class BatchFigures:
 
 
 class StepBatcher:
-    """The meeting point of every generation in progress on the shared contexts. A thread
-    that generates is a member (member()); a decode() returns once the batch holding it ran.
-    exclusive() runs other llama.cpp calls on the contexts (a rollback, a state copy, a
-    calibration) while no batch runs."""
+    """Runs a round's DecodeRequests on the shared contexts, for the engine loop's thread.
+    `members`: the generations in progress (the loop keeps it), which a slot's cost model
+    prices its batch by (BatchCosts.company)."""
 
     def __init__(self):
-        self._cond = threading.Condition()
-        self._members = 0
-        self._waiting: list[_Decode] = []
+        self.members = 0
         self.figures = BatchFigures()
 
-    @property
-    def members(self) -> int:
-        return self._members
-
-    @contextmanager
-    def member(self) -> Iterator[None]:
-        with self._cond:
-            self._members += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._members -= 1
-                self._run_if_all_wait()  # the others may have been waiting for this one
-
-    @contextmanager
-    def exclusive(self) -> Iterator[None]:
-        with self._cond:
-            yield
-
-    def decode(self, view: SeqContext, tokens: Sequence[int], want: int) -> np.ndarray:
-        job = _Decode(view, tokens, want)
-        with self._cond:
-            self._waiting.append(job)
-            self._run_if_all_wait()
-            while not job.done:
-                self._cond.wait()
-        if job.error is not None:
-            raise job.error
-        return job.rows
-
-    def _run_if_all_wait(self) -> None:
-        """Under the lock: when every member waits (or no one is a member), run the batch."""
-        if not self._waiting or len(self._waiting) < self._members:
-            return
+    def run(self, waiting: Sequence[DecodeRequest]) -> None:
+        """Run the requests of this round: the draft model's that want logits, when there are
+        any, else all of them; those run are marked done."""
         # the draft model's steps go first, the rest wait for them: a slot's k draft steps
         # then cost the others k draft decodes, not k rounds of their own steps, and its
         # verify joins theirs (llama-server's draft-all-then-verify, PR 22838). Its prompt
         # chunks (no logits) ride with the round, as the target's do
-        drafts = [job for job in self._waiting if job.view.drafts and job.want != NONE]
-        if drafts:
-            jobs = drafts
-            self._waiting = [job for job in self._waiting if job not in drafts]
-        else:
-            jobs, self._waiting = self._waiting, []
-        by_ctx: dict[int, list[_Decode]] = {}
+        jobs = [r for r in waiting if r.view.drafts and r.want != NONE] or list(waiting)
+        by_ctx: dict[int, list[DecodeRequest]] = {}
         for job in jobs:
             by_ctx.setdefault(id(job.view.ctx), []).append(job)
         try:
@@ -127,11 +73,10 @@ class StepBatcher:
         finally:
             for job in jobs:
                 job.done = True
-            self._cond.notify_all()
 
-    def _run(self, jobs: list[_Decode]) -> None:
+    def _run(self, jobs: list[DecodeRequest]) -> None:
         ctx = jobs[0].view.ctx
-        calls: list[list[_Decode]] = [[]]
+        calls: list[list[DecodeRequest]] = [[]]
         n = outs = 0
         for job in jobs:  # packed into calls of at most n_batch tokens and the rows limit
             if calls[-1] and (n + len(job.tokens) > ctx.n_batch
@@ -146,7 +91,7 @@ class StepBatcher:
             try:
                 rows = ctx.decode_batch([(j.view.seq, len(j.view.tokens), j.tokens, j.want)
                                          for j in call])
-            except BaseException as exc:  # noqa: BLE001 - each member raises it in its own thread
+            except Exception as exc:  # noqa: BLE001 - each member's generation raises it
                 for job in call:
                     job.error = exc
                 continue
@@ -202,35 +147,55 @@ class SeqContext:
         """The shared context's CPU threads (every slot's rows decode in its batches)."""
         return self.ctx.n_threads
 
-    def decode(self, tokens: Sequence[int], all_logits: bool = False,
-               checkpoint: bool = False) -> np.ndarray:  # noqa: ARG002 - attention: no copies
-        return self._decode(tokens, ALL if all_logits else LAST)
+    def decode_steps(self, tokens: Sequence[int], all_logits: bool = False,
+                     checkpoint: bool = False) -> Steps[np.ndarray]:  # noqa: ARG002 - no copies
+        return (yield from self._decode_steps(tokens, ALL if all_logits else LAST))
 
-    def _decode(self, tokens: Sequence[int], want: int) -> np.ndarray:
+    def _decode_steps(self, tokens: Sequence[int], want: int) -> Steps[np.ndarray]:
         if not tokens:
             raise ValueError("decode() needs at least one token")
         if len(self.tokens) + len(tokens) > self.n_ctx:
             raise ContextOverflowError(
                 f"{len(self.tokens) + len(tokens)} tokens do not fit the slot's context of "
                 f"{self.n_ctx}", "shorten the prompt or raise --ctx-size")
-        rows = self.batcher.decode(self, tokens, want)
+        request = DecodeRequest(self, tokens, want)
+        yield request
+        if not request.done:  # iterated by hand: only a StepLoop runs a slot's decodes
+            raise RuntimeError("a slot's generation must be stepped by engine/loop/step_loop.py")
+        if request.error is not None:
+            raise request.error
         self.tokens.extend(tokens)
         self.n_decoded += len(tokens)
-        return rows
+        return request.rows
+
+    def prefill_steps(self, tokens: Sequence[int]) -> Steps[int]:
+        # no logits: a prompt chunk's rows are never read
+        return (yield from prefill_in_chunks(self, tokens,
+                                             lambda chunk: self._decode_steps(chunk, NONE)))
+
+    def run_alone(self, request: DecodeRequest) -> None:
+        """`request` decoded now, in a batch of its own (decode(), prefill(): run_now)."""
+        self.batcher.run([request])
+
+    def decode(self, tokens: Sequence[int], all_logits: bool = False,
+               checkpoint: bool = False) -> np.ndarray:
+        """decode_steps() at once, alone: for the loop's thread between rounds."""
+        return run_now(self.decode_steps(tokens, all_logits, checkpoint))
+
+    def prefill(self, tokens: Sequence[int]) -> int:
+        return run_now(self.prefill_steps(tokens))
 
     def truncate(self, n: int) -> None:
         if n < len(self.tokens):
-            with self.batcher.exclusive():  # the tokens too: a peer may be reading them
-                self.ctx.seq_rm(self.seq, n)
-                del self.tokens[n:]
+            self.ctx.seq_rm(self.seq, n)
+            del self.tokens[n:]
 
     def reuse(self, tokens: Sequence[int]) -> int:
         """A longer prefix of `tokens` borrowed from a peer, then cache reuse (moved runs)."""
-        with self.batcher.exclusive():
-            self._borrow(tokens)
-            if self.reuse_min <= 0:
-                return 0
-            return self.ctx.reuse_seq(self.seq, self.tokens, tokens, self.reuse_min)
+        self._borrow(tokens)
+        if self.reuse_min <= 0:
+            return 0
+        return self.ctx.reuse_seq(self.seq, self.tokens, tokens, self.reuse_min)
 
     # fewer tokens are evaluated here: borrowed cells were computed in the donor's prompt
     # chunks, whose shape moves the kernels' last bits (an answer then equals itself alone up
@@ -238,7 +203,7 @@ class SeqContext:
     BORROW_MIN = 32
 
     def _borrow(self, tokens: Sequence[int]) -> None:
-        """Under the lock: where another slot holds a prefix of `tokens` at least BORROW_MIN
+        """Where another slot holds a prefix of `tokens` at least BORROW_MIN
         tokens longer than this one's, hold its cells too (shared in the unified cache, never
         evaluated again): a long system prompt, or an agent's conversation that parallel
         requests continue, is read once."""
@@ -255,14 +220,6 @@ class SeqContext:
         self.tokens[:] = tokens[:best]
         self.borrowed += best
 
-    def prefill(self, tokens: Sequence[int], progress=None) -> int:
-        # no logits: a prompt chunk's rows are never read
-        return prefill_in_chunks(self, tokens, lambda chunk: self._decode(chunk, NONE), progress)
-
-    def sync(self, tokens: Sequence[int]) -> np.ndarray:
-        self.prefill(tokens[:-1])
-        return self.decode(tokens[-1:])[0]
-
     def checkpoint(self) -> None:
         """Attention memory goes back anywhere: no copies to keep."""
 
@@ -271,17 +228,15 @@ class SeqContext:
 
     def save(self) -> bytes:
         """This sequence's cache, to put back later (the server's RAM prompt cache)."""
-        with self.batcher.exclusive():
-            return self.ctx.seq_state(self.seq)
+        return self.ctx.seq_state(self.seq)
 
     def load(self, tokens: Sequence[int], data: bytes) -> bool:
         """Hold `tokens` from a copy save() made of them; False (and empty) where it did
         not fit."""
-        with self.batcher.exclusive():
-            ok = self.ctx.set_seq_state(self.seq, data)
-            if not ok:
-                self.ctx.seq_rm(self.seq, 0)
-            self.tokens[:] = list(tokens) if ok else []
+        ok = self.ctx.set_seq_state(self.seq, data)
+        if not ok:
+            self.ctx.seq_rm(self.seq, 0)
+        self.tokens[:] = list(tokens) if ok else []
         return ok
 
 

@@ -17,7 +17,9 @@ from typing import Sequence
 from tandem.engine.drafting.adaptive import (AcceptanceTracker, FallbackGuard, LengthController,
                                              ProbeBudget, model_draft_gain)
 from tandem.engine.tuning.costs import MAX_BATCH, CostModel
-from tandem.engine.drafting.drafters import Draft, DraftModelDrafter, DraftParams, StepSources
+from tandem.engine.backend.decode_requests import Steps
+from tandem.engine.drafting.drafters import (Draft, DraftModelDrafter, DraftParams, StepSources,
+                                             Stepped)
 from tandem.engine.drafting.hybrid import HybridDrafter, HybridPolicy
 from tandem.engine.loop.events import StepEvent
 from tandem.engine.drafting.history import Library
@@ -53,7 +55,7 @@ def bucket(match: int) -> int:
     return max(b for b in BUCKETS if b <= max(match, BUCKETS[0]))
 
 
-class AutoDrafter:
+class AutoDrafter(Stepped):
     """A HybridDrafter configured for this machine, drafting first from suffix indexes (the
     zero-cost sources it lends the hybrid: the prompt's own, the library's files and history,
     with a length controller per source and match length).
@@ -123,11 +125,11 @@ class AutoDrafter:
     def _probe(self) -> bool:  # the latest draft was a probe (tests read it by this name)
         return self.hybrid.probing
 
-    def prefill(self, prompt: Sequence[int]) -> None:
-        self.hybrid.prefill(prompt)
+    def prefill_steps(self, prompt: Sequence[int]) -> Steps[None]:
+        return (yield from self.hybrid.prefill_steps(prompt))
 
-    def propose(self, tokens, room, sampling, rng, sample) -> Draft:
-        return self.hybrid.propose(tokens, room, sampling, rng, sample)
+    def propose_steps(self, tokens, room, sampling, rng, sample) -> Steps[Draft]:
+        return (yield from self.hybrid.propose_steps(tokens, room, sampling, rng, sample))
 
     def observe(self, step: StepEvent) -> None:
         self.hybrid.observe(step)

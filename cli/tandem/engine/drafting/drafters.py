@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 import numpy as np
 
 from tandem.config.schema import FIELDS_BY_KEY
+from tandem.engine.backend.decode_requests import Steps, run_now
 from tandem.engine.loop.events import StepEvent
 from tandem.engine.drafting.ngram import NgramIndex
 from tandem.errors import UsageError
@@ -87,12 +88,47 @@ class Drafter(Protocol):
         """Read the prompt while the target reads it (prompt time, as in llama.cpp)."""
         ...
 
+    def propose_steps(self, tokens: Sequence[int], room: int, sampling: SamplingParams,
+                      rng: np.random.Generator, sample: bool) -> Steps[Draft]:
+        """propose() as steps (engine/backend/decode_requests.py): what generate() calls, so
+        that a draft model's decodes on a slot join the engine loop's batches."""
+        ...
+
+    def prefill_steps(self, prompt: Sequence[int]) -> Steps[None]:
+        """prefill() as steps."""
+        ...
+
     def observe(self, step: StepEvent) -> None:
         """Feedback after verification: what was drafted, accepted, and what it cost."""
         ...
 
 
-class NoDrafter:
+class Immediate:
+    """The steps of a drafter that never decodes on a shared context: its propose() and
+    prefill(), at once."""
+
+    def propose_steps(self, tokens, room, sampling, rng, sample) -> Steps[Draft]:
+        return self.propose(tokens, room, sampling, rng, sample)
+        yield  # noqa: unreachable - makes this a generator
+
+    def prefill_steps(self, prompt: Sequence[int]) -> Steps[None]:
+        self.prefill(prompt)
+        return
+        yield  # noqa: unreachable - makes this a generator
+
+
+class Stepped:
+    """propose() and prefill() of a drafter that decodes: its steps, each decode at once
+    (a caller that owns the contexts: run, chat, spec-bench, a test)."""
+
+    def propose(self, tokens, room, sampling, rng, sample) -> Draft:
+        return run_now(self.propose_steps(tokens, room, sampling, rng, sample))
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        run_now(self.prefill_steps(prompt))
+
+
+class NoDrafter(Immediate):
     name = "none"
     n_max = 0
     notes: Sequence[str] = ()
@@ -124,9 +160,9 @@ def recent(tokens: Sequence[int], extra: Sequence[int], sampling: SamplingParams
 
 def draft_tokens(logits: np.ndarray, step, k: int, tokens: Sequence[int],
                  sampling: SamplingParams, rng: np.random.Generator, sample: bool,
-                 p_min: float, n_min: int) -> Draft:
-    """A model's draft of up to k tokens from the logits after `tokens` (`step(tok)`: the
-    logits after one more token), as llama.cpp's draft-simple takes them: greedy top-1 of a
+                 p_min: float, n_min: int) -> Steps[Draft]:
+    """A model's draft of up to k tokens from the logits after `tokens` (`step(tok)`: steps
+    returning the logits after one more token), as llama.cpp's draft-simple takes them: greedy top-1 of a
     top-10 softmax, stopping below p_min, dropped below n_min; or sampled from q with the stop
     read before drawing (the class docstring below says why)."""
     out: list[int] = []
@@ -148,13 +184,13 @@ def draft_tokens(logits: np.ndarray, step, k: int, tokens: Sequence[int],
         out.append(tok)
         if len(out) >= k:
             break
-        logits = step(tok)
+        logits = yield from step(tok)
     if len(out) < n_min:  # greedy only: a sampled draft is never shorter than n_min
         return Draft()
     return Draft(out, dists, n_model=len(out))
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(Stepped):
     """llama.cpp's draft-simple: a small model drafts greedily (top-1 of a top-10 softmax),
     stopping when that token's probability is below p_min; drafts shorter than n_min are
     dropped. Its KV cache is kept across steps; only rejected positions are removed.
@@ -181,10 +217,11 @@ class DraftModelDrafter:
         self.last_decodes = 0
         self.last_decode_s = 0.0
 
-    def propose(self, tokens, room, sampling, rng, sample) -> Draft:
-        return self.draft(tokens, min(self.n_max, room), sampling, rng, sample)
+    def propose_steps(self, tokens, room, sampling, rng, sample) -> Steps[Draft]:
+        return (yield from self.draft_steps(tokens, min(self.n_max, room), sampling, rng,
+                                            sample))
 
-    def draft(self, tokens, k, sampling, rng, sample) -> Draft:
+    def draft_steps(self, tokens, k, sampling, rng, sample) -> Steps[Draft]:
         """Up to k tokens, whatever n_max says: a HybridDrafter chooses k by its own policy."""
         self.last_sync_tokens, self.last_sync_s, self.last_decodes, self.last_decode_s = 0, 0.0, 0, 0.0
         # the draft evaluates tokens + d1..d(k-1), all of which must fit its context
@@ -192,32 +229,37 @@ class DraftModelDrafter:
         if k <= 0 or k < self.n_min:
             return Draft()
         t0 = time.perf_counter()
-        self.last_sync_tokens = self.ctx.prefill(tokens[:-1])
+        self.last_sync_tokens = yield from self.ctx.prefill_steps(tokens[:-1])
         t1 = time.perf_counter()
         # the last token is always re-evaluated (a past decode's logits are gone): a draft decode
-        logits = self.ctx.decode(tokens[-1:], checkpoint=k > 1)[0]  # single-token steps follow
+        # (single-token steps follow: a copy to go back to)
+        logits = (yield from self.ctx.decode_steps(tokens[-1:], checkpoint=k > 1))[0]
 
-        def step(tok: int) -> np.ndarray:
+        def step(tok: int) -> Steps[np.ndarray]:
             self.last_decodes += 1
-            return self.ctx.decode([tok])[0]
+            return (yield from self.ctx.decode_steps([tok]))[0]
 
         self.last_decodes = 1
-        draft = draft_tokens(logits, step, k, tokens, sampling, rng, sample, self.p_min, self.n_min)
+        draft = yield from draft_tokens(logits, step, k, tokens, sampling, rng, sample,
+                                        self.p_min, self.n_min)
         self.last_sync_s = t1 - t0
         self.last_decode_s = time.perf_counter() - t1
         return draft
 
-    def prefill(self, prompt: Sequence[int]) -> None:
+    def draft(self, tokens, k, sampling, rng, sample) -> Draft:
+        return run_now(self.draft_steps(tokens, k, sampling, rng, sample))
+
+    def prefill_steps(self, prompt: Sequence[int]) -> Steps[None]:
         # propose() re-evaluates the last token for its logits; everything before it goes now.
         # A prompt the draft's context cannot hold is not an error: propose() then drafts nothing
         if len(prompt) <= self.ctx.n_ctx:
-            self.ctx.prefill(prompt[:-1])
+            yield from self.ctx.prefill_steps(prompt[:-1])
 
     def observe(self, step: StepEvent) -> None:
         self.step_sources = one_source("model", step)
 
 
-class NgramDrafter:
+class NgramDrafter(Immediate):
     """Prompt lookup: the continuation of the latest earlier occurrence of the last n tokens,
     for n in SIZES (longest first), taken on a match of at least MIN_MATCH tokens."""
 

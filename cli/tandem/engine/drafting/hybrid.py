@@ -7,7 +7,9 @@ from dataclasses import dataclass, replace
 from typing import Protocol, Sequence
 
 from tandem.engine.drafting.adaptive import AcceptanceTracker, FallbackGuard, LengthController, ProbeBudget
-from tandem.engine.drafting.drafters import Draft, DraftModelDrafter, DraftParams, StepSources
+from tandem.engine.backend.decode_requests import Steps
+from tandem.engine.drafting.drafters import (Draft, DraftModelDrafter, DraftParams, StepSources,
+                                             Stepped)
 from tandem.engine.drafting.ngram import NgramIndex
 from tandem.engine.loop.events import StepEvent
 from tandem.engine.tuning.costs import DISAGREE, CostModel
@@ -89,7 +91,7 @@ class HybridPolicy:
     guard: bool = False
 
 
-class HybridDrafter:
+class HybridDrafter(Stepped):
     """Zero-cost tokens (`sources`; None: n-grams with a match of at least
     `policy.ngram_match` tokens) when they match, the draft model otherwise; when the model
     stops early (p_min), zero-cost tokens continue its draft.
@@ -148,16 +150,16 @@ class HybridDrafter:
         """The latest draft was a probe."""
         return self._probe
 
-    def prefill(self, prompt: Sequence[int]) -> None:
+    def prefill_steps(self, prompt: Sequence[int]) -> Steps[None]:
         """The sources read the prompt, and the draft model too, in the prompt phase as
         llama.cpp's does, except in a shared batch (serve's slots), where every slot would
         wait for it: there its first draft reads what it lacks (DraftModelDrafter.draft), so
         a request the model never drafts for never pays for its prompt."""
         self.sources.read_prompt(prompt)
         if self.model is not None and not self.costs.shared:
-            self.model.prefill(prompt)
+            yield from self.model.prefill_steps(prompt)
 
-    def propose(self, tokens, room, sampling, rng, sample) -> Draft:
+    def propose_steps(self, tokens, room, sampling, rng, sample) -> Steps[Draft]:
         self._new_step()
         k = min(room, self.n_max)
         if k <= 0 or (self.guard is not None and self.guard.want_plain()):
@@ -169,9 +171,9 @@ class HybridDrafter:
             self._last = Draft(cont, [None] * len(cont) if sample else None, n_model=0,
                                source=source)
             return self._last
-        return self.model_draft(tokens, room, sampling, rng, sample)
+        return (yield from self.model_draft(tokens, room, sampling, rng, sample))
 
-    def model_draft(self, tokens, room, sampling, rng, sample) -> Draft:
+    def model_draft(self, tokens, room, sampling, rng, sample) -> Steps[Draft]:
         """The draft model's draft (adaptive length), continued with zero-cost tokens
         (continue_draft) when the model stops early."""
         if self.model is None:
@@ -188,7 +190,7 @@ class HybridDrafter:
             return self._last
         # a probe after a plain stretch first re-reads the lagged tokens in one batch; that
         # catch-up is timed apart (model.last_sync_s) and never priced as draft tokens
-        draft = self.model.draft(tokens, k, sampling, rng, sample)
+        draft = yield from self.model.draft_steps(tokens, k, sampling, rng, sample)
         self._model_ran = True
         if draft.tokens and len(draft.tokens) < k:
             extra, match = self.sources.continue_draft(tokens, draft.tokens,

@@ -17,14 +17,16 @@ import time
 from typing import TYPE_CHECKING, Sequence
 
 from tandem.config.schema import MAX_DRAFT
-from tandem.engine.drafting.drafters import Draft, DraftParams, StepSources, draft_tokens, one_source
+from tandem.engine.backend.decode_requests import Steps, at_once, run_now
+from tandem.engine.drafting.drafters import (Draft, DraftParams, Immediate, StepSources,
+                                             draft_tokens, one_source)
 from tandem.engine.loop.events import StepEvent
 
 if TYPE_CHECKING:
     from tandem.engine.backend.mtp import MtpHead
 
 
-class MtpDrafter:
+class MtpDrafter(Immediate):
     """Drafts from the target's MTP head (llama.cpp's draft-mtp, single-head mode)."""
 
     name = "mtp"
@@ -60,16 +62,20 @@ class MtpDrafter:
             for tok in unread[1:]:
                 logits = head.step(tok)
 
-            def step(tok: int):
+            def step(tok: int):  # the head decodes in its own context, at once
                 self.last_decodes += 1
-                return head.step(tok)
+                return at_once(head.step(tok))
 
-            draft = draft_tokens(logits, step, k, tokens, sampling, rng, sample, self.p_min,
-                                 self.n_min)
+            draft = run_now(draft_tokens(logits, step, k, tokens, sampling, rng, sample,
+                                         self.p_min, self.n_min))
         finally:
             head.end()
         self.last_decode_s = time.perf_counter() - t0
         return draft
+
+    def draft_steps(self, tokens, k, sampling, rng, sample) -> Steps[Draft]:
+        return self.draft(tokens, k, sampling, rng, sample)  # (a HybridDrafter's model)
+        yield  # noqa: unreachable - makes this a generator
 
     def prefill(self, prompt: Sequence[int]) -> None:
         pass  # the head read the prompt while the target did

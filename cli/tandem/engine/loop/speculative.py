@@ -23,6 +23,7 @@ import numpy as np
 
 from tandem.config.schema import check_max_tokens, check_prompt
 from tandem.engine.backend.context_params import common_prefix
+from tandem.engine.backend.decode_requests import DecodeRequest, Steps
 from tandem.engine.drafting.drafters import Draft, Drafter, recent
 from tandem.engine.loop.events import DoneEvent, PrefillEvent, StepEvent, TokenEvent
 from tandem.engine.loop.sampling import (Dist, SamplingParams, distribution, greedy_token,
@@ -66,9 +67,9 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
     """Yield PrefillEvent, then TokenEvent/StepEvent as tokens are decided, then DoneEvent.
     Each StepEvent carries the drafter's split of its drafts by source (`step_sources`), and
     the DoneEvent its statistics with the context's and the drafter's notes; nothing changes
-    an event once it is yielded. `threads`: the session's thread count (engine/tuning/threads.py),
-    told each step's verify time once the step's logits were read; it probes other counts
-    there when the times say so."""
+    an event once it is yielded; on a slot also the DecodeRequests the engine loop batches
+    (engine/backend/decode_requests.py). `threads`: the session's thread count (tuning/
+    threads.py), told each verify's time once its logits were read (it may probe others)"""
     _check_fits(prompt, target)
     sp = params.sampling
     rng = np.random.default_rng(sp.seed)
@@ -105,11 +106,12 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
             reason = "eos"
             break
         t0 = time.perf_counter()
-        draft, k_cap, n_forced = _draft(drafter, grammar, tokens, room, sp, rng, sample_drafts)
+        draft, k_cap, n_forced = yield from _draft(drafter, grammar, tokens, room, sp, rng,
+                                                   sample_drafts)
         t1 = time.perf_counter()
         if len(target.tokens) != len(tokens) - 1:  # only if someone else used this context
-            target.prefill(tokens[:-1])
-        rows = target.decode([tokens[-1]] + draft.tokens, all_logits=True)
+            yield from target.prefill_steps(tokens[:-1])
+        rows = yield from target.decode_steps([tokens[-1]] + draft.tokens, all_logits=True)
         t2 = time.perf_counter()
         new, n_acc = (_verify(rows, draft, tokens, sp, params.verify, rng, model.n_vocab, pick)
                       if grammar is None else _verify_constrained(
@@ -167,7 +169,7 @@ def _grammar(constraint: Constraint | None, model) -> GrammarState | None:
 
 def _draft(drafter: Drafter, grammar: GrammarState | None, tokens: list[int], room: int,
            sp: SamplingParams, rng: np.random.Generator,
-           sample: bool) -> tuple[Draft, int, int]:
+           sample: bool) -> Steps[tuple[Draft, int, int]]:
     """This step's draft, the length asked for, and how many of its first tokens the grammar
     forced: free drafts wherever the drafter would speculate at all (not under `none`), which
     the drafter continues in the same batch (the value after a forced key). What the drafter
@@ -180,8 +182,8 @@ def _draft(drafter: Drafter, grammar: GrammarState | None, tokens: list[int], ro
     if n_forced >= room:
         return Draft(forced, [None] * n_forced if sample else None,
                      source="grammar"), n_forced, n_forced
-    draft = drafter.propose(tokens + forced if forced else tokens, room - n_forced, sp, rng,
-                            sample)
+    draft = yield from drafter.propose_steps(tokens + forced if forced else tokens,
+                                             room - n_forced, sp, rng, sample)
     k_cap = min(drafter.n_max, room - n_forced)
     if grammar is not None and draft.tokens:
         k_cap = min(k_cap, grammar.valid_prefix(forced + draft.tokens[:k_cap]) - n_forced)
@@ -222,7 +224,7 @@ def _cap_note(target: Context, n_max: int) -> str:
 
 
 def _prefill(target: Context, drafter: Drafter,
-             tokens: Sequence[int]) -> Generator[PrefillEvent, None, int]:
+             tokens: Sequence[int]) -> Generator[PrefillEvent | DecodeRequest, None, int]:
     """Evaluate the prompt but its last token on the target, n_batch tokens at a time with a
     PrefillEvent each, then let the drafter read it; returns how many the target evaluated.
     Only what is past the target's cached prefix is evaluated (a chat's earlier turns). A
@@ -238,15 +240,15 @@ def _prefill(target: Context, drafter: Drafter,
                                                  len(body) + target.n_batch, target.n_batch)}
     done = 0
     for end in sorted(ends | marks):
-        done += target.prefill(body[:end])
+        done += yield from target.prefill_steps(body[:end])
         if end in marks:
             target.checkpoint()
         if done < total:  # the last one waits for the drafter: the prompt phase ends there
             yield PrefillEvent(done, total, len(tokens))
-    target.prefill(body)  # an empty body, or one the cache already holds: only truncates
+    yield from target.prefill_steps(body)  # an empty body, or one held already: truncates
     if done:  # where a later prompt that shares this one may come back to (a recurrent state)
         target.checkpoint()
-    drafter.prefill(tokens)
+    yield from drafter.prefill_steps(tokens)
     return done
 
 
