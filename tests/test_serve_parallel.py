@@ -244,7 +244,8 @@ def parting_gap(target, path: str, body: dict, a: list[int], b: list[int]) -> tu
 
     i = common_prefix(a, b)
     assert i < min(len(a), len(b)), f"the answers' tokens do not part: {a} vs {b}"
-    req = llama_api.parse_infill(body) if path == "/infill" else protocol.parse_chat(body)
+    req = {"/infill": llama_api.parse_infill, "/v1/completions": protocol.parse_text}.get(
+        path, protocol.parse_chat)(body)
     params = ContextParams(n_ctx=2048, n_threads=2)
     with PairSession(target, None, SessionOptions(strategy="none", target_ctx=params)) as pair:
         ctx = Context(pair.target, params)
