@@ -981,3 +981,54 @@ def test_every_route_of_serve_is_in_the_table():
     assert makers == {"tandem.serve.routes"}, makers
     app.add_route("/slots", lambda request: None, methods=["GET"])  # the check sees one
     assert _served(app) != table
+
+
+def test_both_decoding_surfaces_have_every_member():
+    """generate() and the drafters take a DecodingSurface (engine/backend/surface.py): the whole
+    Context and a slot's SeqContext each have every member, as a method, property or a field
+    their __init__ sets (issue 52: two surfaces that nothing tied had drifted apart)."""
+    import inspect
+
+    from tandem.engine.backend.llama import Context
+    from tandem.engine.backend.sequences import SeqContext
+    from tandem.engine.backend.surface import SURFACE, DecodingSurface
+
+    declared = {n for n in vars(DecodingSurface) if not n.startswith("_")} | set(
+        DecodingSurface.__annotations__)
+    assert declared == set(SURFACE)
+    for cls in (Context, SeqContext):
+        source = inspect.getsource(cls)
+        missing = [n for n in SURFACE if not hasattr(cls, n)
+                   and not re.search(rf"self\.{n}\b[^=\n]*=[^=]", source)]
+        assert missing == [], (cls.__name__, missing)
+
+
+# serve/ and engine/ start threads in these modules only, each once (never one per slot or
+# per request): the engine loop, the tokenizer and utility pools, a grammar's compilation
+_THREAD_STARTERS = {"tandem.serve.scheduler": 1, "tandem.serve.server_state": 2,
+                    "tandem.engine.constrain.grammar": 1}
+
+
+def _thread_starts(tree) -> int:
+    """Calls that make a thread or a pool of them, and how many sit in a loop (a thread per
+    slot, per request) counted apart as 100 each."""
+    makers = ("Thread", "ThreadPoolExecutor")
+    loops = {id(n) for block in ast.walk(tree)
+             if isinstance(block, (ast.For, ast.While, ast.ListComp, ast.GeneratorExp))
+             for n in ast.walk(block)}
+    return sum(100 if id(n) in loops else 1 for n in ast.walk(tree) if isinstance(n, ast.Call)
+               and (getattr(n.func, "attr", None) or getattr(n.func, "id", None)) in makers)
+
+
+def test_one_engine_thread_and_the_named_helpers_only():
+    """Issue 52: one loop thread owns the contexts and every generation; HTTP's threads and
+    the bounded helpers above are the only others, each named in docs/architecture.md's
+    table of what generations share."""
+    found = {m: n for m, tree in _trees() if m.startswith(("tandem.serve", "tandem.engine"))
+             for n in [_thread_starts(tree)] if n}
+    assert found == _THREAD_STARTERS
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    for name in ("tandem-engine", "tandem-tokenizer", "tandem-utility", "tandem-grammar"):
+        assert f"`{name}`" in page, name
+    per_slot = ast.parse("for s in slots:\n    threading.Thread(target=run).start()\n")
+    assert _thread_starts(per_slot) == 100  # the check sees a thread per slot

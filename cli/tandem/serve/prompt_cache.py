@@ -44,11 +44,12 @@ class PromptCache:
         self.limit = max(0, limit)
         self.entries: list[CachedPrompt] = []
         self.figures = CacheFigures()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # size is read inside keep()
 
     @property
     def size(self) -> int:
-        return sum(e.size for e in self.entries)
+        with self._lock:  # (read by /health on HTTP's thread while the engine's changes it)
+            return sum(e.size for e in self.entries)
 
     def best(self, tokens: Sequence[int]) -> CachedPrompt | None:
         """The copy that shares most of `tokens` (None: none shares any)."""

@@ -26,7 +26,7 @@ from tandem.errors import UsageError
 from tandem.engine.loop.sampling import Dist, SamplingParams, distribution, draft_top, greedy_token
 
 if TYPE_CHECKING:
-    from tandem.engine.backend.llama import Context
+    from tandem.engine.backend.surface import DecodingSurface
 
 
 @dataclass(frozen=True)
@@ -207,7 +207,7 @@ class DraftModelDrafter(Stepped):
     notes: Sequence[str] = ()
     step_sources: StepSources = ()
 
-    def __init__(self, ctx: Context, draft: DraftParams):
+    def __init__(self, ctx: DecodingSurface, draft: DraftParams):
         self.ctx = ctx
         self.n_max, self.n_min, self.p_min = draft.n_max, draft.n_min, draft.p_min
         # the latest propose(): catch-up tokens re-read by sync() and its time, then the

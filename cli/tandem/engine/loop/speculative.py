@@ -34,7 +34,7 @@ from tandem.engine.tuning.threads import NO_THREADS, Threads
 from tandem.errors import ContextOverflowError, UsageError
 
 if TYPE_CHECKING:
-    from tandem.engine.backend.llama import Context
+    from tandem.engine.backend.surface import DecodingSurface
     from tandem.engine.constrain.grammar import Constraint, GrammarState
 
 VERIFY_RULES = ("rejection", "match")
@@ -62,7 +62,7 @@ class GenParams:
             raise UsageError(f"unknown verify rule {self.verify!r}", "use rejection or match")
 
 
-def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
+def generate(target: DecodingSurface, prompt: Sequence[int], drafter: Drafter,
              params: GenParams = GenParams(), threads: Threads = NO_THREADS) -> Iterator:
     """Yield PrefillEvent, then TokenEvent/StepEvent as tokens are decided, then DoneEvent.
     Each StepEvent carries the drafter's split of its drafts by source (`step_sources`), and
@@ -151,7 +151,7 @@ def generate(target: Context, prompt: Sequence[int], drafter: Drafter,
                     None if grammar is None else reason == "eos" or grammar.accepting)
 
 
-def _check_fits(prompt: Sequence[int], target: Context) -> None:
+def _check_fits(prompt: Sequence[int], target: DecodingSurface) -> None:
     check_prompt(prompt)
     if len(prompt) >= target.n_ctx:
         raise ContextOverflowError(
@@ -213,7 +213,7 @@ def _observe(drafter: Drafter, step_event: StepEvent) -> None:
     step_event.sources = grammar + drafter.step_sources  # known once the drafter observed
 
 
-def _cap_note(target: Context, n_max: int) -> str:
+def _cap_note(target: DecodingSurface, n_max: int) -> str:
     if target.memory_note:  # the model's memory rolls back no further
         return target.memory_note
     if target.verify_limit >= min(target.n_batch, target.params.n_outputs_max):
@@ -223,7 +223,7 @@ def _cap_note(target: Context, n_max: int) -> str:
             "bit-identical to single-token decoding (measured on llama.cpp's CPU kernels)")
 
 
-def _prefill(target: Context, drafter: Drafter,
+def _prefill(target: DecodingSurface, drafter: Drafter,
              tokens: Sequence[int]) -> Generator[PrefillEvent | DecodeRequest, None, int]:
     """Evaluate the prompt but its last token on the target, n_batch tokens at a time with a
     PrefillEvent each, then let the drafter read it; returns how many the target evaluated.
