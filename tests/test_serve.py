@@ -450,16 +450,17 @@ def pair(tiny_models, tmp_path_factory):
 
 
 def _run_job(engine, make, on_text=None):
+    from tandem.serve.job_events import END, Text
     from tandem.serve.scheduler import GenerationJob
 
     got: list = []
     done = threading.Event()
 
-    def sink(kind, value):
-        got.append((kind, value))
-        if kind == "text" and on_text is not None:
+    def sink(event):
+        got.append(event)
+        if isinstance(event, Text) and on_text is not None:
             on_text(job)
-        if kind not in ("text", "prefilled"):
+        if isinstance(event, END):
             done.set()
 
     job = GenerationJob(make=make, sink=sink)
@@ -471,6 +472,7 @@ def _run_job(engine, make, on_text=None):
 def test_cancel_stops_within_one_step(pair):
     from tandem.engine.loop.sampling import SamplingParams
     from tandem.engine.loop.speculative import GenParams
+    from tandem.serve.job_events import Cancelled, Done
     from tandem.serve.scheduler import Scheduler
 
     engine = Scheduler(pair, strategy="draft", record=False, queue_size=2)
@@ -486,31 +488,32 @@ def test_cancel_stops_within_one_step(pair):
                 job.cancel.set()
 
         got = _run_job(engine, lambda p: (prompt, gen), cancel_after_three)
-        kind, answer = got[-1]
-        assert kind == "cancelled" and answer.reason == "interrupted"
+        assert isinstance(got[-1], Cancelled)
+        answer = got[-1].answer
+        assert answer.reason == "interrupted"
         # the cancel was seen at the next event: at most the rest of that one step's tokens
         verify_batch = pair.options.draft.n_max + 1
         assert 3 <= answer.stats.n_generated <= 3 + verify_batch
         # the engine is free and consistent: the same prompt again gives a full answer
         got = _run_job(engine, lambda p: (prompt, GenParams(max_tokens=8)))
-        assert got[-1][0] == "done" and got[-1][1].stats.n_generated == 8
+        assert isinstance(got[-1], Done) and got[-1].answer.stats.n_generated == 8
     finally:
         engine.stop()
 
 
 def test_queue_is_bounded(pair):
+    from tandem.serve.job_events import Dropped
     from tandem.serve.scheduler import Scheduler, GenerationJob, QueueFull
 
     engine = Scheduler(pair, queue_size=2)  # not started: nothing is taken off the queue
     outcomes = []
-    jobs = [GenerationJob(make=lambda p: None, sink=lambda k, v: outcomes.append(k))
-            for _ in range(3)]
+    jobs = [GenerationJob(make=lambda p: None, sink=outcomes.append) for _ in range(3)]
     engine.submit(jobs[0])
     engine.submit(jobs[1])
     with pytest.raises(QueueFull):
         engine.submit(jobs[2])
     engine.stop()  # what waits is cancelled, never dropped silently
-    assert outcomes == ["cancelled", "cancelled"]
+    assert outcomes == [Dropped(), Dropped()]
 
 
 def test_protocol_checks():
@@ -573,14 +576,14 @@ def test_both_caches_keep_the_common_prefix(pair):
     try:
         first = [{"role": "user", "content": "the quick fox " * 20}]
         req1 = protocol.parse_chat({"messages": first, "max_tokens": 12})
-        a1 = _run_job(engine, lambda p: prepare(p, req1, Defaults()))[-1][1]
+        a1 = _run_job(engine, lambda p: prepare(p, req1, Defaults()))[-1].answer
         second = first + [{"role": "assistant", "content": a1.text},
                           {"role": "user", "content": "and then?"}]
         req2 = protocol.parse_chat({"messages": second, "max_tokens": 4})
         kv1 = list(pair.target_ctx.tokens)  # what turn 1 left in the target's cache
         tokens1, tokens2 = (pair.prompt_tokens(m) for m in (first, second))
         evaluated.clear()
-        a2 = _run_job(engine, lambda p: prepare(p, req2, Defaults()))[-1][1]
+        a2 = _run_job(engine, lambda p: prepare(p, req2, Defaults()))[-1].answer
         p1, p2 = a1.stats.n_prompt, a2.stats.n_prompt
         assert tokens2[:len(tokens1)] == tokens1 and p2 == len(tokens2)
         # exactly the tokens past the longest common prefix were evaluated (the last prompt

@@ -16,6 +16,7 @@ from serve_helpers import Server
 from tandem.engine.backend.context_params import ContextParams, common_prefix
 from tandem.engine.loop.speculative import GenParams
 from tandem.engine.pair import PairSession, SessionOptions
+from tandem.serve.job_events import END, Cancelled, Done, Text
 from tandem.serve.scheduler import Scheduler, GenerationJob, QueueFull
 
 
@@ -38,11 +39,11 @@ class Job:
         self.done = threading.Event()
         self.started = threading.Event()
 
-        def sink(kind, value):
-            self.got.append((kind, value))
-            if kind == "text":
+        def sink(event):
+            self.got.append(event)
+            if isinstance(event, Text):
                 self.started.set()
-            elif kind != "prefilled":
+            elif isinstance(event, END):
                 self.done.set()
 
         self.job = GenerationJob(make=lambda pair: (prompt, gen), sink=sink,
@@ -74,9 +75,9 @@ def test_a_short_request_takes_the_kept_slot_while_long_ones_hold_the_others(ses
         short = Job(prompt_of(session, "complete this"), GenParams(max_tokens=8),
                     interactive=True)
         engine.submit(short.job)
-        assert short.outcome[0] == "done" and short.job.slot == 2
+        assert isinstance(short.outcome, Done) and short.job.slot == 2
         assert not longs[0].done.is_set() and not longs[1].done.is_set()  # it did not wait
-        assert [j.outcome[0] for j in longs] == ["done"] * 3
+        assert [type(j.outcome) for j in longs] == [Done] * 3
         assert {j.job.slot for j in longs} <= {0, 1}
     finally:
         engine.stop()
@@ -96,10 +97,11 @@ def test_a_cancelled_answer_frees_its_slot_and_a_full_queue_refuses(session):
         with pytest.raises(QueueFull):  # both slots busy, the one place in the queue taken
             engine.submit(Job(prompt_of(session, "fourth"), GenParams(max_tokens=4)).job)
         a.job.cancel.set()
-        assert a.outcome[0] == "cancelled"
-        assert waiting.outcome[0] == "done" and waiting.outcome[1].stats.n_generated == 16
+        assert isinstance(a.outcome, Cancelled)
+        assert isinstance(waiting.outcome, Done)
+        assert waiting.outcome.answer.stats.n_generated == 16
         assert waiting.job.slot == a.job.slot and not b.done.is_set()  # a's slot, b still on
-        assert b.outcome[0] == "done" and b.outcome[1].stats.n_generated == 900
+        assert isinstance(b.outcome, Done) and b.outcome.answer.stats.n_generated == 900
     finally:
         engine.stop()
 
@@ -112,9 +114,8 @@ def test_next_turns_find_their_slot_and_the_ram_cache_restores_an_evicted_one(se
         def turn(text, max_tokens=12):
             j = Job(prompt_of(session, text), GenParams(max_tokens=max_tokens))
             engine.submit(j.job)
-            kind, answer = j.outcome
-            assert kind == "done"
-            return answer, j.job.slot
+            assert isinstance(j.outcome, Done)
+            return j.outcome.answer, j.job.slot
 
         def reused(answer, earlier: str, now: str) -> bool:
             """The answer evaluated nothing of what its prompt shares with an earlier one
@@ -421,7 +422,7 @@ def test_a_full_queue_is_a_429_over_http():
     pair = SimpleNamespace(slots=None, n_ctx=4096, tokenizes_aside=False,
                            fim_tokens=FimTokens(), props=lambda: {"n_vocab": 10})
     engine = Scheduler(pair, queue_size=1)  # not started: what waits stays waiting
-    engine.submit(GenerationJob(make=lambda p: None, sink=lambda k, v: None))
+    engine.submit(GenerationJob(make=lambda p: None, sink=lambda event: None))
     app = build_app(engine, ServeConfig(model_id="m", defaults=Defaults(),
                                         budget=PromptBudget(4096)))
     body = json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode()

@@ -58,10 +58,11 @@ def crossed():
 
 def _status(exc: errors.TandemError) -> tuple:
     from tandem.serve.protocol import ApiError
+    from tandem.serve.job_events import Refused
     from tandem.serve.request_flow import raise_failure
 
     with pytest.raises(ApiError) as api:
-        raise_failure(("error", exc))
+        raise_failure(Refused(exc))
     return api.value.status, api.value.code, api.value.type
 
 

@@ -15,6 +15,7 @@ from typing import AsyncIterator, Callable, Protocol, Sequence
 from tandem.serve import protocol, structured
 from tandem.serve.api_errors import ApiError
 from tandem.serve.completion_flow import Wire
+from tandem.serve.job_events import Cancelled, Done, Dropped, Failed, Refused, Text
 from tandem.serve.prompt import check_size, prompt_tokens
 from tandem.serve.request_flow import raise_failure, stopping_error
 from tandem.serve.responses import FINISH, sse
@@ -120,30 +121,30 @@ async def parts(req, events, first, log) -> AsyncIterator[tuple[str, object]]:
     then ("end", End) or ("error", ApiError); a stream the server's stop cut ends with both.
     `log` gets the outcome, as the OpenAI stream logs it (request_flow.openai_stream)."""
     calls = structured.reader(req)  # tool calls are read out of the text as it comes
-    item = first
+    event = first
     while True:
-        what, value = item
-        if what == "text":
-            for part in _parts(calls, value):
+        if isinstance(event, Text):
+            for part in _parts(calls, event.piece):
                 yield part
-        elif what in ("done", "cancelled") and value is not None:
-            log(200 if what == "done" else 503, value.stats)
+        elif isinstance(event, (Done, Cancelled)):
+            answer = event.answer
+            log(200 if isinstance(event, Done) else 503, answer.stats)
             for part in _parts(calls, None):
                 yield part
-            reason = structured.stream_finish(calls, value.reason, FINISH)
-            yield "end", End(value, FINISH.get(reason, reason))
-            if what == "cancelled":
-                n = value.stats.n_generated
+            reason = structured.stream_finish(calls, answer.reason, FINISH)
+            yield "end", End(answer, FINISH.get(reason, reason))
+            if isinstance(event, Cancelled):
+                n = answer.stats.n_generated
                 yield "error", stopping_error(f": the answer was cut after {n} tokens")
             return
-        elif what in ("error", "failed", "cancelled"):
+        elif isinstance(event, (Refused, Failed, Dropped)):
             try:
-                raise_failure(item)
+                raise_failure(event)
             except ApiError as exc:
                 log(exc.status)
                 yield "error", exc
             return
-        item = await events.get()
+        event = await events.get()
 
 
 def sse_event(name: str, obj: dict) -> bytes:

@@ -65,8 +65,8 @@ async def complete(state: ServerState, call: ApiCall, req: protocol.Request, id_
     events: asyncio.Queue = asyncio.Queue()
     log = partial(state.log, call)
 
-    def sink(what, value):  # the scheduler -> this request's queue, nobody else's
-        loop.call_soon_threadsafe(events.put_nowait, (what, value))
+    def sink(event):  # the scheduler -> this request's queue, nobody else's
+        loop.call_soon_threadsafe(events.put_nowait, event)
 
     # cheap checks first, then the tokenizer, never in the scheduler's threads when it can be
     # elsewhere: a long prompt's preparation does not delay the answer being generated

@@ -10,10 +10,12 @@ from functools import partial
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, StreamingResponse
 
-from tandem.errors import ContextOverflowError, RemoteError, UsageError
+from tandem.errors import ContextOverflowError, RemoteError, TandemError, UsageError
 from tandem.serve import llama_api, protocol, responses, structured
 from tandem.serve.api_errors import ApiError
 from tandem.serve.connection import REQUEST_TIMEOUT
+from tandem.serve.job_events import (Cancelled, Done, Dropped, Failed, JobEvent, Prefilled,
+                                     Refused, Text)
 from tandem.serve.scheduler import QueueFull
 
 
@@ -40,23 +42,23 @@ def busy(exc: QueueFull) -> ApiError:
                     code="queue_full", headers={"Retry-After": "1"})
 
 
-async def whole_answer(events: asyncio.Queue, watch, first):
-    """A whole answer's last event value (the engine's outcome), once the text is through;
-    None when the client went away meanwhile."""
-    item = first
-    while item[0] in ("prefilled", "text"):
-        item = await next_event(events, watch)
-        if item is None:
+async def whole_answer(events: asyncio.Queue, watch, first: JobEvent):
+    """A whole answer (chat.answer.Answer), once the text is through; None when the client
+    went away meanwhile."""
+    event = first
+    while isinstance(event, (Prefilled, Text)):
+        event = await next_event(events, watch)
+        if event is None:
             return None
-    raise_failure(cut(item))
-    return item[1]
+    raise_failure(cut(event))
+    return event.answer
 
 
-def cut(item):
-    """An outcome as a client still waiting for it sees it: only the server's stop cancels
+def cut(event: JobEvent) -> JobEvent:
+    """An end as a client still waiting for it sees it: only the server's stop cancels
     such an answer (a client that went away was not waiting), and a part of an answer is
     not given as if it were whole."""
-    return ("cancelled", None) if item[0] == "cancelled" else item
+    return Dropped() if isinstance(event, Cancelled) else event
 
 
 async def read_json(request: Request, limit: int, timeout: float = REQUEST_TIMEOUT,
@@ -121,8 +123,8 @@ async def disconnected(request: Request) -> None:
             return
 
 
-async def next_event(events: asyncio.Queue, watch: asyncio.Future):
-    """The job's next item, or None once the client is gone."""
+async def next_event(events: asyncio.Queue, watch: asyncio.Future) -> JobEvent | None:
+    """The job's next event, or None once the client is gone."""
     get = asyncio.ensure_future(events.get())
     await asyncio.wait({get, watch}, return_when=asyncio.FIRST_COMPLETED)
     if get.done():
@@ -131,23 +133,30 @@ async def next_event(events: asyncio.Queue, watch: asyncio.Future):
     return None
 
 
-def raise_failure(item) -> None:
-    what, value = item
-    if what == "error":
-        code = "context_length_exceeded" if isinstance(value, ContextOverflowError) else None
-        if isinstance(value, (UsageError, ContextOverflowError)):
-            message = value.message + (f" ({value.hint})" if value.hint else "")
-            raise ApiError(400, message, code=code or "invalid_value",
-                           param=getattr(value, "param", None))
-        if isinstance(value, RemoteError):  # the target's RPC server is gone: a bad gateway
-            raise ApiError(502, f"{value.message} ({value.hint})", type="server_error",
-                           code="remote_unavailable")
-        raise ApiError(500, value.message, type="server_error")
-    if what == "failed":
-        raise ApiError(500, f"internal error ({type(value).__name__}); the server logged it",
-                       type="server_error", code="internal_error")
-    if what == "cancelled" and value is None:
+def raise_failure(event: JobEvent) -> None:
+    """A job's end that is no answer (Refused, Failed, Dropped) raised as the API's error;
+    any other event passes."""
+    if isinstance(event, Refused):
+        raise refusal(event.error)
+    if isinstance(event, Failed):
+        raise ApiError(500, f"internal error ({type(event.error).__name__}); the server "
+                       "logged it", type="server_error", code="internal_error")
+    if isinstance(event, Dropped):
         raise stopping_error()
+
+
+def refusal(exc: TandemError) -> ApiError:
+    """A TandemError as the API's error: the request's fault a 400, the target's RPC
+    server gone a 502, anything else a 500."""
+    code = "context_length_exceeded" if isinstance(exc, ContextOverflowError) else None
+    if isinstance(exc, (UsageError, ContextOverflowError)):
+        message = exc.message + (f" ({exc.hint})" if exc.hint else "")
+        return ApiError(400, message, code=code or "invalid_value",
+                        param=getattr(exc, "param", None))
+    if isinstance(exc, RemoteError):  # the target's RPC server is gone: a bad gateway
+        return ApiError(502, f"{exc.message} ({exc.hint})", type="server_error",
+                        code="remote_unavailable")
+    return ApiError(500, exc.message, type="server_error")
 
 
 def stopping_error(detail: str = "") -> ApiError:
@@ -165,28 +174,28 @@ async def openai_stream(req, rid: str, created: int, model: str, events: asyncio
     if req.kind == "chat":
         yield responses.sse(chunk(role=True, text=""))
     calls = structured.reader(req)  # tool calls are read out of the text as it comes
-    item = first
+    event = first
     while True:
-        what, value = item
-        if what == "text":
-            for delta in structured.deltas(calls, value):
+        if isinstance(event, Text):
+            for delta in structured.deltas(calls, event.piece):
                 yield responses.sse(chunk(**delta))
-        elif what in ("done", "cancelled"):
-            log(200 if what == "done" else 503, value.stats)
+        elif isinstance(event, (Done, Cancelled)):
+            answer = event.answer
+            log(200 if isinstance(event, Done) else 503, answer.stats)
             for delta in structured.deltas(calls, None):
                 yield responses.sse(chunk(**delta))
-            reason = structured.stream_finish(calls, value.reason, responses.FINISH)
-            yield responses.sse(chunk(reason=reason, stats=value.stats,
-                                      tokens=responses.returned_tokens(req, value)))
+            reason = structured.stream_finish(calls, answer.reason, responses.FINISH)
+            yield responses.sse(chunk(reason=reason, stats=answer.stats,
+                                      tokens=responses.returned_tokens(req, answer)))
             if req.include_usage:
-                yield responses.sse(chunk(stats=value.stats, usage_only=True))
-            if what == "cancelled":
-                yield stopped_event(value)
+                yield responses.sse(chunk(stats=answer.stats, usage_only=True))
+            if isinstance(event, Cancelled):
+                yield stopped_event(answer)
             break
-        elif what in ("error", "failed"):  # after the headers: the error goes in the stream
-            yield failure_event(item, log)
+        elif isinstance(event, (Refused, Failed)):  # after the headers: in the stream
+            yield failure_event(event, log)
             break
-        item = await events.get()
+        event = await events.get()
     yield responses.SSE_DONE
 
 
@@ -194,37 +203,36 @@ async def llama_stream(events: asyncio.Queue, first, final, log, n_prompt: int):
     """llama-server's native stream (/completion, /infill): `data: {"content", "stop":
     false}` per piece of text, then `final(outcome)` with "stop": true, and no [DONE]; cut
     by the server's stop, an error event after it."""
-    item, n = first, 0
+    event, n = first, 0
     while True:
-        what, value = item
-        if what == "text":
+        if isinstance(event, Text):
             n += 1
-            yield responses.sse(llama_api.partial(value, n_prompt, n))
-        elif what in ("done", "cancelled"):
-            log(200 if what == "done" else 503, value.stats)
-            yield responses.sse(final(value))
-            if what == "cancelled":
-                yield stopped_event(value)
+            yield responses.sse(llama_api.partial(event.piece, n_prompt, n))
+        elif isinstance(event, (Done, Cancelled)):
+            log(200 if isinstance(event, Done) else 503, event.answer.stats)
+            yield responses.sse(final(event.answer))
+            if isinstance(event, Cancelled):
+                yield stopped_event(event.answer)
             return
-        elif what in ("error", "failed"):
-            yield failure_event(item, log)
+        elif isinstance(event, (Refused, Failed)):
+            yield failure_event(event, log)
             return
-        item = await events.get()
+        event = await events.get()
 
 
-async def whole_text(events: asyncio.Queue, watch, first) -> tuple[str, object] | None:
-    """An answer's released text and the engine's outcome, once it is through; None when
-    the client went away meanwhile."""
+async def whole_text(events: asyncio.Queue, watch, first: JobEvent) -> tuple[str, object] | None:
+    """An answer's released text and the answer (chat.answer.Answer), once it is through;
+    None when the client went away meanwhile."""
     pieces: list[str] = []
-    item = first
-    while item[0] in ("prefilled", "text"):
-        if item[0] == "text":
-            pieces.append(item[1])
-        item = await next_event(events, watch)
-        if item is None:
+    event = first
+    while isinstance(event, (Prefilled, Text)):
+        if isinstance(event, Text):
+            pieces.append(event.piece)
+        event = await next_event(events, watch)
+        if event is None:
             return None
-    raise_failure(cut(item))
-    return "".join(pieces), item[1]
+    raise_failure(cut(event))
+    return "".join(pieces), event.answer
 
 
 def stopped_event(answer) -> bytes:
@@ -234,10 +242,10 @@ def stopped_event(answer) -> bytes:
     return responses.sse(stopping_error(f": the answer was cut after {n} tokens").body())
 
 
-def failure_event(item, log) -> bytes:
+def failure_event(event: JobEvent, log) -> bytes:
     """A failure once the headers are out: its error object as the stream's last event."""
     try:
-        raise_failure(item)
+        raise_failure(event)
     except ApiError as exc:
         log(exc.status)
         return responses.sse(exc.body())

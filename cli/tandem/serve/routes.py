@@ -30,7 +30,7 @@ from tandem.serve import (anthropic_api, anthropic_routes, llama_routes, openai_
 from tandem.serve.api_errors import ApiError
 from tandem.serve.connection import IDLE_TIMEOUT, guarded
 from tandem.serve.scheduler import Scheduler, QueueFull
-from tandem.serve.request_flow import busy, raise_failure, read_json
+from tandem.serve.request_flow import busy, read_json, refusal
 from tandem.serve.server_state import ApiCall, ServeConfig, ServerState
 
 Handler = Callable[[ServerState, ApiCall], Awaitable[Response]]
@@ -98,8 +98,7 @@ def endpoint(state: ServerState, route: Endpoint) -> Callable[[Request], Awaitab
             except QueueFull as exc:
                 raise busy(exc) from None
             except TandemError as exc:  # a refusal of the request: 400, or the remote's 502
-                raise_failure(("error", exc))
-                raise
+                raise refusal(exc) from exc
         except ApiError as exc:
             if route.logged:
                 state.log(call, exc.status)

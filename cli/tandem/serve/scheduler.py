@@ -32,6 +32,8 @@ from tandem.engine.loop.sampling import SamplingParams
 from tandem.engine.loop.speculative import GenParams
 from tandem.errors import TandemError
 from tandem.serve import prompt, responses
+from tandem.serve.job_events import (Cancelled, Done, Dropped, Failed, JobEvent, Prefilled,
+                                     Refused, Returned, Text)
 from tandem.serve.metrics import ServeMetrics
 from tandem.serve.prompt import PromptBudget
 from tandem.serve.prompt_cache import PromptCache
@@ -50,18 +52,16 @@ class QueueFull(Exception):
 
 @dataclass(eq=False)
 class GenerationJob:
-    """One request's generation. `sink(kind, value)` receives, in order: ("prefilled", n) once
-    the prompt is evaluated, ("text", responses.Piece) per released piece of text, then exactly one of ("done", Answer), ("error", TandemError),
-    ("failed", Exception) or ("cancelled", None). It is called from the engine's threads."""
+    """One request's generation. `sink(event)` receives its events (serve/job_events.py:
+    Prefilled, a Text per released piece, then one end), called from the scheduler's threads."""
 
     make: Callable[[Pair], tuple[Sequence[int], GenParams]] | None  # see prepare()
-    sink: Callable[[str, object], None]
+    sink: Callable[[JobEvent], None]
     cancel: threading.Event = field(default_factory=threading.Event)
     # an editor's stopping rules (serve.llama_api.Limiter): the text passes through it, and the
-    # answer ends where it says, as if it had finished ("done", reason "limit")
+    # answer ends where it says, as if it had finished (Done, reason "limit")
     limit: object = None
-    # instead of an answer, one call on the pair (a remote pair's tokenizer, between
-    # answers): its value is delivered as ("done", value)
+    # or one call on the pair instead (a remote pair's tokenizer, between answers): Returned
     call: Callable[[Pair], object] | None = None
     # a short answer (INTERACTIVE_TOKENS): queued first, and the kept slot may take it
     interactive: bool = False
@@ -179,7 +179,7 @@ class Scheduler:
             self._cond.notify_all()
         for job in waiting:
             job.cancel.set()
-            _deliver(job, "cancelled", None)
+            _deliver(job, Dropped())
 
     def stop(self, wait_s: float = 30.0) -> None:
         self.halt()
@@ -230,7 +230,7 @@ class Scheduler:
             if job.cancel.is_set() or self._stopping.is_set():
                 self.cancelled += 1
                 self._release(state)
-                _deliver(job, "cancelled", None)
+                _deliver(job, Dropped())
                 continue
             prepared = self._prepare(job)
             if prepared is None:
@@ -256,15 +256,15 @@ class Scheduler:
         refusal) was delivered."""
         try:
             if job.call is not None:
-                _deliver(job, "done", job.call(self.pair))
+                _deliver(job, Returned(job.call(self.pair)))
                 return None
             return job.make(self.pair)
         except TandemError as exc:
-            _deliver(job, "error", exc)
+            _deliver(job, Refused(exc))
         except Exception as exc:  # noqa: BLE001 - a bug: reported, and the thread lives on
             print("tandem serve: preparing a request failed:", file=sys.stderr)
             traceback.print_exc(file=sys.stderr)
-            _deliver(job, "failed", exc)
+            _deliver(job, Failed(exc))
         return None
 
     def _choose(self, free: list[SlotState], tokens: Sequence[int]) -> SlotState:
@@ -315,21 +315,21 @@ class Scheduler:
     def _run_and_release(self, job: GenerationJob, state: SlotState, tokens, gen) -> None:
         """Run the job, free its slot, then deliver its outcome: a client that has its answer
         finds the slot free (/health, /metrics, its next request)."""
-        outcome: tuple[str, object] = ("cancelled", None)
+        outcome: JobEvent = Dropped()
         try:
             outcome = self._run(job, state, tokens, gen)
         finally:
             self._release(state)
-            _deliver(job, *outcome)
+            _deliver(job, outcome)
 
-    def _run(self, job: GenerationJob, state: SlotState, tokens, gen) -> tuple[str, object]:
+    def _run(self, job: GenerationJob, state: SlotState, tokens, gen) -> JobEvent:
         if job.cancel.is_set() or self._stopping.is_set():
             self.cancelled += 1
-            return ("cancelled", None)
+            return Dropped()
         answer = Answer(self.pair, tokens, gen, self.strategy, self.draft, record=self.record,
                         slot=state.slot)
         stream = answer.events()
-        outcome: tuple[str, object] = ("done", answer)
+        outcome: JobEvent = Done(answer)
         limit = job.limit
         try:
             for ev in stream:
@@ -337,35 +337,35 @@ class Scheduler:
                     state.n_decoded += 1
                     text = limit.feed(ev.text) if limit else responses.Piece(ev.text, ev.from_draft)
                     if text:
-                        _deliver(job, "text", text)
+                        _deliver(job, Text(text))
                     if limit is not None and limit.stopped:
                         break  # closed at a yield: both KV caches stay consistent
                 elif isinstance(ev, PrefillEvent) and ev.done >= ev.total:
                     if limit is not None:
                         limit.start()
-                    _deliver(job, "prefilled", ev.done)
+                    _deliver(job, Prefilled(ev.done))
                 # checked after every event: a step yields its tokens then a StepEvent, and
                 # the prefill one event per batch, so a cancel takes effect within one step
                 if job.cancel.is_set() or self._stopping.is_set():
-                    outcome = ("cancelled", answer)
+                    outcome = Cancelled(answer)
                     break
         except TandemError as exc:  # the request's own fault (e.g. a prompt too long)
-            outcome = ("error", exc)
+            outcome = Refused(exc)
         except Exception as exc:  # noqa: BLE001 - a bug: reported, and the thread lives on
             print("tandem serve: generation failed:", file=sys.stderr)
             traceback.print_exc(file=sys.stderr)
-            outcome = ("failed", exc)
+            outcome = Failed(exc)
         finally:
             stream.close()
-        if limit is not None and outcome[0] == "done":
+        if limit is not None and isinstance(outcome, Done):
             tail = limit.flush()
             if tail:
-                _deliver(job, "text", tail)
+                _deliver(job, Text(tail))
             if limit.stopped:  # the rule's end, not an interruption
                 answer.text, answer.reason = limit.text, "limit"
-        if answer.stats is not None and outcome[0] in ("done", "cancelled"):
+        if answer.stats is not None and isinstance(outcome, (Done, Cancelled)):
             self.metrics.add(answer.stats)
-        if outcome[0] == "cancelled":
+        if isinstance(outcome, Cancelled):
             self.cancelled += 1
             self.last_cancel = {"generated": answer.stats.n_generated,
                                 "prompt_tokens": answer.stats.n_prompt}
@@ -374,9 +374,9 @@ class Scheduler:
         return outcome
 
 
-def _deliver(job: GenerationJob, kind: str, value) -> None:
+def _deliver(job: GenerationJob, event: JobEvent) -> None:
     try:
-        job.sink(kind, value)
+        job.sink(event)
     except Exception:  # noqa: BLE001 - a closed event loop (shutdown) must not kill the engine
         pass
 

@@ -114,12 +114,12 @@ class ServerState:
             return await loop.run_in_executor(self.utility, fn, self.engine.pair)
         done: asyncio.Future = loop.create_future()
 
-        def sink(what, value):
-            loop.call_soon_threadsafe(lambda: done.done() or done.set_result((what, value)))
+        def sink(event):
+            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(event))
         self.engine.submit(GenerationJob(make=None, sink=sink, call=fn))
-        what, value = await done
-        raise_failure((what, value))
-        return value
+        event = await done
+        raise_failure(event)  # Refused, Failed or Dropped; else it Returned
+        return event.value
 
     def log(self, call: ApiCall, status: int, stats=None) -> None:
         """A completion's one line on stderr (unless --quiet), and the command's notice after
