@@ -451,7 +451,7 @@ def pair(tiny_models, tmp_path_factory):
 
 def _run_job(engine, make, on_text=None):
     from tandem.serve.job_events import END, Text
-    from tandem.serve.scheduler import GenerationJob
+    from tandem.serve.jobs import GenerationJob
 
     got: list = []
     done = threading.Event()
@@ -503,7 +503,8 @@ def test_cancel_stops_within_one_step(pair):
 
 def test_queue_is_bounded(pair):
     from tandem.serve.job_events import Dropped
-    from tandem.serve.scheduler import Scheduler, GenerationJob, QueueFull
+    from tandem.serve.jobs import GenerationJob
+    from tandem.serve.scheduler import QueueFull, Scheduler
 
     engine = Scheduler(pair, queue_size=2)  # not started: nothing is taken off the queue
     outcomes = []
@@ -514,6 +515,53 @@ def test_queue_is_bounded(pair):
         engine.submit(jobs[2])
     engine.stop()  # what waits is cancelled, never dropped silently
     assert outcomes == [Dropped(), Dropped()]
+
+
+class _TokenizesInScheduler:
+    """The pair as a remote one is to serve: its tokenizer is called in the scheduler."""
+
+    tokenizes_aside = False
+
+    def __init__(self, pair):
+        self._pair = pair
+
+    def __getattr__(self, name):
+        return getattr(self._pair, name)
+
+
+def test_a_call_job_comes_back_as_its_value_or_its_refusal(pair):
+    """A plain call on the pair (a remote pair's tokenizer) runs where answers run: its value
+    comes back as Returned, a TandemError it raises as Refused, each the job's one event;
+    /tokenize on such a pair answers through one."""
+    from tandem.errors import UsageError
+    from tandem.serve.job_events import Refused, Returned
+    from tandem.serve.jobs import CallJob
+    from tandem.serve.prompt import PromptBudget
+    from tandem.serve.routes import ServeConfig, build_app
+    from tandem.serve.scheduler import Defaults, Scheduler
+
+    def call(engine, fn) -> list:
+        got: list = []
+        done = threading.Event()
+        engine.submit(CallJob(fn, lambda event: (got.append(event), done.set())))
+        assert done.wait(60)
+        return got
+
+    def refuse(p):
+        raise UsageError("no such call", "call another")
+
+    engine = Scheduler(_TokenizesInScheduler(pair))
+    engine.start()
+    try:
+        assert call(engine, lambda p: p.tokenize("hello")) == [Returned(pair.tokenize("hello"))]
+        [refused] = call(engine, refuse)
+        assert isinstance(refused, Refused) and refused.error.message == "no such call"
+        app = build_app(engine, ServeConfig(model_id="m", defaults=Defaults(),
+                                            budget=PromptBudget(2048)))
+        status, reply = _asgi(app, "POST", "/tokenize", json.dumps({"content": "hi"}).encode())
+        assert status == 200 and reply == {"tokens": pair.tokenize("hi")}
+    finally:
+        engine.stop()
 
 
 def test_protocol_checks():

@@ -17,7 +17,8 @@ from tandem.engine.backend.context_params import ContextParams, common_prefix
 from tandem.engine.loop.speculative import GenParams
 from tandem.engine.pair import PairSession, SessionOptions
 from tandem.serve.job_events import END, Cancelled, Done, Text
-from tandem.serve.scheduler import Scheduler, GenerationJob, QueueFull
+from tandem.serve.jobs import GenerationJob
+from tandem.serve.scheduler import QueueFull, Scheduler
 
 
 # -- the scheduler itself, on a session of three sequences (two slots + the kept one)

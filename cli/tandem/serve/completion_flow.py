@@ -14,8 +14,8 @@ from typing import Callable, NamedTuple
 from starlette.responses import JSONResponse
 
 from tandem.serve import llama_api, protocol, responses, structured
-from tandem.serve.scheduler import (INTERACTIVE_TOKENS, GenerationJob, QueueFull,
-                                        gen_params, prepare)
+from tandem.serve.jobs import GenerationJob
+from tandem.serve.scheduler import INTERACTIVE_TOKENS, QueueFull, gen_params, prepare
 from tandem.serve.prompt import check_size as prompt_size_check
 from tandem.serve.prompt import request_tokens
 from tandem.serve.request_flow import (

@@ -20,7 +20,7 @@ import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 from tandem.chat.answer import Answer
 from tandem.config.schema import SERVE_MAX_TOKENS
@@ -34,6 +34,7 @@ from tandem.errors import TandemError
 from tandem.serve import prompt, responses
 from tandem.serve.job_events import (Cancelled, Done, Dropped, Failed, JobEvent, Prefilled,
                                      Refused, Returned, Text)
+from tandem.serve.jobs import CallJob, GenerationJob, Job
 from tandem.serve.metrics import ServeMetrics
 from tandem.serve.prompt import PromptBudget
 from tandem.serve.prompt_cache import PromptCache
@@ -51,24 +52,6 @@ class QueueFull(Exception):
 
 
 @dataclass(eq=False)
-class GenerationJob:
-    """One request's generation. `sink(event)` receives its events (serve/job_events.py:
-    Prefilled, a Text per released piece, then one end), called from the scheduler's threads."""
-
-    make: Callable[[Pair], tuple[Sequence[int], GenParams]] | None  # see prepare()
-    sink: Callable[[JobEvent], None]
-    cancel: threading.Event = field(default_factory=threading.Event)
-    # an editor's stopping rules (serve.llama_api.Limiter): the text passes through it, and the
-    # answer ends where it says, as if it had finished (Done, reason "limit")
-    limit: object = None
-    # or one call on the pair instead (a remote pair's tokenizer, between answers): Returned
-    call: Callable[[Pair], object] | None = None
-    # a short answer (INTERACTIVE_TOKENS): queued first, and the kept slot may take it
-    interactive: bool = False
-    slot: int | None = None  # the slot that ran it, of several (the request's log line)
-
-
-@dataclass(eq=False)
 class SlotState:
     """A slot as the scheduler sees it (and /slots shows it): its sequences (None: the
     pair's only one), whether it is kept for short requests, and what it runs."""
@@ -76,7 +59,7 @@ class SlotState:
     index: int
     slot: object = None  # engine.pair.Slot
     reserved: bool = False
-    job: GenerationJob | None = None
+    job: Job | None = None
     task: int = -1
     n_ctx: int = 0
     n_predict: int = 0
@@ -102,7 +85,7 @@ class Scheduler:
         self.draft = draft
         self.record = record
         self._capacity = max(1, queue_size)
-        self._waiting: deque[GenerationJob] = deque()
+        self._waiting: deque[Job] = deque()
         self._cond = threading.Condition()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tandem-scheduler", daemon=True)
@@ -153,7 +136,7 @@ class Scheduler:
                                                 name=f"tandem-slot-{state.index}", daemon=True)
                 state.thread.start()
 
-    def submit(self, job: GenerationJob) -> None:
+    def submit(self, job: Job) -> None:
         with self._cond:
             if self._stopping.is_set():
                 raise QueueFull("the server is stopping")
@@ -205,10 +188,10 @@ class Scheduler:
 
     # -- the scheduler
 
-    def _free_for(self, job: GenerationJob) -> list[SlotState]:
+    def _free_for(self, job: Job) -> list[SlotState]:
         return [s for s in self.slots if s.job is None and (job.interactive or not s.reserved)]
 
-    def _next(self) -> tuple[GenerationJob, list[SlotState]] | None:
+    def _next(self) -> tuple[Job, list[SlotState]] | None:
         """Under the lock: the first waiting job a free slot may take, and those slots."""
         for job in self._waiting:
             free = self._free_for(job)
@@ -251,11 +234,11 @@ class Scheduler:
                 state.inbox.append(prepared)
                 self._cond.notify_all()
 
-    def _prepare(self, job: GenerationJob):
+    def _prepare(self, job: Job):
         """(prompt tokens, GenParams) of a job, or None once its answer (a call's value, a
         refusal) was delivered."""
         try:
-            if job.call is not None:
+            if isinstance(job, CallJob):
                 _deliver(job, Returned(job.call(self.pair)))
                 return None
             return job.make(self.pair)
@@ -374,7 +357,7 @@ class Scheduler:
         return outcome
 
 
-def _deliver(job: GenerationJob, event: JobEvent) -> None:
+def _deliver(job: Job, event: JobEvent) -> None:
     try:
         job.sink(event)
     except Exception:  # noqa: BLE001 - a closed event loop (shutdown) must not kill the engine

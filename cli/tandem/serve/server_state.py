@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Callable
 from tandem.serve import responses
 from tandem.serve.api_errors import ApiError
 from tandem.serve.connection import REQUEST_TIMEOUT
-from tandem.serve.scheduler import Defaults, Scheduler, GenerationJob
+from tandem.serve.jobs import CallJob, GenerationJob
+from tandem.serve.scheduler import Defaults, Scheduler
 from tandem.serve.prompt import PromptBudget
 from tandem.serve.request_flow import raise_failure
 
@@ -116,7 +117,7 @@ class ServerState:
 
         def sink(event):
             loop.call_soon_threadsafe(lambda: done.done() or done.set_result(event))
-        self.engine.submit(GenerationJob(make=None, sink=sink, call=fn))
+        self.engine.submit(CallJob(fn, sink))
         event = await done
         raise_failure(event)  # Refused, Failed or Dropped; else it Returned
         return event.value
