@@ -449,7 +449,7 @@ def pair(tiny_models, tmp_path_factory):
         yield session
 
 
-def _run_job(engine, make, on_text=None):
+def _run_job(scheduler, make, on_text=None):
     from tandem.serve.job_events import END, Text
     from tandem.serve.jobs import GenerationJob
 
@@ -464,7 +464,7 @@ def _run_job(engine, make, on_text=None):
             done.set()
 
     job = GenerationJob(make=make, sink=sink)
-    engine.submit(job)
+    scheduler.submit(job)
     assert done.wait(120)
     return got
 
@@ -475,8 +475,8 @@ def test_cancel_stops_within_one_step(pair):
     from tandem.serve.job_events import Cancelled, Done
     from tandem.serve.scheduler import Scheduler
 
-    engine = Scheduler(pair, strategy="draft", record=False, queue_size=2)
-    engine.start()
+    scheduler = Scheduler(pair, strategy="draft", record=False, queue_size=2)
+    scheduler.start()
     try:
         prompt = pair.prompt_tokens([{"role": "user", "content": "hello there"}])
         gen = GenParams(max_tokens=1500, sampling=SamplingParams(), ignore_eos=True)
@@ -487,7 +487,7 @@ def test_cancel_stops_within_one_step(pair):
             if len(seen) == 3:
                 job.cancel.set()
 
-        got = _run_job(engine, lambda p: (prompt, gen), cancel_after_three)
+        got = _run_job(scheduler, lambda p: (prompt, gen), cancel_after_three)
         assert isinstance(got[-1], Cancelled)
         answer = got[-1].answer
         assert answer.reason == "interrupted"
@@ -495,10 +495,10 @@ def test_cancel_stops_within_one_step(pair):
         verify_batch = pair.options.draft.n_max + 1
         assert 3 <= answer.stats.n_generated <= 3 + verify_batch
         # the engine is free and consistent: the same prompt again gives a full answer
-        got = _run_job(engine, lambda p: (prompt, GenParams(max_tokens=8)))
+        got = _run_job(scheduler, lambda p: (prompt, GenParams(max_tokens=8)))
         assert isinstance(got[-1], Done) and got[-1].answer.stats.n_generated == 8
     finally:
-        engine.stop()
+        scheduler.stop()
 
 
 def test_queue_is_bounded(pair):
@@ -506,14 +506,14 @@ def test_queue_is_bounded(pair):
     from tandem.serve.jobs import GenerationJob
     from tandem.serve.scheduler import QueueFull, Scheduler
 
-    engine = Scheduler(pair, queue_size=2)  # not started: nothing is taken off the queue
+    scheduler = Scheduler(pair, queue_size=2)  # not started: nothing is taken off the queue
     outcomes = []
     jobs = [GenerationJob(make=lambda p: None, sink=outcomes.append) for _ in range(3)]
-    engine.submit(jobs[0])
-    engine.submit(jobs[1])
+    scheduler.submit(jobs[0])
+    scheduler.submit(jobs[1])
     with pytest.raises(QueueFull):
-        engine.submit(jobs[2])
-    engine.stop()  # what waits is cancelled, never dropped silently
+        scheduler.submit(jobs[2])
+    scheduler.stop()  # what waits is cancelled, never dropped silently
     assert outcomes == [Dropped(), Dropped()]
 
 
@@ -540,28 +540,28 @@ def test_a_call_job_comes_back_as_its_value_or_its_refusal(pair):
     from tandem.serve.routes import ServeConfig, build_app
     from tandem.serve.scheduler import Defaults, Scheduler
 
-    def call(engine, fn) -> list:
+    def call(scheduler, fn) -> list:
         got: list = []
         done = threading.Event()
-        engine.submit(CallJob(fn, lambda event: (got.append(event), done.set())))
+        scheduler.submit(CallJob(fn, lambda event: (got.append(event), done.set())))
         assert done.wait(60)
         return got
 
     def refuse(p):
         raise UsageError("no such call", "call another")
 
-    engine = Scheduler(_TokenizesInScheduler(pair))
-    engine.start()
+    scheduler = Scheduler(_TokenizesInScheduler(pair))
+    scheduler.start()
     try:
-        assert call(engine, lambda p: p.tokenize("hello")) == [Returned(pair.tokenize("hello"))]
-        [refused] = call(engine, refuse)
+        assert call(scheduler, lambda p: p.tokenize("hello")) == [Returned(pair.tokenize("hello"))]
+        [refused] = call(scheduler, refuse)
         assert isinstance(refused, Refused) and refused.error.message == "no such call"
-        app = build_app(engine, ServeConfig(model_id="m", defaults=Defaults(),
+        app = build_app(scheduler, ServeConfig(model_id="m", defaults=Defaults(),
                                             budget=PromptBudget(2048)))
         status, reply = _asgi(app, "POST", "/tokenize", json.dumps({"content": "hi"}).encode())
         assert status == 200 and reply == {"tokens": pair.tokenize("hi")}
     finally:
-        engine.stop()
+        scheduler.stop()
 
 
 def test_protocol_checks():
@@ -610,8 +610,8 @@ def test_both_caches_keep_the_common_prefix(pair):
     from tandem.serve import protocol
     from tandem.serve.scheduler import Defaults, Scheduler, prepare
 
-    engine = Scheduler(pair, strategy="draft", record=False)
-    engine.start()
+    scheduler = Scheduler(pair, strategy="draft", record=False)
+    scheduler.start()
     evaluated = []
     real = pair.draft_ctx.prefill
 
@@ -624,14 +624,14 @@ def test_both_caches_keep_the_common_prefix(pair):
     try:
         first = [{"role": "user", "content": "the quick fox " * 20}]
         req1 = protocol.parse_chat({"messages": first, "max_tokens": 12})
-        a1 = _run_job(engine, lambda p: prepare(p, req1, Defaults()))[-1].answer
+        a1 = _run_job(scheduler, lambda p: prepare(p, req1, Defaults()))[-1].answer
         second = first + [{"role": "assistant", "content": a1.text},
                           {"role": "user", "content": "and then?"}]
         req2 = protocol.parse_chat({"messages": second, "max_tokens": 4})
         kv1 = list(pair.target_ctx.tokens)  # what turn 1 left in the target's cache
         tokens1, tokens2 = (pair.prompt_tokens(m) for m in (first, second))
         evaluated.clear()
-        a2 = _run_job(engine, lambda p: prepare(p, req2, Defaults()))[-1].answer
+        a2 = _run_job(scheduler, lambda p: prepare(p, req2, Defaults()))[-1].answer
         p1, p2 = a1.stats.n_prompt, a2.stats.n_prompt
         assert tokens2[:len(tokens1)] == tokens1 and p2 == len(tokens2)
         # exactly the tokens past the longest common prefix were evaluated (the last prompt
@@ -642,7 +642,7 @@ def test_both_caches_keep_the_common_prefix(pair):
         assert evaluated and evaluated[0] <= p2 - p1 + 1  # the draft's prompt phase
     finally:
         del pair.draft_ctx.prefill
-        engine.stop()
+        scheduler.stop()
 
 
 def _asgi(app, method: str, path: str, body: bytes = b"") -> tuple[int, dict]:

@@ -64,39 +64,40 @@ LONG = GenParams(max_tokens=900, ignore_eos=True)  # seconds, beside the short o
 
 
 def test_a_short_request_takes_the_kept_slot_while_long_ones_hold_the_others(session):
-    engine = Scheduler(session, strategy="draft", record=False, queue_size=4, parallel=2)
-    engine.start()
+    scheduler = Scheduler(session, strategy="draft", record=False, queue_size=4, parallel=2)
+    scheduler.start()
     try:
-        assert engine.parallel == 2 and [s.reserved for s in engine.slots] == [False, False, True]
+        assert scheduler.parallel == 2
+        assert [s.reserved for s in scheduler.slots] == [False, False, True]
         longs = [Job(prompt_of(session, f"essay {i}"), LONG) for i in range(3)]
         for j in longs:
-            engine.submit(j.job)
+            scheduler.submit(j.job)
         assert longs[0].started.wait(60) and longs[1].started.wait(60)
-        assert engine.waiting == 1  # the third long one may not take the kept slot
+        assert scheduler.waiting == 1  # the third long one may not take the kept slot
         short = Job(prompt_of(session, "complete this"), GenParams(max_tokens=8),
                     interactive=True)
-        engine.submit(short.job)
+        scheduler.submit(short.job)
         assert isinstance(short.outcome, Done) and short.job.slot == 2
         assert not longs[0].done.is_set() and not longs[1].done.is_set()  # it did not wait
         assert [type(j.outcome) for j in longs] == [Done] * 3
         assert {j.job.slot for j in longs} <= {0, 1}
     finally:
-        engine.stop()
+        scheduler.stop()
 
 
 def test_a_cancelled_answer_frees_its_slot_and_a_full_queue_refuses(session):
-    engine = Scheduler(session, strategy="draft", record=False, queue_size=1, parallel=2)
-    engine.start()
+    scheduler = Scheduler(session, strategy="draft", record=False, queue_size=1, parallel=2)
+    scheduler.start()
     try:
         a, b = (Job(prompt_of(session, t), LONG) for t in ("first", "second"))
-        engine.submit(a.job)
+        scheduler.submit(a.job)
         assert a.started.wait(60)
-        engine.submit(b.job)
+        scheduler.submit(b.job)
         assert b.started.wait(60)
         waiting = Job(prompt_of(session, "third"), GenParams(max_tokens=16))
-        engine.submit(waiting.job)
+        scheduler.submit(waiting.job)
         with pytest.raises(QueueFull):  # both slots busy, the one place in the queue taken
-            engine.submit(Job(prompt_of(session, "fourth"), GenParams(max_tokens=4)).job)
+            scheduler.submit(Job(prompt_of(session, "fourth"), GenParams(max_tokens=4)).job)
         a.job.cancel.set()
         assert isinstance(a.outcome, Cancelled)
         assert isinstance(waiting.outcome, Done)
@@ -104,17 +105,17 @@ def test_a_cancelled_answer_frees_its_slot_and_a_full_queue_refuses(session):
         assert waiting.job.slot == a.job.slot and not b.done.is_set()  # a's slot, b still on
         assert isinstance(b.outcome, Done) and b.outcome.answer.stats.n_generated == 900
     finally:
-        engine.stop()
+        scheduler.stop()
 
 
 def test_next_turns_find_their_slot_and_the_ram_cache_restores_an_evicted_one(session):
-    engine = Scheduler(session, strategy="draft", record=False, queue_size=4, parallel=2,
+    scheduler = Scheduler(session, strategy="draft", record=False, queue_size=4, parallel=2,
                           cache_ram_mib=64)
-    engine.start()
+    scheduler.start()
     try:
         def turn(text, max_tokens=12):
             j = Job(prompt_of(session, text), GenParams(max_tokens=max_tokens))
-            engine.submit(j.job)
+            scheduler.submit(j.job)
             assert isinstance(j.outcome, Done)
             return j.outcome.answer, j.job.slot
 
@@ -132,13 +133,14 @@ def test_next_turns_find_their_slot_and_the_ram_cache_restores_an_evicted_one(se
         assert slot == slot_a and reused(a2, first, first + a1.text + " and more")
         # a third conversation takes the least recently used slot (B's): B goes to the cache
         turn("yet another topic, the stars " * 6)
-        assert engine.prompt_cache.figures.kept >= 1
+        assert scheduler.prompt_cache.figures.kept >= 1
         # B's next turn: both slots hold others; the cache puts B's back in the one it takes
         b = "a different conversation about the mountains " * 6
         b2, _ = turn(b + b1.text + " go on")
-        assert engine.prompt_cache.figures.restored == 1 and reused(b2, b, b + b1.text + " go on")
+        assert scheduler.prompt_cache.figures.restored == 1
+        assert reused(b2, b, b + b1.text + " go on")
     finally:
-        engine.stop()
+        scheduler.stop()
 
 
 # -- over HTTP: four kinds of request streamed at once, each equal to itself alone
@@ -411,7 +413,7 @@ def test_parallel_auto_is_four_where_memory_allows_and_one_where_it_must(tiny_mo
 
 def test_a_full_queue_is_a_429_over_http():
     """Every slot busy and the queue full: the API's 429 (rate_limit_error, queue_full), the
-    engine untouched (tests above fill it for real; this is the route's side)."""
+    scheduler untouched (tests above fill it for real; this is the route's side)."""
     from types import SimpleNamespace
 
     from tandem.engine.backend.fim import FimTokens
@@ -422,12 +424,12 @@ def test_a_full_queue_is_a_429_over_http():
 
     pair = SimpleNamespace(slots=None, n_ctx=4096, tokenizes_aside=False,
                            fim_tokens=FimTokens(), props=lambda: {"n_vocab": 10})
-    engine = Scheduler(pair, queue_size=1)  # not started: what waits stays waiting
-    engine.submit(GenerationJob(make=lambda p: None, sink=lambda event: None))
-    app = build_app(engine, ServeConfig(model_id="m", defaults=Defaults(),
+    scheduler = Scheduler(pair, queue_size=1)  # not started: what waits stays waiting
+    scheduler.submit(GenerationJob(make=lambda p: None, sink=lambda event: None))
+    app = build_app(scheduler, ServeConfig(model_id="m", defaults=Defaults(),
                                         budget=PromptBudget(4096)))
     body = json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode()
     status, reply = _asgi(app, "POST", "/v1/chat/completions", body)
     assert status == 429 and reply["error"]["code"] == "queue_full"
     assert "1 requests are already waiting" in reply["error"]["message"]
-    engine.stop()
+    scheduler.stop()

@@ -110,7 +110,7 @@ def serve(
     try:
         with open_pair(target_path, draft_path, opts) as session:
             _start_up(session, contexts, opts.strategy)
-            engine = Scheduler(session, strategy=opts.strategy, draft=opts.draft,
+            scheduler = Scheduler(session, strategy=opts.strategy, draft=opts.draft,
                                   queue_size=queue, parallel=n_slots,
                                   cache_ram_mib=s.cache_ram)
             budget = PromptBudget(session.n_ctx,
@@ -122,8 +122,8 @@ def serve(
             draft = f" + {draft_path.name}" if draft_path else ""
             print(f"tandem serve: {listening.listen_note(host, sock)} · {target_path.name}{draft} · "
                   f"strategy {opts.strategy} · context {session.n_ctx} · "
-                  f"{_slots_words(engine)} · queue {queue} · Ctrl-C stops", file=sys.stderr, flush=True)
-            server.serve(engine, config, sock, verbose=verbose)
+                  f"{_slots_words(scheduler)} · queue {queue} · Ctrl-C stops", file=sys.stderr, flush=True)
+            server.serve(scheduler, config, sock, verbose=verbose)
     finally:
         sock.close()
 
@@ -145,9 +145,9 @@ def _start_up(session, contexts, strategy: str) -> None:
                   file=sys.stderr, flush=True)
 
 
-def _slots_words(engine) -> str:
-    kept = len(engine.slots) - engine.parallel
-    return (f"{engine.parallel} slot" + ("s" if engine.parallel > 1 else "")
+def _slots_words(scheduler) -> str:
+    kept = len(scheduler.slots) - scheduler.parallel
+    return (f"{scheduler.parallel} slot" + ("s" if scheduler.parallel > 1 else "")
             + (f" + {kept} for short requests" if kept else ""))
 
 

@@ -57,7 +57,7 @@ async def complete(state: ServerState, call: ApiCall, req: protocol.Request, id_
     """The answer to a parsed completion request, in `wire`'s shapes; refusals raise
     (QueueFull, TandemError and ApiError, which the route's shared handling turns into the
     API's errors and logs)."""
-    engine, defaults, budget = state.engine, state.config.defaults, state.budget
+    scheduler, defaults, budget = state.scheduler, state.config.defaults, state.budget
     if req.infill is not None and state.fim.missing():
         raise llama_api.refusal_501(state.fim.missing())
     limit = llama_api.Limiter(req.n_indent, req.t_max_predict_ms)
@@ -71,15 +71,15 @@ async def complete(state: ServerState, call: ApiCall, req: protocol.Request, id_
     # cheap checks first, then the tokenizer, never in the scheduler's threads when it can be
     # elsewhere: a long prompt's preparation does not delay the answer being generated
     prompt_size_check(req, budget)
-    if engine.waiting >= engine.capacity:
-        raise QueueFull(f"{engine.capacity} requests are already waiting")
+    if scheduler.waiting >= scheduler.capacity:
+        raise QueueFull(f"{scheduler.capacity} requests are already waiting")
     if req.constraint is not None:  # compiled here, so the scheduler only looks up
         await loop.run_in_executor(state.tokenizer, structured.prepare_grammar, req,
-                                   engine.pair.target if state.aside else None)
+                                   scheduler.pair.target if state.aside else None)
     tokens = None
     if state.aside:
         tokens, prediction = await loop.run_in_executor(
-            state.tokenizer, request_tokens, engine.pair, req, budget)
+            state.tokenizer, request_tokens, scheduler.pair, req, budget)
         gen = gen_params(req, defaults, prediction)
         make = lambda pair: (tokens, gen)  # noqa: E731 - the job's one line
     else:
@@ -88,7 +88,7 @@ async def complete(state: ServerState, call: ApiCall, req: protocol.Request, id_
     n_predict = req.max_tokens if req.max_tokens is not None else defaults.max_tokens
     job = call.job = GenerationJob(make=make, sink=sink, limit=limit if limit.active else None,
                                    interactive=n_predict <= INTERACTIVE_TOKENS)
-    engine.submit(job)
+    scheduler.submit(job)
     rid = id_prefix + uuid.uuid4().hex[:24]
     now = int(time.time())
     watch = asyncio.ensure_future(disconnected(call.request))
@@ -125,7 +125,7 @@ async def complete(state: ServerState, call: ApiCall, req: protocol.Request, id_
 async def native_answer(state: ServerState, req: protocol.Request, tokens, events, watch,
                         first, log, job):
     """/infill and /completion: llama-server's answer object, or its stream of them."""
-    n_ctx = state.engine.pair.n_ctx
+    n_ctx = state.scheduler.pair.n_ctx
     shown = tokens is not None and (not req.response_fields or "prompt" in req.response_fields)
     prompt_text = b"".join(await state.on_pair(lambda pair: pair.pieces(tokens))).decode(
         "utf-8", "replace") if shown else None

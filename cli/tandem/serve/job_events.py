@@ -4,8 +4,8 @@ server_state.py) dispatches on their types.
 
 A GenerationJob's sink gets, in order: Prefilled once the prompt is evaluated, a Text per
 piece of text released, then exactly one end: Done, Refused, Failed, Cancelled or Dropped.
-A job that makes one call on the pair gets exactly one of Returned, Refused,
-Failed or Dropped."""
+A CallJob's sink (one plain call on the pair: serve/jobs.py) gets exactly one of Returned,
+Refused, Failed or Dropped."""
 from __future__ import annotations
 
 from dataclasses import dataclass

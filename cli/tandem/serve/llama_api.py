@@ -309,17 +309,18 @@ def piece_json(raw: bytes):
         return list(raw)
 
 
-def props(model: str, engine, facts: dict, sampling, max_tokens: int) -> dict:
+def props(model: str, scheduler, facts: dict, sampling, max_tokens: int) -> dict:
     """GET /props: the keys editors and web UIs read (n_ctx, the template, the model, the
     slots: `total_slots` any request may take, tandem's `reserved_slots` kept for short ones)."""
     from tandem import __version__
 
-    pair = engine.pair
+    pair = scheduler.pair
     return {
         "default_generation_settings": {
             "params": dict(sampling_json(sampling), n_predict=max_tokens),
             "n_ctx": pair.n_ctx},
-        "total_slots": engine.parallel, "reserved_slots": len(engine.slots) - engine.parallel,
+        "total_slots": scheduler.parallel,
+        "reserved_slots": len(scheduler.slots) - scheduler.parallel,
         "model_alias": model, "model_path": str(pair.target_path),
         "modalities": {"vision": False, "video": False, "audio": False},
         "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": True,

@@ -50,28 +50,28 @@ async def apply_template(state: ServerState, call: ApiCall):
 
 async def props(state: ServerState, call: ApiCall):
     defaults = state.config.defaults
-    return JSONResponse(llama_api.props(state.config.model_id, state.engine, state.facts,
+    return JSONResponse(llama_api.props(state.config.model_id, state.scheduler, state.facts,
                                         defaults.sampling, defaults.max_tokens))
 
 
 async def health(state: ServerState, call: ApiCall):
-    engine = state.engine
-    cache = engine.prompt_cache
-    return JSONResponse({"status": "ok", "busy": engine.busy, "waiting": engine.waiting,
-                         "queue": engine.capacity, "served": engine.served,
-                         "cancelled": engine.cancelled, "last_cancel": engine.last_cancel,
-                         "slots": len(engine.slots), "processing": engine.processing,
+    scheduler = state.scheduler
+    cache = scheduler.prompt_cache
+    return JSONResponse({"status": "ok", "busy": scheduler.busy, "waiting": scheduler.waiting,
+                         "queue": scheduler.capacity, "served": scheduler.served,
+                         "cancelled": scheduler.cancelled, "last_cancel": scheduler.last_cancel,
+                         "slots": len(scheduler.slots), "processing": scheduler.processing,
                          "prompt_cache": None if cache is None else {
                              "entries": len(cache.entries), "bytes": cache.size,
                              "limit": cache.limit, **vars(cache.figures)}})
 
 
 async def slots(state: ServerState, call: ApiCall):
-    return JSONResponse(state.engine.slot_states())
+    return JSONResponse(state.scheduler.slot_states())
 
 
 async def metrics(state: ServerState, call: ApiCall):
-    engine = state.engine
-    text = engine.metrics.prometheus(processing=engine.processing, deferred=engine.waiting,
-                                     batches=engine.batches)
+    scheduler = state.scheduler
+    text = scheduler.metrics.prometheus(processing=scheduler.processing,
+                                        deferred=scheduler.waiting, batches=scheduler.batches)
     return PlainTextResponse(text, media_type=CONTENT_TYPE)

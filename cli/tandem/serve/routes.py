@@ -130,9 +130,9 @@ async def server_error(request: Request, exc: Exception):
     return JSONResponse(err.body(), status_code=500)
 
 
-def build_app(engine: Scheduler, config: ServeConfig) -> Starlette:
+def build_app(scheduler: Scheduler, config: ServeConfig) -> Starlette:
     """The app: ROUTES over one ServerState, the error objects, CORS when asked."""
-    state = ServerState.open(engine, config)
+    state = ServerState.open(scheduler, config)
     routes = [Route(r.path, endpoint(state, r), methods=[r.method]) for r in ROUTES]
     middleware = []
     if config.cors:
@@ -169,7 +169,7 @@ class StopCuts(logging.Filter):
 STOP_GRACE_S = 1.0
 
 
-def serve(engine: Scheduler, config: ServeConfig, sock: socket.socket,
+def serve(scheduler: Scheduler, config: ServeConfig, sock: socket.socket,
           verbose: bool = False) -> None:
     """Run uvicorn on `sock` until Ctrl-C / SIGTERM; the scheduler is stopped after. Once
     uvicorn starts its shutdown the scheduler halts: every answer in flight ends at its next
@@ -179,23 +179,23 @@ def serve(engine: Scheduler, config: ServeConfig, sock: socket.socket,
 
     class Server(uvicorn.Server):
         async def shutdown(self, sockets=None):
-            engine.halt()
+            scheduler.halt()
             app.state.server.stopping.set()  # a body still arriving: 503, not a wait
             await super().shutdown(sockets)
 
-    app = build_app(engine, config)
+    app = build_app(scheduler, config)
     logging.getLogger("uvicorn.error").addFilter(StopCuts())
     server = Server(uvicorn.Config(
         app, http=guarded(config.timeout), loop="asyncio", lifespan="off",
         log_level="info" if verbose else "warning", access_log=verbose,
         timeout_keep_alive=IDLE_TIMEOUT, timeout_graceful_shutdown=STOP_GRACE_S,
         server_header=False))
-    engine.start()
+    scheduler.start()
     try:
         server.run(sockets=[sock])
     finally:
         app.state.server.close()
-        engine.stop()
+        scheduler.stop()
         sock.close()
     if not server.started:
         raise TandemError("the HTTP server did not start", "rerun with --verbose for its log")

@@ -59,7 +59,7 @@ class ApiCall:
 class ServerState:
     """The server's one state, built once before the first request (ServerState.open)."""
 
-    engine: Scheduler
+    scheduler: Scheduler
     config: ServeConfig
     budget: PromptBudget
     created: int  # /v1/models' timestamp: when the server started
@@ -75,11 +75,11 @@ class ServerState:
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
     @classmethod
-    def open(cls, engine: Scheduler, config: ServeConfig) -> ServerState:
+    def open(cls, scheduler: Scheduler, config: ServeConfig) -> ServerState:
         # read now, before the scheduler runs: a remote pair's pipe is the engine's then
-        pair = engine.pair
+        pair = scheduler.pair
         return cls(
-            engine=engine, config=config, budget=config.budget or PromptBudget(pair.n_ctx),
+            scheduler=scheduler, config=config, budget=config.budget or PromptBudget(pair.n_ctx),
             created=int(time.time()), aside=pair.tokenizes_aside, fim=pair.fim_tokens,
             facts=pair.props(),
             tokenizer=ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-tokenizer"),
@@ -107,17 +107,17 @@ class ServerState:
                            headers={"WWW-Authenticate": 'Bearer realm="tandem"'})
 
     async def on_pair(self, fn):
-        """`fn(pair)` where it may run: the utility thread for a local pair, the engine
+        """`fn(pair)` where it may run: the utility thread for a local pair, the scheduler
         thread (between answers) for a remote one, whose engine process takes one call at a
         time. The queue full is QueueFull, which the route's shared handling answers."""
         loop = asyncio.get_running_loop()
         if self.aside:
-            return await loop.run_in_executor(self.utility, fn, self.engine.pair)
+            return await loop.run_in_executor(self.utility, fn, self.scheduler.pair)
         done: asyncio.Future = loop.create_future()
 
         def sink(event):
             loop.call_soon_threadsafe(lambda: done.done() or done.set_result(event))
-        self.engine.submit(CallJob(fn, sink))
+        self.scheduler.submit(CallJob(fn, sink))
         event = await done
         raise_failure(event)  # Refused, Failed or Dropped; else it Returned
         return event.value
