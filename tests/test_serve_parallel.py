@@ -16,6 +16,7 @@ from serve_helpers import Server
 from tandem.engine.backend.context_params import ContextParams, common_prefix
 from tandem.engine.loop.speculative import GenParams
 from tandem.engine.pair import PairSession, SessionOptions
+from tandem.engine.slot_plan import SlotPlan
 from tandem.serve.job_events import END, Cancelled, Done, Text
 from tandem.serve.jobs import GenerationJob
 from tandem.serve.scheduler import QueueFull, Scheduler
@@ -23,9 +24,12 @@ from tandem.serve.scheduler import QueueFull, Scheduler
 
 # -- the scheduler itself, on a session of three sequences (two slots + the kept one)
 
+PLAN = SlotPlan(2, kept=1)
+
+
 @pytest.fixture(scope="module")
 def session(tiny_models, tmp_path_factory):
-    opts = SessionOptions(strategy="draft", sequences=3,
+    opts = SessionOptions(strategy="draft", sequences=PLAN.total,
                           target_ctx=ContextParams(n_ctx=1024, n_threads=1, n_threads_batch=1))
     with PairSession(tiny_models["target"], tiny_models["draft"], opts) as s:
         yield s
@@ -63,8 +67,22 @@ def prompt_of(session, text):
 LONG = GenParams(max_tokens=900, ignore_eos=True)  # seconds, beside the short ones
 
 
+def test_the_slot_plan_reaches_the_scheduler_unchanged(session):
+    """One plan for both sides: the pair holds plan.total sequences (the engine's side), and
+    the scheduler gives the first plan.regular to any request and keeps the plan's kept ones
+    for short requests, inferring nothing; a plan the pair does not hold is refused."""
+    scheduler = Scheduler(session, plan=PLAN)
+    assert len(session.slots) == PLAN.total == 3
+    assert [s.reserved for s in scheduler.slots] == [False] * PLAN.regular + [True] * PLAN.kept
+    assert scheduler.parallel == PLAN.regular
+    assert [s.reserved for s in Scheduler(session, plan=SlotPlan(1, kept=2)).slots] == [
+        False, True, True]
+    with pytest.raises(ValueError):
+        Scheduler(session, plan=SlotPlan(3, kept=1))
+
+
 def test_a_short_request_takes_the_kept_slot_while_long_ones_hold_the_others(session):
-    scheduler = Scheduler(session, strategy="draft", record=False, queue_size=4, parallel=2)
+    scheduler = Scheduler(session, strategy="draft", record=False, queue_size=4, plan=PLAN)
     scheduler.start()
     try:
         assert scheduler.parallel == 2
@@ -86,7 +104,7 @@ def test_a_short_request_takes_the_kept_slot_while_long_ones_hold_the_others(ses
 
 
 def test_a_cancelled_answer_frees_its_slot_and_a_full_queue_refuses(session):
-    scheduler = Scheduler(session, strategy="draft", record=False, queue_size=1, parallel=2)
+    scheduler = Scheduler(session, strategy="draft", record=False, queue_size=1, plan=PLAN)
     scheduler.start()
     try:
         a, b = (Job(prompt_of(session, t), LONG) for t in ("first", "second"))
@@ -109,7 +127,7 @@ def test_a_cancelled_answer_frees_its_slot_and_a_full_queue_refuses(session):
 
 
 def test_next_turns_find_their_slot_and_the_ram_cache_restores_an_evicted_one(session):
-    scheduler = Scheduler(session, strategy="draft", record=False, queue_size=4, parallel=2,
+    scheduler = Scheduler(session, strategy="draft", record=False, queue_size=4, plan=PLAN,
                           cache_ram_mib=64)
     scheduler.start()
     try:
@@ -293,8 +311,8 @@ def test_four_mixed_streams_at_once_each_equal_alone(tiny_models, tmp_path):
         assert status == 200 and len(slots) == 4 and [s["reserved"] for s in slots] == [
             False, False, False, True]
         status, props, _ = srv.raw("GET", "/props")
-        assert props["total_slots"] == 3
-        assert any("slot" in line for line in srv.log)
+        assert props["total_slots"] == 3 and props["reserved_slots"] == 1
+        assert any("3 slots + 1 for short requests" in line for line in srv.log)
         # /metrics counts the shared decodes: more than one busy slot per decode on average
         status, body, _ = srv.raw("GET", "/metrics")
         values = dict(line.rsplit(" ", 1) for line in body["_raw"].splitlines()
@@ -397,18 +415,20 @@ def prepared(tiny_models, target="target", draft="draft", mode="fast", strategy=
 def test_parallel_auto_is_four_where_memory_allows_and_one_where_it_must(tiny_models):
     from tandem.commands.compose import serve_slots
 
-    assert serve_slots(prepared(tiny_models), -1) == (4, None)
-    assert serve_slots(prepared(tiny_models), 6) == (6, None)
+    assert serve_slots(prepared(tiny_models), -1) == (SlotPlan(4, kept=1), None)
+    assert serve_slots(prepared(tiny_models), 6) == (SlotPlan(6, kept=1), None)
     # each slot more (and the kept one) adds both models' KV cache: 2 x 10 MiB a slot
-    n, note = serve_slots(prepared(tiny_models, left=(None, 65 << 20)), 8)
-    assert n == 3 and note == "--parallel 8: 3 slots fit in memory"
-    assert serve_slots(prepared(tiny_models, left=(None, 65 << 20)), -1) == (3, None)
+    plan, note = serve_slots(prepared(tiny_models, left=(None, 65 << 20)), 8)
+    assert plan == SlotPlan(3, kept=1) and note == "--parallel 8: 3 slots fit in memory"
+    assert serve_slots(prepared(tiny_models, left=(None, 65 << 20)), -1) == (
+        SlotPlan(3, kept=1), None)
+    assert serve_slots(prepared(tiny_models), 1) == (SlotPlan(1), None)  # none kept
     for kw, why in [({"mode": "exact"}, "exact mode"), ({"rpc": ("h:1",)}, "RPC servers"),
                     ({"strategy": "mtp"}, "MTP heads"),
                     ({"target": "hybrid", "draft": "hybrid_draft"}, "hybrid model")]:
-        assert serve_slots(prepared(tiny_models, **kw), -1) == (1, None)
-        n, note = serve_slots(prepared(tiny_models, **kw), 4)
-        assert n == 1 and note.startswith("--parallel 4: one slot") and why in note
+        assert serve_slots(prepared(tiny_models, **kw), -1) == (SlotPlan(1), None)
+        plan, note = serve_slots(prepared(tiny_models, **kw), 4)
+        assert plan == SlotPlan(1) and note.startswith("--parallel 4: one slot") and why in note
 
 
 def test_a_full_queue_is_a_429_over_http():

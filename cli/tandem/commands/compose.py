@@ -18,6 +18,7 @@ from tandem.config.tuned import tuned_values
 from tandem.engine.backend.context_params import ROLLBACK_TOKENS, ContextParams, exact_context
 from tandem.engine.remote.rpc import server_info
 from tandem.engine.pair import Pair, SessionOptions
+from tandem.engine.slot_plan import SlotPlan
 from tandem.engine.drafting.drafters import DraftParams
 from tandem.machine.fit import plan_for_settings, remote_plan_for_settings
 from tandem.fsutil import fmt_bytes
@@ -172,11 +173,12 @@ def prepare_session(cli: Mapping[str, Any] | None,
 AUTO_SLOTS = 4  # llama-server's --parallel auto
 
 
-def serve_slots(prepared: Prepared, want: int) -> tuple[int, str | None]:
+def serve_slots(prepared: Prepared, want: int) -> tuple[SlotPlan, str | None]:
     """The slots `serve` decodes together for --parallel `want` (-1 or 0: auto, AUTO_SLOTS
-    where memory allows), and why fewer where it must be one: with the target on RPC
-    servers, in exact mode, for a model whose state goes back only from copies (hybrid,
-    recurrent), and with MTP heads (they follow one sequence)."""
+    where memory allows), with one more kept for short requests where there are several,
+    and why fewer where it must be one: with the target on RPC servers, in exact mode, for a
+    model whose state goes back only from copies (hybrid, recurrent), and with MTP heads
+    (they follow one sequence)."""
     from tandem.errors import TandemError
     from tandem.machine.planner import slots_that_fit
     from tandem.models import memory_type
@@ -203,11 +205,12 @@ def serve_slots(prepared: Prepared, want: int) -> tuple[int, str | None]:
                 one = f"{path.name} is a {kind} model (its state goes back only from copies)"
                 break
     if one is not None:
-        return 1, None if auto or want == 1 else f"--parallel {want}: one slot, {one}"
+        return SlotPlan(1), None if auto or want == 1 else f"--parallel {want}: one slot, {one}"
     n = slots_that_fit(prepared.plan, AUTO_SLOTS if auto else want)
+    plan = SlotPlan(n, kept=1 if n > 1 else 0)  # the kept slot's memory is in slots_that_fit
     if n < (AUTO_SLOTS if auto else want) and not auto:
-        return n, f"--parallel {want}: {n} slots fit in memory"
-    return n, None
+        return plan, f"--parallel {want}: {n} slots fit in memory"
+    return plan, None
 
 
 def files_on_disk(store, target, draft):

@@ -91,12 +91,12 @@ def serve(
     api_key = checked_key(s.api_key or None, s.origin("api_key"))
     origins = cors_origins(s.cors or None, api_key)
     target_path, draft_path, opts = prepared.target, prepared.draft, prepared.options
-    n_slots, slots_note = serve_slots(prepared, s.parallel)
+    slots, slots_note = serve_slots(prepared, s.parallel)
     if slots_note:
         listening.warn(slots_note)
-    # with several slots one more is kept for short requests (scheduler.py)
-    opts = replace(opts, cache_reuse=s.cache_reuse,
-                   sequences=n_slots + 1 if n_slots > 1 else 1)
+    # the one plan both sides follow: the engine holds its sequences, the scheduler keeps
+    # the plan's kept ones for short requests
+    opts = replace(opts, cache_reuse=s.cache_reuse, sequences=slots.total)
 
     from tandem.serve import routes as server  # Starlette and uvicorn: only now
     from tandem.models.vocab import longest_token_bytes
@@ -111,7 +111,7 @@ def serve(
         with open_pair(target_path, draft_path, opts) as session:
             _start_up(session, contexts, opts.strategy)
             scheduler = Scheduler(session, strategy=opts.strategy, draft=opts.draft,
-                                  queue_size=queue, parallel=n_slots,
+                                  queue_size=queue, plan=slots,
                                   cache_ram_mib=s.cache_ram)
             budget = PromptBudget(session.n_ctx,
                             longest_token_bytes(target_path) or UNKNOWN_TOKEN_BYTES)

@@ -28,6 +28,7 @@ from tandem.engine.backend.context_params import common_prefix
 from tandem.engine.backend.sequences import BatchFigures
 from tandem.engine.loop.events import PrefillEvent, TokenEvent
 from tandem.engine.pair import Pair
+from tandem.engine.slot_plan import SlotPlan
 from tandem.engine.loop.sampling import SamplingParams
 from tandem.engine.loop.speculative import GenParams
 from tandem.errors import TandemError
@@ -75,11 +76,11 @@ class SlotState:
 
 class Scheduler:
     def __init__(self, pair: Pair, *, strategy: str | None = None, draft=None,
-                 record: bool = True, queue_size: int = 8, parallel: int | None = None,
+                 record: bool = True, queue_size: int = 8, plan: SlotPlan | None = None,
                  cache_ram_mib: float = 0.0):
-        """`parallel`: the slots any request may take; the pair's slots beyond them are kept
-        for short requests (None: none kept). `cache_ram_mib`: the RAM prompt cache's bound
-        (0: none)."""
+        """`plan`: the pair's slots as commands/compose.py planned them, the first
+        plan.regular for any request and the kept ones beyond for short requests (None:
+        every slot for any request). `cache_ram_mib`: the RAM prompt cache's bound (0: none)."""
         self.pair = pair
         self.strategy = strategy
         self.draft = draft
@@ -91,7 +92,9 @@ class Scheduler:
         self._thread = threading.Thread(target=self._loop, name="tandem-scheduler", daemon=True)
         pair_slots = list(getattr(pair, "slots", None) or ())
         n = len(pair_slots)
-        regular = n if parallel is None else max(1, min(parallel, n))
+        if plan is not None and n != (plan.total if plan.total > 1 else 0):
+            raise ValueError(f"the pair holds {n} slots, the plan {plan.total}")
+        regular = n if plan is None else plan.regular
         self.slots = [SlotState(i, s, reserved=i >= regular, n_ctx=s.target.n_ctx)
                       for i, s in enumerate(pair_slots)] or [SlotState(0, n_ctx=pair.n_ctx)]
         self.prompt_cache = PromptCache(int(cache_ram_mib * 2 ** 20)) if n else None
