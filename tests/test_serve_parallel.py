@@ -400,15 +400,16 @@ def test_real_pair_four_mixed_streams_at_once_each_equal_alone(real_pair, tmp_pa
 
 def prepared(tiny_models, target="target", draft="draft", mode="fast", strategy="auto",
              rpc=(), kv=(10 << 20, 0), left=(None, 1 << 30)):
-    """What serve_slots reads of a compose.Prepared: settings, options, files, plan (KV of
-    one slot per model on GPU and CPU, memory left on each)."""
+    """What serve_slots reads of a compose.Prepared: the engine's options, files, plan (KV
+    of one slot per model on GPU and CPU, memory left on each)."""
     from types import SimpleNamespace
 
     model = SimpleNamespace(kv_gpu=kv[1], kv_cpu=kv[0])
     plan = SimpleNamespace(models=(model, model), gpu_left=left[0], ram_left=left[1],
                            unified=False)
-    return SimpleNamespace(settings=SimpleNamespace(mode=mode, strategy=strategy),
-                           options=SimpleNamespace(rpc=rpc), target=tiny_models[target],
+    options = SimpleNamespace(rpc=rpc, strategy=strategy,
+                              target_ctx=SimpleNamespace(exact=mode == "exact"))
+    return SimpleNamespace(options=options, target=tiny_models[target],
                            draft=tiny_models[draft] if draft else None, plan=plan)
 
 

@@ -18,7 +18,7 @@ from tandem.config.tuned import tuned_values
 from tandem.engine.backend.context_params import ROLLBACK_TOKENS, ContextParams, exact_context
 from tandem.engine.remote.rpc import server_info
 from tandem.engine.pair import Pair, SessionOptions
-from tandem.engine.slot_plan import SlotPlan
+from tandem.engine.slot_plan import SlotPlan, one_slot_reason
 from tandem.engine.drafting.drafters import DraftParams
 from tandem.machine.fit import plan_for_settings, remote_plan_for_settings
 from tandem.fsutil import fmt_bytes
@@ -176,34 +176,15 @@ AUTO_SLOTS = 4  # llama-server's --parallel auto
 def serve_slots(prepared: Prepared, want: int) -> tuple[SlotPlan, str | None]:
     """The slots `serve` decodes together for --parallel `want` (-1 or 0: auto, AUTO_SLOTS
     where memory allows), with one more kept for short requests where there are several,
-    and why fewer where it must be one: with the target on RPC servers, in exact mode, for a
-    model whose state goes back only from copies (hybrid, recurrent), and with MTP heads
-    (they follow one sequence)."""
-    from tandem.errors import TandemError
+    and why fewer: one where the engine says the pair takes one (engine/slot_plan.py:
+    one_slot_reason), else as many as fit in memory."""
     from tandem.machine.planner import slots_that_fit
-    from tandem.models import memory_type
-    from tandem.models.gguf_meta import read_gguf_header
 
-    s, opts = prepared.settings, prepared.options
+    opts = prepared.options
     auto = want <= 0
-    one = None
-    if opts.rpc:
-        one = "the target is on RPC servers"
-    elif s.mode == "exact":
-        one = ("exact mode (a row decoded beside other sequences' rows is not bit-identical "
-               "to the same row alone)")
-    elif s.strategy == "mtp":
-        one = "the MTP heads follow one sequence"
-    else:
-        for path in (prepared.target, prepared.draft):
-            try:
-                header = read_gguf_header(path) if path is not None else None
-            except (TandemError, OSError):
-                header = None
-            kind = memory_type.describe(header)[0] if header is not None else None
-            if kind in (memory_type.HYBRID, memory_type.RECURRENT):
-                one = f"{path.name} is a {kind} model (its state goes back only from copies)"
-                break
+    # the engine's rule, asked of the files before they load
+    one = one_slot_reason(strategy=opts.strategy, exact=opts.target_ctx.exact,
+                          rpc=bool(opts.rpc), models=(prepared.target, prepared.draft))
     if one is not None:
         return SlotPlan(1), None if auto or want == 1 else f"--parallel {want}: one slot, {one}"
     n = slots_that_fit(prepared.plan, AUTO_SLOTS if auto else want)

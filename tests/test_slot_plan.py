@@ -1,0 +1,50 @@
+"""engine/slot_plan.py: the slot plan serve hands the engine and the scheduler, and the
+engine's word on which pairs take one slot only, each reason worded as `serve` says it."""
+from __future__ import annotations
+
+import pytest
+
+from tandem.engine.slot_plan import SlotPlan, one_slot_reason
+
+
+def test_a_plan_counts_its_kept_slots_in_its_total():
+    assert SlotPlan(4, kept=1).total == 5 and SlotPlan(1).total == 1
+    for regular, kept in ((0, 0), (2, -1)):
+        with pytest.raises(ValueError):
+            SlotPlan(regular, kept)
+
+
+def _reason(tiny_models, target="target", draft="draft", strategy="draft", exact=False,
+            rpc=False):
+    return one_slot_reason(strategy=strategy, exact=exact, rpc=rpc,
+                           models=(tiny_models[target], tiny_models[draft] if draft else None))
+
+
+def test_each_reason_for_one_slot(tiny_models):
+    assert _reason(tiny_models) is None  # a plain pair batches
+    assert _reason(tiny_models, draft=None, strategy="none") is None
+    assert _reason(tiny_models, rpc=True) == "the target is on RPC servers"
+    assert _reason(tiny_models, exact=True) == (
+        "exact mode (a row decoded beside other sequences' rows is not bit-identical to the "
+        "same row alone)")
+    assert _reason(tiny_models, strategy="mtp") == "the MTP heads follow one sequence"
+    copies = "model (its state goes back only from copies)"
+    hybrid, recurrent = tiny_models["hybrid"].name, tiny_models["recurrent"].name
+    assert _reason(tiny_models, target="hybrid", draft="hybrid_draft") == \
+        f"{hybrid} is a hybrid {copies}"
+    assert _reason(tiny_models, target="recurrent", draft=None, strategy="none") == \
+        f"{recurrent} is a recurrent {copies}"
+    # a draft's memory counts as the target's does
+    assert _reason(tiny_models, draft="recurrent") == f"{recurrent} is a recurrent {copies}"
+    # the first that applies: the server before the mode, the mode before the model
+    assert _reason(tiny_models, target="hybrid", exact=True, rpc=True) == \
+        "the target is on RPC servers"
+    assert _reason(tiny_models, target="hybrid", exact=True).startswith("exact mode")
+
+
+def test_a_file_whose_header_does_not_read_is_left_to_the_loader(tiny_models, tmp_path):
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a gguf")
+    missing = tmp_path / "missing.gguf"
+    assert one_slot_reason(strategy="draft", exact=False, rpc=False,
+                           models=(broken, missing)) is None
