@@ -1,16 +1,19 @@
-"""The scheduler of one Pair's slots, fed by a bounded queue.
+"""The scheduler of one Pair's slots, fed by a bounded queue, and the engine thread that runs
+them.
 
-With one slot (--parallel 1, a pair on RPC servers) requests run strictly one after another in
-this thread, both models' KV caches reused by prefix from one request to the next. With
-several (the pair's slots: engine/backend/sequences.py), this thread places each request on
-a free slot, the one whose cache shares most of its prompt (llama-server's slot similarity),
-restoring a conversation from the RAM prompt cache where that shares more, and each slot's
-own thread runs the answer; their steps share one batch. A short request (an editor's
-keystroke, a title: INTERACTIVE_TOKENS or fewer) waits ahead of long ones and may take the
-slot kept for them when every other slot is busy. The HTTP side only queues jobs and reads
-what they produce; a job's output goes to its own sink only, so answers cannot mix. A job
-whose `cancel` is set (its client went away, the server stops) ends at its next event, that
-is within one step.
+One thread, the engine's, owns the pair's contexts and every generation in flight: each
+round it places the waiting requests free slots may take, then steps every live generation
+once (engine/loop/step_loop.py: their decodes in one batch per context). A request goes to
+the free slot whose cache shares most of its prompt (llama-server's slot similarity),
+restoring a conversation from the RAM prompt cache where that shares more. With one slot
+(--parallel 1, a pair on RPC servers) a generation runs to its end in its round, both
+models' KV caches reused by prefix from one request to the next. A short request (an
+editor's keystroke, a title: INTERACTIVE_TOKENS or fewer) waits ahead of long ones and may
+take the slot kept for them when every other slot is busy; its prompt's chunks ride between
+the other slots' steps. The HTTP side only queues jobs and reads what they produce
+(serve/job_events.py); a job's output goes to its own sink only, so answers cannot mix. A
+job whose `cancel` is set (its client went away, the server stops) ends at its next event,
+that is within one step.
 """
 from __future__ import annotations
 
@@ -19,22 +22,23 @@ import threading
 import time
 import traceback
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 from tandem.chat.answer import Answer
 from tandem.config.schema import SERVE_MAX_TOKENS
 from tandem.engine.backend.context_params import common_prefix
 from tandem.engine.backend.sequences import BatchFigures
-from tandem.engine.loop.events import PrefillEvent, TokenEvent
+from tandem.engine.loop.step_loop import StepLoop
 from tandem.engine.pair import Pair
 from tandem.engine.slot_plan import SlotPlan
 from tandem.engine.loop.sampling import SamplingParams
 from tandem.engine.loop.speculative import GenParams
 from tandem.errors import TandemError
-from tandem.serve import prompt, responses
-from tandem.serve.job_events import (Cancelled, Done, Dropped, Failed, JobEvent, Prefilled,
-                                     Refused, Returned, Text)
+from tandem.serve import prompt
+from tandem.serve.answer_run import AnswerRun
+from tandem.serve.answer_run import deliver as _deliver
+from tandem.serve.job_events import Cancelled, Done, Dropped, Failed, JobEvent, Refused, Returned
 from tandem.serve.jobs import CallJob, GenerationJob, Job
 from tandem.serve.metrics import ServeMetrics
 from tandem.serve.prompt import PromptBudget
@@ -66,8 +70,6 @@ class SlotState:
     n_predict: int = 0
     n_decoded: int = 0
     used: float = 0.0  # time.monotonic() of its latest request
-    inbox: deque = field(default_factory=deque)
-    thread: threading.Thread | None = None
 
     @property
     def cached(self) -> Sequence[int]:
@@ -89,7 +91,8 @@ class Scheduler:
         self._waiting: deque[Job] = deque()
         self._cond = threading.Condition()
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="tandem-scheduler", daemon=True)
+        # the engine thread: it owns the pair's contexts and runs every generation in flight
+        self._thread = threading.Thread(target=self._loop, name="tandem-engine", daemon=True)
         pair_slots = list(getattr(pair, "slots", None) or ())
         n = len(pair_slots)
         if plan is not None and n != (plan.total if plan.total > 1 else 0):
@@ -98,6 +101,7 @@ class Scheduler:
         self.slots = [SlotState(i, s, reserved=i >= regular, n_ctx=s.target.n_ctx)
                       for i, s in enumerate(pair_slots)] or [SlotState(0, n_ctx=pair.n_ctx)]
         self.prompt_cache = PromptCache(int(cache_ram_mib * 2 ** 20)) if n else None
+        self.steps = StepLoop(getattr(pair, "batcher", None) if n else None)
         self.served = 0
         self.cancelled = 0
         self.tasks = 0
@@ -133,11 +137,6 @@ class Scheduler:
 
     def start(self) -> None:
         self._thread.start()
-        if self.slots[0].slot is not None:
-            for state in self.slots:
-                state.thread = threading.Thread(target=self._slot_loop, args=(state,),
-                                                name=f"tandem-slot-{state.index}", daemon=True)
-                state.thread.start()
 
     def submit(self, job: Job) -> None:
         with self._cond:
@@ -169,9 +168,8 @@ class Scheduler:
 
     def stop(self, wait_s: float = 30.0) -> None:
         self.halt()
-        for t in [self._thread] + [s.thread for s in self.slots if s.thread is not None]:
-            if t.is_alive():
-                t.join(wait_s)
+        if self._thread.is_alive():
+            self._thread.join(wait_s)
 
     def slot_states(self) -> list[dict]:
         """The slots in llama-server's /slots fields, with tandem's `reserved`."""
@@ -204,38 +202,77 @@ class Scheduler:
         return None
 
     def _loop(self) -> None:
-        while not self._stopping.is_set():
-            with self._cond:
-                picked = self._next()
-                if picked is None:
-                    self._cond.wait(0.5)
+        """The engine thread: each round takes the waiting jobs free slots may take, then
+        steps every generation in flight once (engine/loop/step_loop.py). Once stopping, the
+        generations end at their next event, each delivering its end."""
+        steps = self.steps
+        while steps.live or not self._stopping.is_set():
+            try:
+                while self._start_next():
+                    pass
+                if steps.live:
+                    steps.step()
                     continue
-                job, free = picked
-                state = free[0]
-                state.job = job  # held while the request is prepared
-            if job.cancel.is_set() or self._stopping.is_set():
-                self.cancelled += 1
-                self._release(state)
-                _deliver(job, Dropped())
+            except Exception:  # noqa: BLE001 - a bug: reported, and the engine lives on
+                print("tandem serve: the engine loop failed:", file=sys.stderr)
+                traceback.print_exc(file=sys.stderr)
                 continue
-            prepared = self._prepare(job)
-            if prepared is None:
-                self._release(state)
-                continue
-            if state.slot is None:  # the pair's one sequence: run here
-                self._begin(state, job, prepared)
-                self._run_and_release(job, state, *prepared)
-                continue
+            with self._cond:
+                if not self._stopping.is_set() and not self._startable():
+                    self._cond.wait(0.5)
+
+    def _startable(self) -> bool:
+        """Under the lock: a waiting job a free slot may take."""
+        return any(self._free_for(job) for job in self._waiting)
+
+    def _start_next(self) -> bool:
+        """Start the first waiting job a free slot may take: its generation joins the next
+        round (its slot the free one whose cache shares most of its prompt); False: none."""
+        with self._cond:
+            if self._stopping.is_set():
+                return False
+            picked = self._next()
+            if picked is None:
+                return False
+            job, free = picked
+            state = free[0]
+            state.job = job  # held while the request is prepared
+        if job.cancel.is_set():
+            self.cancelled += 1
+            self._release(state)
+            _deliver(job, Dropped())
+            return True
+        prepared = self._prepare(job)
+        if prepared is None:
+            self._release(state)
+            return True
+        try:
+            self._place_and_add(job, state, prepared)
+        except Exception as exc:  # noqa: BLE001 - a bug: reported, and the engine lives on
+            print("tandem serve: starting a request failed:", file=sys.stderr)
+            traceback.print_exc(file=sys.stderr)
+            for held in self.slots:  # the slot it was placed on
+                if held.job is job:
+                    self._release(held)
+            _deliver(job, Failed(exc))
+        return True
+
+    def _place_and_add(self, job: GenerationJob, state: SlotState, prepared) -> None:
+        """The job's generation, on the free slot that suits its prompt best, joins the
+        engine loop (its first step: the next round)."""
+        if state.slot is not None:
             with self._cond:  # the best free slot for this prompt, now that it is known
                 self._release_locked(state)
                 free = self._free_for(job) or [state]
                 state = self._choose(free, prepared[0])
                 state.job = job
             self._place(state, prepared[0])
-            self._begin(state, job, prepared)
-            with self._cond:
-                state.inbox.append(prepared)
-                self._cond.notify_all()
+        self._begin(state, job, prepared)
+        tokens, gen = prepared
+        answer = Answer(self.pair, tokens, gen, self.strategy, self.draft, record=self.record,
+                        slot=state.slot)
+        self.steps.add(AnswerRun(job, answer, state, self._stopping.is_set,
+                                 self._finish).generation())
 
     def _prepare(self, job: Job):
         """(prompt tokens, GenParams) of a job, or None once its answer (a call's value, a
@@ -288,83 +325,19 @@ class Scheduler:
         state.job = None
         self._cond.notify_all()
 
-    def _slot_loop(self, state: SlotState) -> None:
-        while True:
-            with self._cond:
-                while not state.inbox and not self._stopping.is_set():
-                    self._cond.wait(0.5)
-                if not state.inbox:
-                    return  # stopping
-                tokens, gen = state.inbox.popleft()
-            self._run_and_release(state.job, state, tokens, gen)
-
-    def _run_and_release(self, job: GenerationJob, state: SlotState, tokens, gen) -> None:
-        """Run the job, free its slot, then deliver its outcome: a client that has its answer
-        finds the slot free (/health, /metrics, its next request)."""
-        outcome: JobEvent = Dropped()
-        try:
-            outcome = self._run(job, state, tokens, gen)
-        finally:
-            self._release(state)
-            _deliver(job, outcome)
-
-    def _run(self, job: GenerationJob, state: SlotState, tokens, gen) -> JobEvent:
-        if job.cancel.is_set() or self._stopping.is_set():
+    def _finish(self, run: AnswerRun, end: JobEvent) -> None:
+        """An answer's end: counted, its slot freed, then its end delivered (a client that
+        has its answer finds the slot free: /health, /metrics, its next request)."""
+        stats = run.answer.stats
+        if stats is not None and isinstance(end, (Done, Cancelled)):
+            self.metrics.add(stats)
+        if isinstance(end, Cancelled):
             self.cancelled += 1
-            return Dropped()
-        answer = Answer(self.pair, tokens, gen, self.strategy, self.draft, record=self.record,
-                        slot=state.slot)
-        stream = answer.events()
-        outcome: JobEvent = Done(answer)
-        limit = job.limit
-        try:
-            for ev in stream:
-                if isinstance(ev, TokenEvent) and ev.text:
-                    state.n_decoded += 1
-                    text = limit.feed(ev.text) if limit else responses.Piece(ev.text, ev.from_draft)
-                    if text:
-                        _deliver(job, Text(text))
-                    if limit is not None and limit.stopped:
-                        break  # closed at a yield: both KV caches stay consistent
-                elif isinstance(ev, PrefillEvent) and ev.done >= ev.total:
-                    if limit is not None:
-                        limit.start()
-                    _deliver(job, Prefilled(ev.done))
-                # checked after every event: a step yields its tokens then a StepEvent, and
-                # the prefill one event per batch, so a cancel takes effect within one step
-                if job.cancel.is_set() or self._stopping.is_set():
-                    outcome = Cancelled(answer)
-                    break
-        except TandemError as exc:  # the request's own fault (e.g. a prompt too long)
-            outcome = Refused(exc)
-        except Exception as exc:  # noqa: BLE001 - a bug: reported, and the thread lives on
-            print("tandem serve: generation failed:", file=sys.stderr)
-            traceback.print_exc(file=sys.stderr)
-            outcome = Failed(exc)
-        finally:
-            stream.close()
-        if limit is not None and isinstance(outcome, Done):
-            tail = limit.flush()
-            if tail:
-                _deliver(job, Text(tail))
-            if limit.stopped:  # the rule's end, not an interruption
-                answer.text, answer.reason = limit.text, "limit"
-        if answer.stats is not None and isinstance(outcome, (Done, Cancelled)):
-            self.metrics.add(answer.stats)
-        if isinstance(outcome, Cancelled):
-            self.cancelled += 1
-            self.last_cancel = {"generated": answer.stats.n_generated,
-                                "prompt_tokens": answer.stats.n_prompt}
+            self.last_cancel = {"generated": stats.n_generated, "prompt_tokens": stats.n_prompt}
         else:
             self.served += 1
-        return outcome
-
-
-def _deliver(job: Job, event: JobEvent) -> None:
-    try:
-        job.sink(event)
-    except Exception:  # noqa: BLE001 - a closed event loop (shutdown) must not kill the engine
-        pass
+        self._release(run.state)
+        _deliver(run.job, end)
 
 
 @dataclass(frozen=True)

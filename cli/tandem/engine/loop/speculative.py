@@ -90,8 +90,7 @@ def generate(target: DecodingSurface, prompt: Sequence[int], drafter: Drafter,
     stats.t_prefill = time.perf_counter() - t_start
     yield PrefillEvent(evaluated, evaluated, len(prompt))
 
-    reason = "length"
-    step = 0
+    reason, step = "length", 0
     # looked up once: these run once a token
     is_eog, piece, feed, stop_at_eog = model.is_eog, model.piece, text.feed, not params.ignore_eos
     while reason == "length" and stats.n_generated < params.max_tokens:
