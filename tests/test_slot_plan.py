@@ -48,3 +48,20 @@ def test_a_file_whose_header_does_not_read_is_left_to_the_loader(tiny_models, tm
     missing = tmp_path / "missing.gguf"
     assert one_slot_reason(strategy="draft", exact=False, rpc=False,
                            models=(broken, missing)) is None
+
+
+def test_the_engine_refuses_several_sequences_it_cannot_batch(tiny_models):
+    """PairSession itself refuses `sequences > 1` for a pair one_slot_reason names (serve
+    asks first; any other caller hears it from the engine), and takes a plain pair."""
+    from tandem.engine.backend.context_params import ContextParams
+    from tandem.engine.pair import PairSession, SessionOptions
+    from tandem.errors import UsageError
+
+    ctx = ContextParams(n_ctx=256, n_threads=1)
+    with pytest.raises(UsageError, match="3 sequences in one batch: .*hybrid") as info:
+        PairSession(tiny_models["hybrid"], tiny_models["hybrid_draft"],
+                    SessionOptions(target_ctx=ctx, sequences=3, strategy="draft"))
+    assert "--parallel 1" in info.value.hint
+    with PairSession(tiny_models["target"], tiny_models["draft"],
+                     SessionOptions(target_ctx=ctx, sequences=3, strategy="draft")) as s:
+        assert len(s.slots) == 3

@@ -31,6 +31,7 @@ from tandem.engine.loop.events import DoneEvent, PrefillEvent, StepEvent, TokenE
 from tandem.engine.drafting.history import HistoryStore, Library, read_context_file
 from tandem.engine.tuning.knowledge import Knowledge
 from tandem.engine.backend.context_params import ContextParams, default_threads
+from tandem.engine.slot_plan import one_slot_reason
 from tandem.engine.backend.sequences import SeqContext, Slot, StepBatcher, shared_context
 from tandem.engine.backend.loading import ContextCache, check_pair, draft_paths, load_drafts
 from tandem.engine.tuning.pricing import PROBE_TEXT, Pricing, busy_path, cost_key
@@ -189,6 +190,12 @@ class PairSession:
             raise need_draft_model(options.strategy)
         for p in paths:
             check_pair(self.target_path, p)
+        why = options.sequences > 1 and one_slot_reason(
+            strategy=options.strategy, exact=options.target_ctx.exact, rpc=bool(options.rpc),
+            models=(self.target_path, *paths))
+        if why:  # the engine refuses what it cannot batch (serve asks it first: serve_slots)
+            raise UsageError(f"{options.sequences} sequences in one batch: {why}",
+                             "decode one sequence (serve: --parallel 1)")
         if options.rpc:
             from tandem.engine.remote.ggml import attach
 
