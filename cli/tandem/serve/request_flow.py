@@ -125,6 +125,8 @@ async def disconnected(request: Request) -> None:
 
 async def next_event(events: asyncio.Queue, watch: asyncio.Future) -> JobEvent | None:
     """The job's next event, or None once the client is gone."""
+    if not events.empty():  # the engine is ahead: no task and no wait (a token each)
+        return events.get_nowait()
     get = asyncio.ensure_future(events.get())
     await asyncio.wait({get, watch}, return_when=asyncio.FIRST_COMPLETED)
     if get.done():
