@@ -121,7 +121,8 @@ class TandemServer:
 
 def chat(port: int, messages: list[dict], n: int, seed: int, stream: bool,
          timeout: float = 1800.0) -> tuple[dict, float, float | None]:
-    """(the response as one object, end-to-end seconds, client decode ms when streamed)."""
+    """(the response as one object, end-to-end seconds, client decode ms when streamed: first
+    text chunk -> last, over the object's `chunks` text chunks, a count only a stream has)."""
     body = {"messages": messages, "max_tokens": n, "temperature": 0.0, "seed": seed,
             "stream": stream, "cache_prompt": True}
     if stream:
@@ -149,13 +150,16 @@ def chat(port: int, messages: list[dict], n: int, seed: int, stream: bool,
                         text.append(piece)
                     if choice.get("finish_reason"):
                         out["finish_reason"] = choice["finish_reason"]
-                for key in ("timings", "usage"):
+                for key in ("timings", "usage", "tandem"):
                     if obj.get(key):
                         out[key] = obj[key]
             wall = time.perf_counter() - t0
             resp = {"choices": [{"message": {"content": "".join(text)},
                                  "finish_reason": out.get("finish_reason")}],
-                    "timings": out.get("timings"), "usage": out.get("usage")}
+                    "timings": out.get("timings"), "usage": out.get("usage"),
+                    "chunks": len(text)}
+            if "tandem" in out:  # tandem's own figures (verify steps: bench/accounting.py)
+                resp["tandem"] = out["tandem"]
             decode_ms = (last - first) * 1000 if first is not None else None
             return resp, wall, decode_ms
     except urllib.error.HTTPError as exc:
