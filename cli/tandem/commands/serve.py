@@ -109,10 +109,10 @@ def serve(
                     "machine can use it")
     try:
         with open_pair(target_path, draft_path, opts) as session:
-            _start_up(session, contexts, opts.strategy)
             scheduler = Scheduler(session, strategy=opts.strategy, draft=opts.draft,
                                   queue_size=queue, plan=slots,
                                   cache_ram_mib=s.cache_ram)
+            _start_up(scheduler, contexts, opts.strategy)
             budget = PromptBudget(session.n_ctx,
                             longest_token_bytes(target_path) or UNKNOWN_TOKEN_BYTES)
             config = server.ServeConfig(
@@ -128,21 +128,27 @@ def serve(
         sock.close()
 
 
-def _start_up(session, contexts, strategy: str) -> None:
+def _start_up(scheduler, contexts, strategy: str) -> None:
     """The context files indexed, then what the first request would wait for measured
     before the server listens, each said on stderr with what it took (engine/pair.py:
-    warm_up)."""
+    warm_up), on the engine thread that decodes every request after (Scheduler.relay)."""
     from tandem.engine.pair import warm_up
 
     for path, text in contexts:
-        session.add_context_file(path, text)
-    for step in session.stream(warm_up, strategy):
-        if step.seconds is None:
-            print(f"tandem serve: measuring the {step.what} before the first request ...",
-                  file=sys.stderr, flush=True)
-        else:
-            print(f"tandem serve: {step.what} in {step.seconds:.2f} s: {step.result}",
-                  file=sys.stderr, flush=True)
+        scheduler.pair.add_context_file(path, text)
+    stopping = scheduler.stopping
+    try:
+        for step in scheduler.relay(lambda pair: pair.stream(warm_up, strategy,
+                                                             should_stop=stopping)):
+            if step.seconds is None:
+                print(f"tandem serve: measuring the {step.what} before the first request ...",
+                      file=sys.stderr, flush=True)
+            else:
+                print(f"tandem serve: {step.what} in {step.seconds:.2f} s: {step.result}",
+                      file=sys.stderr, flush=True)
+    except BaseException:  # (Ctrl-C) the engine thread lets go of the models first
+        scheduler.stop()
+        raise
 
 
 def _slots_words(scheduler) -> str:

@@ -190,12 +190,7 @@ class PairSession:
             raise need_draft_model(options.strategy)
         for p in paths:
             check_pair(self.target_path, p)
-        why = options.sequences > 1 and one_slot_reason(
-            strategy=options.strategy, exact=options.target_ctx.exact, rpc=bool(options.rpc),
-            models=(self.target_path, *paths))
-        if why:  # the engine refuses what it cannot batch (serve asks it first: serve_slots)
-            raise UsageError(f"{options.sequences} sequences in one batch: {why}",
-                             "decode one sequence (serve: --parallel 1)")
+        _check_sequences(options, (self.target_path, *paths))
         if options.rpc:
             from tandem.engine.remote.ggml import attach
 
@@ -463,6 +458,17 @@ class PairSession:
             knowledge = self.knowledge()
             drafter.learnt(knowledge)
             self.pricing.keep(self._cost_key, knowledge)
+
+
+def _check_sequences(options: SessionOptions, models: Sequence[Path]) -> None:
+    """The engine refuses several sequences it cannot batch (serve asks it first:
+    commands/compose.py serve_slots)."""
+    why = options.sequences > 1 and one_slot_reason(
+        strategy=options.strategy, exact=options.target_ctx.exact, rpc=bool(options.rpc),
+        models=models)
+    if why:
+        raise UsageError(f"{options.sequences} sequences in one batch: {why}",
+                         "decode one sequence (serve: --parallel 1)")
 
 
 @dataclass(frozen=True)

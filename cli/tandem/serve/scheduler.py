@@ -17,13 +17,14 @@ that is within one step.
 """
 from __future__ import annotations
 
+import queue
 import sys
 import threading
 import time
 import traceback
 from collections import deque
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 from tandem.chat.answer import Answer
 from tandem.config.schema import SERVE_MAX_TOKENS
@@ -135,8 +136,45 @@ class Scheduler:
     def capacity(self) -> int:
         return self._capacity
 
+    def stopping(self) -> bool:
+        """The server stops: no request is taken, every answer ends at its next event."""
+        return self._stopping.is_set()
+
     def start(self) -> None:
-        self._thread.start()
+        if self._thread.ident is None:  # (a relay() may have started it)
+            self._thread.start()
+
+    def relay(self, work: Callable[[Pair], Iterator]) -> Iterator:
+        """`work(pair)`'s items, worked out on the engine thread and handed over as they come
+        (serve's warm-up): every llama.cpp call on the contexts stays on that one thread, as a
+        second thread's decodes would start a second OpenMP team and slow every decode after
+        (docs/benchmarks-log.md section 17). Its failure is raised here."""
+        items: queue.Queue = queue.Queue()
+        ends: queue.Queue = queue.Queue()
+        over = object()
+
+        def run(pair):
+            try:
+                for item in work(pair):
+                    items.put(item)
+            finally:
+                items.put(over)
+
+        self.start()
+        self.submit(CallJob(run, ends.put))
+        while True:
+            try:
+                item = items.get(timeout=0.2)  # (a timeout: Ctrl-C reaches this thread)
+            except queue.Empty:
+                if ends.empty():
+                    continue
+                item = over  # never ran: dropped by a stop
+            if item is over:
+                break
+            yield item
+        end = ends.get()
+        if isinstance(end, (Refused, Failed)):
+            raise end.error
 
     def submit(self, job: Job) -> None:
         with self._cond:
