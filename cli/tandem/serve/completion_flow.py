@@ -20,6 +20,7 @@ from tandem.serve.prompt import check_size as prompt_size_check
 from tandem.serve.prompt import request_tokens
 from tandem.serve.request_flow import (
     EngineStream,
+    handoff,
     client_gone,
     disconnected,
     llama_stream,
@@ -65,8 +66,7 @@ async def complete(state: ServerState, call: ApiCall, req: protocol.Request, id_
     events: asyncio.Queue = asyncio.Queue()
     log = partial(state.log, call)
 
-    def sink(event):  # the scheduler -> this request's queue, nobody else's
-        loop.call_soon_threadsafe(events.put_nowait, event)
+    sink = handoff(loop, events)  # the scheduler -> this request's queue, nobody else's
 
     # cheap checks first, then the tokenizer, never in the scheduler's threads when it can be
     # elsewhere: a long prompt's preparation does not delay the answer being generated
@@ -109,7 +109,7 @@ async def complete(state: ServerState, call: ApiCall, req: protocol.Request, id_
             watch.cancel()  # from here the stream response watches the connection
             stream = wire.stream(req, rid, now, model, events, first, log)
             handed_over = True
-            return EngineStream(stream, job.cancel, media_type="text/event-stream",
+            return EngineStream(stream, job.cancel, events, media_type="text/event-stream",
                                 headers=SSE_HEADERS)
         answer = await whole_answer(events, watch, first)
         if answer is None:
@@ -139,7 +139,7 @@ async def native_answer(state: ServerState, req: protocol.Request, tokens, event
         watch.cancel()  # from here the stream response watches the connection
         stream = llama_stream(events, first, lambda answer: last(answer, ""), log,
                               len(tokens) if tokens is not None else 0)
-        return EngineStream(stream, job.cancel, media_type="text/event-stream",
+        return EngineStream(stream, job.cancel, events, media_type="text/event-stream",
                             headers=SSE_HEADERS)
     outcome = await whole_text(events, watch, first)
     if outcome is None:

@@ -5,6 +5,7 @@ serve/completion_flow.py and serve/routes.py compose these into the routes."""
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from functools import partial
 
 from starlette.requests import ClientDisconnect, Request
@@ -24,10 +25,11 @@ PARSE_INLINE = 64 << 10  # bytes: a body this small is parsed in the event loop
 
 class EngineStream(StreamingResponse):
     """An SSE response that cancels its job however it ends: finished, or the client gone
-    (Starlette then cancels the stream; this still runs)."""
+    (Starlette then cancels the stream; this still runs). The chunks made while more of the
+    job's `events` wait go out in one write (joined())."""
 
-    def __init__(self, content, cancel, **kwargs):
-        super().__init__(content, **kwargs)
+    def __init__(self, content, cancel, events: asyncio.Queue, **kwargs):
+        super().__init__(joined(content, events), **kwargs)
         self._cancel = cancel
 
     async def __call__(self, scope, receive, send):
@@ -35,6 +37,40 @@ class EngineStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._cancel.set()
+
+
+def handoff(loop: asyncio.AbstractEventLoop, events: asyncio.Queue):
+    """A job's sink: the engine thread's events into `events`, on the event loop's thread,
+    with one wake-up for all that came while the loop had not yet taken the previous ones
+    (a token each from several slots: one self-pipe write, not one per event)."""
+    pending: deque = deque()
+    woken = [False]
+
+    def drain():
+        woken[0] = False  # first: an event added from here on wakes the loop again
+        while pending:
+            events.put_nowait(pending.popleft())
+
+    def sink(event) -> None:
+        pending.append(event)
+        if not woken[0]:
+            woken[0] = True
+            loop.call_soon_threadsafe(drain)
+    return sink
+
+
+async def joined(chunks, events: asyncio.Queue):
+    """A stream's chunks, those made while more events wait joined into one write: where the
+    engine runs ahead of this thread, each write (Starlette, h11, a send) carries several
+    tokens instead of one, and the client's text is the same bytes."""
+    held: list[bytes] = []
+    async for chunk in chunks:
+        held.append(chunk)
+        if events.empty():  # the stream would wait for the engine: send what it made
+            yield b"".join(held)
+            held = []
+    if held:
+        yield b"".join(held)
 
 
 def busy(exc: QueueFull) -> ApiError:
