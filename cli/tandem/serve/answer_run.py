@@ -34,7 +34,14 @@ class AnswerRun:
         self._end: JobEvent = Done(answer)
 
     def generation(self) -> Generation:
-        return Generation(self.answer.events(), self.on_event, self.on_end)
+        return Generation(self.answer.events(), self.on_event, self.on_end, self.stop_waiting)
+
+    def stop_waiting(self) -> bool:
+        """Cancelled while its decode waits (a prompt evaluated in pieces): it ends there."""
+        if self.job.cancel.is_set() or self._stopping():
+            self._end = Cancelled(self.answer)
+            return True
+        return False
 
     def on_event(self, ev) -> bool:
         job, limit = self.job, self.job.limit

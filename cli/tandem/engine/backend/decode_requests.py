@@ -32,6 +32,7 @@ class DecodeRequest:
     rows: np.ndarray | None = None
     error: BaseException | None = None
     done: bool = False
+    ran: int = 0  # tokens of it decoded already: a prompt chunk run in pieces (prompt_share.py)
 
     @property
     def outputs(self) -> int:

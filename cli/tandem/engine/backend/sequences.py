@@ -27,6 +27,7 @@ import numpy as np
 from tandem.engine.backend.context_params import (ALL, LAST, MAX_OUTPUTS, NONE, ContextParams,
                                                    common_prefix, prefill_in_chunks)
 from tandem.engine.backend.decode_requests import DecodeRequest, Steps, run_now
+from tandem.engine.backend.prompt_share import PromptShare
 from tandem.errors import ContextOverflowError
 
 if TYPE_CHECKING:
@@ -55,65 +56,107 @@ class StepBatcher:
     def __init__(self):
         self.members = 0
         self.figures = BatchFigures()
+        self.share = PromptShare()
 
     def run(self, waiting: Sequence[DecodeRequest]) -> None:
         """Run the requests of this round: the draft model's that want logits, when there are
-        any, else all of them; those run are marked done."""
+        any, else all of them; those run are marked done. Beside streaming steps a prompt
+        chunk runs only as far as its share of the time allows (prompt_share.py)."""
         # the draft model's steps go first, the rest wait for them: a slot's k draft steps
         # then cost the others k draft decodes, not k rounds of their own steps, and its
         # verify joins theirs (llama-server's draft-all-then-verify, PR 22838). Its prompt
         # chunks (no logits) ride with the round, as the target's do
         jobs = [r for r in waiting if r.view.drafts and r.want != NONE] or list(waiting)
+        prompts = [r for r in jobs if r.want == NONE]
+        steps = [r for r in jobs if r.want != NONE]
+        seconds = self._run_all(steps if steps and prompts else jobs)
+        if steps and prompts:
+            self.share.earn(seconds)
+            for job in prompts:
+                self._run_piece(job)
+
+    def _run_all(self, jobs: list[DecodeRequest]) -> float:
+        """Run `jobs` whole, one group per context; the seconds inside llama_decode."""
         by_ctx: dict[int, list[DecodeRequest]] = {}
         for job in jobs:
             by_ctx.setdefault(id(job.view.ctx), []).append(job)
+        seconds = 0.0
         try:
             for group in by_ctx.values():
-                self._run(group)
+                seconds += self._run(group)
         finally:
             for job in jobs:
                 job.done = True
+        return seconds
 
-    def _run(self, jobs: list[DecodeRequest]) -> None:
+    def _run_piece(self, job: DecodeRequest) -> None:
+        """As much of a prompt chunk as its share allows now, in a llama_decode of its own
+        (timed apart: what a prompt token costs); done once all of it ran."""
+        view, key = job.view, id(job.view.ctx)
+        n = self.share.piece(key, len(job.tokens) - job.ran)
+        if n <= 0:
+            return
+        t0 = time.perf_counter()
+        try:
+            view.ctx.decode_batch([(view.seq, len(view.tokens) + job.ran,
+                                    job.tokens[job.ran:job.ran + n], NONE)])
+        except Exception as exc:  # noqa: BLE001 - its generation raises it
+            job.error, job.done = exc, True
+            return
+        seconds = time.perf_counter() - t0
+        self.share.spend(key, n, seconds)
+        job.ran += n
+        job.done = job.ran == len(job.tokens)
+        self._count([job], n, seconds)
+
+    def _run(self, jobs: list[DecodeRequest]) -> float:
         ctx = jobs[0].view.ctx
         calls: list[list[DecodeRequest]] = [[]]
         n = outs = 0
         for job in jobs:  # packed into calls of at most n_batch tokens and the rows limit
-            if calls[-1] and (n + len(job.tokens) > ctx.n_batch
+            size = len(job.tokens) - job.ran  # (the rest of a prompt chunk run in pieces)
+            if calls[-1] and (n + size > ctx.n_batch
                               or outs + job.outputs > ctx.params.n_outputs_max):
                 calls.append([])
                 n = outs = 0
             calls[-1].append(job)
-            n += len(job.tokens)
+            n += size
             outs += job.outputs
+        spent = 0.0
         for i, call in enumerate(calls):
             t0 = time.perf_counter()
             try:
-                rows = ctx.decode_batch([(j.view.seq, len(j.view.tokens), j.tokens, j.want)
+                rows = ctx.decode_batch([(j.view.seq, len(j.view.tokens) + j.ran,
+                                          j.tokens[j.ran:] if j.ran else j.tokens, j.want)
                                          for j in call])
             except Exception as exc:  # noqa: BLE001 - each member's generation raises it
                 for job in call:
                     job.error = exc
                 continue
             seconds = time.perf_counter() - t0
+            spent += seconds
             if i < len(calls) - 1:  # the next call on this context overwrites the buffer
                 rows = np.array(rows)
-            total = sum(len(j.tokens) for j in call)
+            total = sum(len(j.tokens) - j.ran for j in call)
             at = 0
             for job in call:
                 job.rows = rows[at:at + job.outputs]
                 at += job.outputs
                 job.view.others = total - len(job.tokens)
                 job.view.decode_s = seconds
-            f = self.figures
-            f.calls += 1
-            f.tokens += total
-            f.seconds += seconds
-            f.widest = max(f.widest, len(call))
-            f.by_width[len(call)] = f.by_width.get(len(call), 0) + 1
-            if not call[0].view.drafts:
-                f.steps += 1
-                f.busy += len(call)
+            self._count(call, total, seconds)
+        return spent
+
+    def _count(self, call: list[DecodeRequest], tokens: int, seconds: float) -> None:
+        f = self.figures
+        f.calls += 1
+        f.tokens += tokens
+        f.seconds += seconds
+        f.widest = max(f.widest, len(call))
+        f.by_width[len(call)] = f.by_width.get(len(call), 0) + 1
+        if not call[0].view.drafts:
+            f.steps += 1
+            f.busy += len(call)
 
 
 class SeqContext:
@@ -159,7 +202,12 @@ class SeqContext:
                 f"{len(self.tokens) + len(tokens)} tokens do not fit the slot's context of "
                 f"{self.n_ctx}", "shorten the prompt or raise --ctx-size")
         request = DecodeRequest(self, tokens, want)
-        yield request
+        try:
+            yield request
+        except GeneratorExit:  # ended while it waited: drop what the batch wrote of it
+            if request.ran or request.done:
+                self.ctx.seq_rm(self.seq, len(self.tokens))
+            raise
         if not request.done:  # iterated by hand: only a StepLoop runs a slot's decodes
             raise RuntimeError("a slot's generation must be stepped by engine/loop/step_loop.py")
         if request.error is not None:

@@ -31,6 +31,9 @@ class Generation:
     events: Iterator
     on_event: Callable[[object], bool]
     on_end: Callable[[Exception | None], None]
+    # asked each round while it waits for its decode (a prompt's pieces may take many rounds:
+    # prompt_share.py): True ends it there
+    stop_waiting: Callable[[], bool] = lambda: False
     waiting: DecodeRequest | None = None
     started: bool = False
 
@@ -53,6 +56,9 @@ class StepLoop:
         served = [g for g in self.live if g.waiting is not None and g.waiting.done]
         for g in served + [g for g in self.live if not g.started]:
             self._advance(g)
+        for g in [g for g in self.live if g.waiting is not None and not g.waiting.done
+                  and g.stop_waiting()]:
+            self._end(g, None)
         waiting = [g.waiting for g in self.live if g.waiting is not None and not g.waiting.done]
         if waiting:
             if self.batcher is None:

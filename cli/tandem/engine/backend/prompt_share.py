@@ -1,0 +1,44 @@
+"""How much of the engine's time a new prompt takes while other answers stream.
+
+A prompt evaluated whole between two steps of a streaming answer stops that stream for the
+whole prompt: on this CPU a prompt token costs about a third of a step (~10 ms), so an
+editor's 950-token prompt froze a chat for half a minute. While other sequences decode, a
+prompt's chunks therefore get at most SHARE of the time those steps take, earned round by
+round and spent in pieces of at least MIN_PIECE tokens, each timed (a prompt token's cost
+depends on the model, the device and the piece's size). A prompt with no stream beside it
+runs whole chunks (StepBatcher). On a GPU, where a prompt token costs a small part of a step,
+one round's share holds hundreds of tokens; on this CPU it holds a few.
+"""
+from __future__ import annotations
+
+SHARE = 0.15  # the streams then take at most ~1.15x as long while a prompt waits
+MIN_PIECE = 16  # tokens: smaller pieces waste the matrix kernels' width
+
+
+class PromptShare:
+    """The credit (seconds) prompts have earned beside streaming steps, and the measured
+    seconds a prompt token takes in a piece, per context."""
+
+    def __init__(self):
+        self.credit = 0.0
+        self.token_s: dict[int, float] = {}
+
+    def earn(self, seconds: float) -> None:
+        """A round's streaming steps took `seconds` while a prompt waited."""
+        self.credit += SHARE * seconds
+
+    def piece(self, ctx_key: int, remaining: int) -> int:
+        """How many of a prompt's `remaining` tokens may run now (0: it waits a round). The
+        first piece on a context runs at once: it measures what a token costs there."""
+        smallest = min(MIN_PIECE, remaining)
+        per = self.token_s.get(ctx_key)
+        if per is None:
+            return smallest
+        n = int(self.credit / per) if per > 0 else remaining
+        return min(n, remaining) if n >= smallest else 0
+
+    def spend(self, ctx_key: int, tokens: int, seconds: float) -> None:
+        self.credit -= seconds
+        per = seconds / tokens
+        old = self.token_s.get(ctx_key)
+        self.token_s[ctx_key] = per if old is None else 0.7 * old + 0.3 * per
