@@ -72,7 +72,8 @@ def test_pairs_lists_the_catalog(cli, home, monkeypatch):
     code, out, err = cli("pairs")
     assert code == 0
     lines = out.splitlines()
-    assert lines[0].split() == ["PAIR", "SIZE", "MEMORY", "ON", "DISK", "GOOD", "FOR"]
+    assert lines[0].split() == ["PAIR", "SIZE", "MEMORY", "ON", "DISK", "TYPE", "·", "DRAFT", "·",
+                                "GOOD", "FOR"]
     for name in catalog.pair_names():
         assert any(line.startswith(name) for line in lines), name
     assert "qwen2.5-coder-1.5b* " in out and "*: the default pair" in err
@@ -117,8 +118,12 @@ def test_pairs_json_catalog_shape(cli, home):
     families = {p["target"]["repo"].split("/")[1].split("-")[0].lower() for p in pairs}
     assert {"qwen2.5", "qwen3", "meta", "llama", "gemma", "deepseek"} <= families
     for p in pairs:
-        assert p["good_for"] and p["memory"] and p["approx_size"], p["name"]
+        assert p["good_for"] and p["memory"], p["name"]
         assert p["drafted_by"] and p["target"]["memory_type"], p["name"]
+        models = [p["target"], p["draft"]] if p["draft"] else [p["target"]]
+        sizes = [m["size"] or m["approx_size"] for m in models]
+        # a file no source gave a size for has none (SIZE "?"), and so has its pair
+        assert p["approx_size"] == (None if None in sizes else sum(sizes)), p["name"]
         if p["draft"] is None:  # no small sibling: n-grams and copies, or its own MTP heads
             assert p["drafted_by"] == (catalog.MTP_HEADS if p["mtp"] else catalog.NO_DRAFT_MODEL)
         for m in (p["target"], p["draft"]) if p["draft"] else (p["target"],):
@@ -126,7 +131,8 @@ def test_pairs_json_catalog_shape(cli, home):
             assert m["file"].lower().endswith("q4_k_m.gguf"), m
             assert "-of-" not in m["file"]  # never a split file
             assert m["sha256"] is None or re.fullmatch(r"[0-9a-f]{64}", m["sha256"])
-            assert m["size"] or m["approx_size"], m
+            assert m["arch"] and m["memory_type"] in ("attention", "sliding window", "hybrid",
+                                                      "recurrent"), m
     default = next(p for p in pairs if p["default"])
     assert default["target"]["mirrors"] == ["pypi"] and default["draft"]["mirrors"] == ["pypi"]
     assert doc["other_models"] == []
@@ -450,3 +456,96 @@ def test_the_catalog_refuses_mtp_beside_a_draft_model(tmp_path):
     path.write_text(json.dumps(doc))
     with pytest.raises(catalog.CatalogError, match="'mtp' must be true or false"):
         catalog.load_catalog(path)
+
+
+# ------------------------------------------------------------- late-2026 families
+
+# Their files as public sources name them (cli/tandem/data/catalog.yaml and docs/models.md
+# cite each): target, draft (None: n-grams and copies), the target's memory type.
+LATE_2026 = {
+    "qwen3.8-27b": ("ggml-org/Qwen3.8-27B-GGUF/Qwen3.8-27B-Q4_K_M.gguf",
+                    "lmstudio-community/Qwen3.5-0.8B-GGUF/Qwen3.5-0.8B-Q4_K_M.gguf", "hybrid"),
+    "gemma4-31b": ("unsloth/gemma-4-31B-it-GGUF/gemma-4-31B-it-Q4_K_M.gguf",
+                   "ggml-org/gemma-4-E4B-it-GGUF/gemma-4-E4B-it-Q4_K_M.gguf", "sliding window"),
+    "gemma4-26b-a4b": ("ggml-org/gemma-4-26B-A4B-it-GGUF/gemma-4-26B-A4B-it-Q4_K_M.gguf", None,
+                       "sliding window"),
+}
+
+
+def test_the_late_2026_families_are_listed_with_memory_type_and_drafter(cli, home, monkeypatch):
+    """`tandem pairs` shows each target's memory type and what drafts for it (TYPE · DRAFT ·
+    GOOD FOR); no size was confirmed for these files: SIZE "?", never a made-up figure."""
+    monkeypatch.setenv("COLUMNS", "400")  # one line a pair
+    code, out, err = cli("pairs")
+    legend = " ".join(err.split())
+    assert code == 0 and "no exact size, ? where it has none" in legend
+    rows = {line.split()[0].rstrip("*"): line for line in out.splitlines()[1:]}
+    doc = {p["name"]: p for p in json.loads(cli("pairs", "--json")[1])["pairs"]}
+    code, wide, _ = cli("pairs", "--wide")
+    wide_rows = {line.split()[0]: line for line in wide.splitlines()[1:]}
+    for name, (target, draft, kind) in LATE_2026.items():
+        pair = catalog.get_pair(name)
+        assert pair.target.key == target and (pair.draft.key if pair.draft else None) == draft
+        assert pair.target.sha256 is None and pair.target.size is None  # left to the hub
+        drafter = pair.draft.name if pair.draft else "none"
+        assert f" {kind} · {drafter} · {pair.good_for}" in rows[name], rows[name]
+        assert rows[name].split()[1] == "?"  # SIZE: none confirmed
+        assert doc[name]["target"]["memory_type"] == kind and doc[name]["approx_size"] is None
+        assert doc[name]["drafted_by"] == (drafter if draft else catalog.NO_DRAFT_MODEL)
+        assert doc[name]["memory"] and doc[name]["memory_estimated"] is True  # from the label
+        assert target in wide_rows[name] and f" {kind} " in wide_rows[name]
+        assert (draft or "none (n-gram") in wide_rows[name]
+    # Gemma 4's drafter is its own family's: Gemma 3's vocabulary is another tokenizer's
+    assert catalog.get_pair("gemma4-31b").draft.arch == "gemma4"
+    # with no size, the plan estimates from the name: 26B-A4B is 26B of weights (4B active)
+    from tandem.machine.shapes import ModelShape
+
+    moe, small = (ModelShape.estimate(n, None) for n in ("gemma-4-26b-a4b-it-q4_k_m",
+                                                         "gemma-4-e4b-it-q4_k_m"))
+    assert moe.weights_bytes > 5 * small.weights_bytes
+    assert doc["gemma4-26b-a4b"]["memory"] > 5 * small.weights_bytes
+
+
+@pytest.mark.parametrize("name", sorted(LATE_2026))
+def test_a_late_2026_pair_pulls_checked_against_the_hub(cli, hub, tiny_models, name):
+    """No hash is pinned for these files: `tandem pull` checks each against the sha256 the hub
+    publishes (its LFS ETag) and records it, after the headers' vocabulary check."""
+    import hashlib
+
+    pair = catalog.get_pair(name)
+    served = {pair.target: tiny_models["target"].read_bytes()}
+    if pair.draft is not None:
+        served[pair.draft] = tiny_models["draft"].read_bytes()
+    for spec, data in served.items():
+        hub.add(spec.repo, spec.hub_path, data)
+    code, out, err = cli("pull", name, "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["pair"] == name and len(doc["downloaded"]) == len(served)
+    for role, spec in (("target", pair.target), ("draft", pair.draft)):
+        if spec is None:
+            assert doc[role] is None and "no draft model" in err
+            continue
+        assert doc[role]["sha256"] == hashlib.sha256(served[spec]).hexdigest()
+        assert doc[role]["source"].startswith("hub:") and doc[role]["ref"] == spec.key
+
+
+def test_the_catalog_refuses_a_name_given_twice(tmp_path):
+    """YAML keeps the last of two equal keys: a model or pair added under a name already taken
+    would silently replace the first. The catalog refuses it instead."""
+    model = "{repo: a/b, filename: %s.gguf}"
+    for models, pairs in (([("t", "t"), ("t", "u")], [("p", "t")]),
+                          ([("t", "t")], [("p", "t"), ("p", "t")])):
+        text = "default: p\nmodels:\n" + "".join(f"  {n}: {model % f}\n" for n, f in models)
+        text += "pairs:\n" + "".join(f"  {n}: {{target: {t}}}\n" for n, t in pairs)
+        path = tmp_path / "catalog.yaml"
+        path.write_text(text)
+        with pytest.raises(catalog.CatalogError, match="duplicate key"):
+            catalog.load_catalog(path)
+    # the bundled catalog has none, and every name (pair, alias, model) reads back
+    pairs = catalog.load_catalog()
+    names = [n.lower() for p in pairs.values() for n in (p.name, *p.aliases)]
+    assert len(names) == len(set(names))
+    for p in pairs.values():
+        for m in p.models:
+            assert catalog.get_model(m.name) == m

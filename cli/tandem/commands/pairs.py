@@ -90,10 +90,12 @@ def list_pairs(
     as_json: JsonOpt = False,
     wide: Annotated[bool, typer.Option("--wide", "-w", help=WIDE_HELP)] = False,
 ):
-    """List the catalog: sizes, memory, what is on disk, what each pair is good for.
+    """List the catalog: sizes, memory, what is on disk, each target's memory type, what
+    drafts for it and what each pair is good for.
 
-    The table fits the terminal (80 columns in a pipe): GOOD FOR wraps. `--wide` adds the
-    target and draft files (by hub reference) and the target's memory type, one line a pair.
+    The table fits the terminal (80 columns in a pipe): its last column (TYPE · DRAFT · GOOD
+    FOR) wraps. `--wide` gives every column apart, with the target and draft files by hub
+    reference, one line a pair.
     """
     store = Store()
     pairs = catalog.load_catalog()
@@ -107,7 +109,7 @@ def list_pairs(
     if wide:
         headers = ("PAIR", "TARGET", "DRAFT", "SIZE", "MEMORY", "TYPE", "ON DISK", "GOOD FOR")
     else:
-        headers = ("PAIR", "SIZE", "MEMORY", "ON DISK", "GOOD FOR")
+        headers = ("PAIR", "SIZE", "MEMORY", "ON DISK", "TYPE · DRAFT · GOOD FOR")
     rows = []
     for p in pairs.values():
         approx = any(m.size is None for m in p.models)
@@ -116,9 +118,10 @@ def list_pairs(
             rows.append((p.name + (" (default)" if p.name == default else ""), p.target.key,
                          _draft_text(p), size, mem, _memory_type(p.target, store) or "?",
                          _on_disk(p, store), p.good_for))
-        else:
+        else:  # too narrow for more columns: type and drafter lead the wrapped one
+            about = (_memory_type(p.target, store) or "?", _drafter(p), p.good_for)
             rows.append((p.name + ("*" if p.name == default else ""), size, mem,
-                         _on_disk(p, store, short=True), p.good_for))
+                         _on_disk(p, store, short=True), " · ".join(about)))
     _table(headers, rows, None if wide else _width())
     out = _out()
     others = _others_json(store, pairs)
@@ -132,13 +135,13 @@ def list_pairs(
         + "MEMORY: both models' weights, KV caches and compute buffers as `tandem hw --pair "
         "PAIR` plans them with this machine's settings (its context size: profile, config or "
         "tuned); ~: estimated from the catalog, the rest from the files on disk. Sizes are "
-        "approximate (~) where the catalog has no exact size. "
-        + ("TYPE: the target's memory (attention, sliding window, hybrid, recurrent: "
-           "docs/models.md says how each rolls drafts back). DRAFT none: no draft model, "
-           "`auto` drafts from n-grams, history and prompt copies; "
-           f"{catalog.MTP_HEADS}: the target's own MTP heads draft (--strategy mtp). "
-           if wide else "`tandem pairs --wide`: the target and draft files, the target's "
-           "memory type, one line a pair. ")
+        "approximate (~) where the catalog has no exact size, ? where it has none. "
+        "TYPE: the target's memory (attention, sliding window, hybrid, recurrent: "
+        "docs/models.md says how each rolls drafts back). DRAFT: the draft model; none: no "
+        "draft model, `auto` drafts from n-grams, history and prompt copies; "
+        f"{catalog.MTP_HEADS}: the target's own MTP heads draft (--strategy mtp). "
+        + ("" if wide else "`tandem pairs --wide`: the target and draft files, one line a "
+           "pair. ")
         + "`tandem pull PAIR` downloads a pair.", _width(), break_on_hyphens=False))
 
 
@@ -172,6 +175,12 @@ def _draft_text(p: catalog.PairSpec) -> str:
     if p.draft is None:
         return "none (n-gram, history, prompt)"
     return p.draft.key
+
+
+def _drafter(p: catalog.PairSpec) -> str:
+    """What drafts for the pair in the default table's words: the draft model's catalog
+    name, the target's own MTP heads, or none (n-grams and copies, the legend says)."""
+    return "none" if p.draft is None and not p.mtp else p.drafted_by
 
 
 def _memory_type(m: catalog.ModelSpec, store: Store) -> str | None:

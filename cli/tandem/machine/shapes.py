@@ -262,7 +262,8 @@ def _known_shape(text: str):
     else:
         fam = "qwen2"
     table = _FAMILIES[fam]
-    labels = re.findall(r"(?<![\d.])(\d+(?:\.\d+)?[bm])(?![a-z])", text)
+    # an MoE's "-A4B" counts its active parameters, not its size: never the model's label
+    labels = re.findall(r"(?<![\d.a])(\d+(?:\.\d+)?[bm])(?![a-z])", text)
     for label in labels:
         if label in table:
             return fam, table[label], label

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from tandem.config import files as settings_yaml
 from tandem.errors import TandemError, UsageError
 
 DEFAULT_PAIR = "qwen2.5-coder-1.5b"
@@ -300,7 +301,9 @@ def _load(path: str | None) -> _Catalog:
     except OSError as e:
         raise CatalogError(f"cannot read model catalog: {e}", "reinstall tandem") from None
     try:
-        doc = yaml.safe_load(text)
+        # settings files' loader: a SafeLoader that refuses a key given twice (plain YAML
+        # keeps the last, so a model added under a name already taken replaced the first)
+        doc = yaml.load(text, Loader=settings_yaml._Loader)  # noqa: S506
     except yaml.YAMLError as e:
         raise _bad(origin, f"YAML error: {e}") from None
     return _parse(doc, origin)

@@ -21,8 +21,9 @@ SNAPSHOT_ARCHS = frozenset({
     "nemotron_h_moe", "lfm2", "lfm2moe", "bailingmoe3"})
 
 # architectures whose attention layers (some or all) slide over a window: what a catalog
-# model is before its header says the window (gemma2/gemma3: every other or five of six layers)
-SLIDING_ARCHS = frozenset({"gemma2", "gemma3", "gpt-oss", "cohere2"})
+# model is before its header says the window (gemma2/gemma3: every other or five of six layers;
+# gemma4: its sliding_window_pattern)
+SLIDING_ARCHS = frozenset({"gemma2", "gemma3", "gemma4", "gpt-oss", "cohere2"})
 
 # how each goes back, in the words `tandem hw`, `pairs check` and the docs use
 ROLLBACK_WORDS = {
