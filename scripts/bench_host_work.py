@@ -278,6 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--run-prompts", type=int, default=4,
                     help="held-out coding prompts of the `tandem run` comparison (default 4)")
     server_options(ap)
+    ap.add_argument("--llama-args", default="",
+                    help="extra llama-server arguments (e.g. \"-ngl 99\" on a GPU; tandem's "
+                         "own go in --tandem-args)")
     ap.add_argument("--no-quiet-check", action="store_true",
                     help="skip ../shared/bin/quiet-check before the run")
     ap.add_argument("--log-dir", type=Path, help="server logs (default: a temporary directory)")
@@ -305,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
                 "--quiet", *shlex.split(ns.tandem_args)]
 
     def llama_args(slots: int) -> list[str]:
-        return ["-t", str(ns.threads), "-c", str(ns.ctx * slots), "-np", str(slots), "--jinja"]
+        return ["-t", str(ns.threads), "-c", str(ns.ctx * slots), "-np", str(slots), "--jinja",
+                *shlex.split(ns.llama_args)]
 
     quiet, said = (None, "skipped (--no-quiet-check)") if ns.no_quiet_check else quiet_check()
     if quiet is False:

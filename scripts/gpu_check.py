@@ -17,7 +17,9 @@ defaults (scripts/batch_invariance.py); `seq_batch`: one decode of 1, 2, 4, 8 se
 (1, or 1 + n_max each) against one sequence's token (tandem.bench.hw_costs too). For the pair
 (largest shape as target, smallest as draft): `offload`: where each model's layers went
 against `tandem hw`'s plan; `pair`: tandem's loop against llama-completion and llama-speculative-simple with the
-same settings. Acceptance between random models means nothing; costs are what this measures.
+same settings; `serve_host`: host work per token in `tandem serve` against llama-server
+(scripts/bench_host_work.py, the target alone and four at once). Acceptance between random
+models means nothing; costs are what this measures.
 
 Results go to --out after every section (a run cut short keeps what it measured), a summary
 to stdout, progress to stderr. A section that erred makes the exit status 1, and is named on
@@ -206,6 +208,40 @@ def measure_pair(target: Path, draft: Path, ns) -> dict:
     return out
 
 
+def measure_serve_host(target: Path, ns) -> dict:
+    """Host work per token in `tandem serve` against llama-server on this device, the
+    target's layers offloaded on both sides (scripts/bench_host_work.py: --strategy none, one
+    request alone and four at once, the medians of their ms a token / a 4-slot step)."""
+    import bench_host_work
+
+    if ns.bin_dir is None or not (ns.bin_dir / "llama-server").exists():
+        return {"skipped": "no llama-server in --bin-dir"}
+    out = ns.out.with_name(ns.out.stem + "_serve_host.json")
+    ngl = [] if ns.ngl is None else ["-ngl", str(ns.ngl)]
+    bench_host_work.main(["-m", str(target), "--server-bin", str(ns.bin_dir / "llama-server"),
+                          "--reps", str(ns.pair_reps), "--no-run", "--no-quiet-check",
+                          "-t", str(ns.threads or os.cpu_count()), "-c", "2048",
+                          "--tandem-args=" + " ".join(ngl), "--llama-args=" + " ".join(ngl),
+                          "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    result: dict = {"target": target.name, "ngl": ns.ngl, "reps": ns.pair_reps}
+    for scenario in ("alone", "four"):
+        ms = {server: [r["ms"] for r in rows if r.get("scenario") == scenario
+                       and r.get("server") == server and r.get("ms") is not None
+                       and not r.get("error")]
+              for server in ("tandem", "llama-server")}
+        med = {k: round(statistics.median(v), 4) if v else None for k, v in ms.items()}
+        result[scenario] = {"tandem_ms": med["tandem"], "llama_ms": med["llama-server"],
+                            "beyond_ms": round(med["tandem"] - med["llama-server"], 4)
+                            if None not in med.values() else None}
+    return result
+
+
+def serve_host_line(_: str, h: dict) -> str:
+    return (f"  serve host work: beyond llama-server {h['alone']['beyond_ms']} ms a token "
+            f"alone, {h['four']['beyond_ms']} ms a 4-slot step")
+
+
 def shape_line(name: str, s: dict) -> str:
     """The package's summary of a shape, with llama-bench's figure and the exactness."""
     ex = s["exactness"]
@@ -274,6 +310,8 @@ SECTIONS = (
     Section("offload", "pair", lambda ns, target, draft: check_offload(target, draft),
             offload_line),
     Section("pair", "pair", lambda ns, target, draft: measure_pair(target, draft, ns), pair_line),
+    Section("serve_host", "pair", lambda ns, target, draft: measure_serve_host(target, ns),
+            serve_host_line),
     Section("mtp", "once", lambda ns: measure_mtp(ns), mtp_line),
 )
 
