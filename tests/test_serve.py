@@ -684,9 +684,12 @@ def test_a_bug_is_a_500_json_error_and_the_app_goes_on():
     from tandem.serve.prompt import PromptBudget
     from tandem.engine.backend.fim import FimTokens
 
+    from tandem.engine.drafting.drafters import DraftParams
+
     class Broken:
         busy, waiting, capacity, served, cancelled, last_cancel = False, 0, 1, 0, 0, None
         slots, processing, prompt_cache = [], 0, None
+        strategy, draft = "none", DraftParams()  # what a request that does not say runs with
         # prompts go to the scheduler; the vocabulary's facts are read at the start
         pair = SimpleNamespace(tokenizes_aside=False, fim_tokens=FimTokens(),
                                props=lambda: {"n_vocab": 10})

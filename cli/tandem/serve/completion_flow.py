@@ -6,6 +6,7 @@ streamed in the route's wire format, and the job cancelled however the request e
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from functools import partial
@@ -13,6 +14,8 @@ from typing import Callable, NamedTuple
 
 from starlette.responses import JSONResponse
 
+from tandem.engine.drafting.drafters import DraftParams
+from tandem.errors import UsageError
 from tandem.serve import llama_api, protocol, responses, structured
 from tandem.serve.jobs import GenerationJob
 from tandem.serve.scheduler import INTERACTIVE_TOKENS, QueueFull, gen_params, prepare
@@ -73,6 +76,7 @@ async def complete(state: ServerState, call: ApiCall, req: protocol.Request, id_
     prompt_size_check(req, budget)
     if scheduler.waiting >= scheduler.capacity:
         raise QueueFull(f"{scheduler.capacity} requests are already waiting")
+    req, draft, default = drafting_of(req, scheduler)
     if req.constraint is not None:  # compiled here, so the scheduler only looks up
         await loop.run_in_executor(state.tokenizer, structured.prepare_grammar, req,
                                    scheduler.pair.target if state.aside else None)
@@ -86,8 +90,10 @@ async def complete(state: ServerState, call: ApiCall, req: protocol.Request, id_
         make = partial(prepare, req=req, defaults=defaults, budget=budget)
     # an answer that short is an editor's or a title's: queued first, the kept slot may take it
     n_predict = req.max_tokens if req.max_tokens is not None else defaults.max_tokens
-    job = call.job = GenerationJob(make=make, sink=sink, limit=limit if limit.active else None,
-                                   interactive=n_predict <= INTERACTIVE_TOKENS)
+    job = call.job = GenerationJob(make=checked(make, req.strategy, draft, default), sink=sink,
+                                   limit=limit if limit.active else None,
+                                   interactive=n_predict <= INTERACTIVE_TOKENS,
+                                   strategy=req.strategy, draft=draft)
     scheduler.submit(job)
     rid = id_prefix + uuid.uuid4().hex[:24]
     now = int(time.time())
@@ -120,6 +126,51 @@ async def complete(state: ServerState, call: ApiCall, req: protocol.Request, id_
         watch.cancel()
         if not handed_over:  # answered, refused, or this handler cancelled: stop the job
             job.cancel.set()
+
+
+def server_drafting(scheduler) -> tuple[str, DraftParams]:
+    """The server's strategy and draft settings: what a request that does not say runs with
+    (GET /props shows them)."""
+    pair = scheduler.pair
+    return scheduler.strategy or pair.options.strategy, scheduler.draft or pair.options.draft
+
+
+def drafting_of(req: protocol.Request, scheduler) -> tuple[protocol.Request, DraftParams, str]:
+    """The request with its drafting filled in, its own or else the server's (the answer
+    says which it ran with), those draft settings, and the server's strategy."""
+    default = server_drafting(scheduler)
+    strategy, draft = protocol.drafting(req, *default)
+    return dataclasses.replace(req, strategy=strategy, n_max=draft.n_max, n_min=draft.n_min,
+                               p_min=draft.p_min), draft, default[0]
+
+
+class StrategyRefused(UsageError):
+    """A request's strategy that needs what the server did not load (a draft model, MTP
+    heads): a 400 naming `strategy`."""
+
+    param = "strategy"
+
+
+def checked(make, strategy: str, draft: DraftParams, default: str):
+    """The job's `make`, first checking on the engine thread that `strategy` can run with
+    what the server loaded (Pair.check_drafter, whose refusal is the engine's own words).
+    The server's own strategy was checked when it started, none needs nothing, and auto
+    drafts with whatever is loaded (building it to check would calibrate and take its
+    notes): those go unchecked."""
+    if strategy in (default, "none", "auto"):
+        return make
+
+    def make_checked(pair):
+        try:
+            pair.check_drafter(strategy, draft)
+        except UsageError as exc:
+            loaded = pair.target_path.name + (f" and the draft model {pair.draft_path.name}"
+                                              if pair.draft_path else " and no draft model")
+            raise StrategyRefused(f"{exc.message}; this server has {loaded}",
+                                  f"leave 'strategy' out for the server's own, {default}") \
+                from None
+        return make(pair)
+    return make_checked
 
 
 async def native_answer(state: ServerState, req: protocol.Request, tokens, events, watch,

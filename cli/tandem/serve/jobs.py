@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, ClassVar, Sequence, Union
 
 if TYPE_CHECKING:
+    from tandem.engine.drafting.drafters import DraftParams
     from tandem.engine.loop.speculative import GenParams
     from tandem.engine.pair import Pair
     from tandem.serve.job_events import JobEvent
@@ -27,6 +28,9 @@ class GenerationJob:
     # a short answer (INTERACTIVE_TOKENS): queued first, and the kept slot may take it
     interactive: bool = False
     slot: int | None = None  # the slot that ran it, of several (the request's log line)
+    # its drafting (the request's `strategy` and `speculative` settings); None: the server's
+    strategy: str | None = None
+    draft: DraftParams | None = None
 
 
 @dataclass(eq=False)

@@ -215,13 +215,15 @@ def final(req: Request, model: str, text: str, reason: str, stats, n_ctx: int,
         "index": 0, "content": text, "tokens": tokens or [], "id_slot": 0, "stop": True,
         "model": model, "tokens_predicted": stats.n_generated,
         "tokens_evaluated": stats.n_prompt,
-        "generation_settings": dict(sampling, n_predict=req.max_tokens or -1, n_ctx=n_ctx,
+        "generation_settings": dict(sampling, **speculative_json(req.n_max, req.n_min,
+                                                                 req.p_min),
+                                    n_predict=req.max_tokens or -1, n_ctx=n_ctx,
                                     stream=req.stream),
         "prompt": prompt_text if prompt_text is not None else "",
         "has_new_line": "\n" in text, "truncated": reason == "context",
         "stop_type": stop_type(reason), "stopping_word": "",
         "tokens_cached": stats.n_prompt + stats.n_generated,
-        "timings": timings(stats), "tandem": tandem_stats(stats),
+        "timings": timings(stats), "tandem": tandem_stats(stats, req=req),
     }
     return pick(out, req.response_fields)
 
@@ -262,6 +264,12 @@ def sampling_json(sp) -> dict:
     """generation_settings' sampling keys, llama-server's names."""
     return {"temperature": sp.temperature, "top_k": sp.top_k, "top_p": sp.top_p,
             "min_p": sp.min_p, "repeat_penalty": sp.repeat_penalty, "seed": sp.seed}
+
+
+def speculative_json(n_max: int | None, n_min: int | None, p_min: float | None) -> dict:
+    """The draft settings under llama-server's flat keys ("speculative.n_max"); none unknown."""
+    values = {"n_max": n_max, "n_min": n_min, "p_min": p_min}
+    return {f"speculative.{k}": v for k, v in values.items() if v is not None}
 
 
 # ----- /tokenize, /detokenize, /props
@@ -309,16 +317,25 @@ def piece_json(raw: bytes):
         return list(raw)
 
 
-def props(model: str, scheduler, facts: dict, sampling, max_tokens: int) -> dict:
+def props(model: str, scheduler, facts: dict, sampling, max_tokens: int,
+          drafting: tuple[str, object]) -> dict:
     """GET /props: the keys editors and web UIs read (n_ctx, the template, the model, the
-    slots: `total_slots` any request may take, tandem's `reserved_slots` kept for short ones)."""
+    slots: `total_slots` any request may take, tandem's `reserved_slots` kept for short ones),
+    and what a request that does not say drafts with (`drafting`: the server's strategy and
+    DraftParams): llama-server's flat keys in `params`, and tandem's `speculative` object,
+    the strategy and the draft model with them."""
     from tandem import __version__
 
     pair = scheduler.pair
+    strategy, draft = drafting
     return {
         "default_generation_settings": {
-            "params": dict(sampling_json(sampling), n_predict=max_tokens),
-            "n_ctx": pair.n_ctx},
+            "params": dict(sampling_json(sampling), n_predict=max_tokens,
+                           **speculative_json(draft.n_max, draft.n_min, draft.p_min)),
+            "n_ctx": pair.n_ctx,
+            "speculative": {"strategy": strategy, "n_max": draft.n_max, "n_min": draft.n_min,
+                            "p_min": draft.p_min,
+                            "draft_model": pair.draft_path.name if pair.draft_path else None}},
         "total_slots": scheduler.parallel,
         "reserved_slots": len(scheduler.slots) - scheduler.parallel,
         "model_alias": model, "model_path": str(pair.target_path),

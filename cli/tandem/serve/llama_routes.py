@@ -8,7 +8,7 @@ from __future__ import annotations
 from starlette.responses import JSONResponse, PlainTextResponse
 
 from tandem.serve import llama_api, protocol
-from tandem.serve.completion_flow import complete
+from tandem.serve.completion_flow import complete, server_drafting
 from tandem.serve.metrics import CONTENT_TYPE
 from tandem.serve.prompt import check_text_size as prompt_text_check
 from tandem.serve.server_state import ApiCall, ServerState
@@ -51,7 +51,8 @@ async def apply_template(state: ServerState, call: ApiCall):
 async def props(state: ServerState, call: ApiCall):
     defaults = state.config.defaults
     return JSONResponse(llama_api.props(state.config.model_id, state.scheduler, state.facts,
-                                        defaults.sampling, defaults.max_tokens))
+                                        defaults.sampling, defaults.max_tokens,
+                                        server_drafting(state.scheduler)))
 
 
 async def health(state: ServerState, call: ApiCall):

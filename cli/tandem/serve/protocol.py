@@ -11,14 +11,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tandem import bounded_json
+from tandem.config.schema import FIELDS_BY_KEY
 from tandem.engine.backend.fim import Chunk
+from tandem.engine.drafting.drafters import DraftParams
 from tandem.engine.loop.sampling import LIMITS, SEED, seed_value
+from tandem.errors import UsageError
 from tandem.serve import structured
 # the API's errors, used here and by the routes through this module
 from tandem.serve.api_errors import ApiError, bad, clip, kind_of, too_deep  # noqa: F401
 
 MAX_STOPS = 16  # OpenAI allows 4; llama-server any number: a bound keeps stop matching cheap
 MAX_STOP_CHARS = 1000
+# llama-server's per-request draft settings: flat keys ("speculative.n_max", as its
+# /completion reads them) or tandem's object ("speculative": {"n_max": ...})
+SPECULATIVE = ("n_max", "n_min", "p_min")
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
          "tool": "tool"}
 
@@ -67,6 +73,12 @@ class Request:
     t_max_predict_ms: int = 0
     response_fields: tuple[str, ...] = ()
     infill_sampler: bool = False  # `samplers` names llama.cpp's infill sampler
+    # drafting for this request (llama-server's `speculative` settings, tandem's strategy):
+    # None is the server's; completion_flow puts the effective values in before queueing
+    strategy: str | None = None
+    n_max: int | None = None
+    n_min: int | None = None
+    p_min: float | None = None
 
     def template_tools(self) -> list[dict] | None:
         """The tools for the chat template (none when tool_choice is "none")."""
@@ -283,7 +295,68 @@ def _common(body: dict) -> dict:
                 stop=_stops(body.get("stop")), stream=stream, include_usage=include_usage,
                 constraint=constraint, constraint_param=constraint_param,
                 prediction=_prediction(body.get("prediction")), return_tokens=return_tokens,
-                **sampling)
+                **sampling, **_speculative(body))
+
+
+def _speculative(body: dict) -> dict:
+    """The request's drafting: `strategy` and the draft settings, each given as llama-server's
+    flat key or in the `speculative` object, checked by its setting's own rule
+    (config.schema); None where the request does not say (the server's)."""
+    given = body.get("speculative")
+    if given is None:
+        given = {}
+    if not isinstance(given, dict):
+        raise bad("'speculative' must be an object ({\"n_max\": ..., \"n_min\": ..., "
+                  f"\"p_min\": ...}}), got {kind_of(given)}", "speculative", "invalid_type")
+    for key in given:  # a misspelt setting would be ignored silently
+        if key not in SPECULATIVE:
+            raise bad(f"'speculative.{clip(key)}' is not a draft setting (n_max, n_min, "
+                      "p_min)", f"speculative.{clip(key)}", "unsupported_parameter")
+    out = {}
+    for key in SPECULATIVE:
+        param, flat, nested = f"speculative.{key}", body.get(f"speculative.{key}"), given.get(key)
+        if flat is not None and nested is not None and flat != nested:
+            raise bad(f"'{param}' is given twice with different values ({clip(repr(flat))} "
+                      f"and {clip(repr(nested))})", param, "conflicting_parameters")
+        out[key] = _setting(key, nested if flat is None else flat, param)
+    out["strategy"] = _setting("strategy", body.get("strategy"), "strategy")
+    if out["n_max"] is not None and out["n_min"] is not None:
+        _draft_params(out["n_max"], out["n_min"], FIELDS_BY_KEY["p_min"].default)
+    return out
+
+
+def _setting(key: str, value, param: str):
+    """A value for the setting `key` (config.schema's field: its type and range), or None."""
+    if value is None:
+        return None
+    setting = FIELDS_BY_KEY[key]
+    if setting.kind == "int" and isinstance(value, float) and value.is_integer():
+        value = int(value)  # 4.0 is an integer in JSON's eyes
+    good, problem = setting.check(value)
+    if problem:
+        wrong_kind = not isinstance(value, str) if setting.kind == "choice" else \
+            isinstance(value, bool) or not isinstance(value, (int, float))
+        raise bad(f"'{param}' {problem}", param, "invalid_type" if wrong_kind else "invalid_value")
+    return good
+
+
+def _draft_params(n_max: int, n_min: int, p_min: float) -> DraftParams:
+    """The draft settings together (n_min at most n_max: DraftParams' rule), or a 400."""
+    try:
+        return DraftParams(n_max=n_max, n_min=n_min, p_min=p_min)
+    except UsageError:  # (each value alone passed its setting's check)
+        raise bad(f"'speculative.n_min' must be at most the draft max ({n_max}), got {n_min}",
+                  "speculative.n_min") from None
+
+
+def drafting(req: Request, strategy: str, draft: DraftParams) -> tuple[str, DraftParams]:
+    """The request's strategy and draft settings: its own, else the server's (`strategy`,
+    `draft`). A draft min the request leaves to the server never exceeds the max it asks for
+    (llama-server's clamp); one it asks for above the max is a 400."""
+    n_max = draft.n_max if req.n_max is None else req.n_max
+    n_min = min(draft.n_min, n_max) if req.n_min is None else req.n_min
+    p_min = draft.p_min if req.p_min is None else req.p_min
+    return req.strategy or strategy, _draft_params(n_max, n_min, p_min)
 
 
 def _prediction(value) -> str | None:

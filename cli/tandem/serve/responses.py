@@ -61,15 +61,20 @@ def timings(stats) -> dict:
     }
 
 
-def tandem_stats(stats, tokens: list[int] | None = None) -> dict:
-    """What tandem adds to llama-server's figures: acceptance, per draft source, notes, and
-    the answer's token ids where the request asked for them (returned_tokens)."""
+def tandem_stats(stats, tokens: list[int] | None = None, req: Request | None = None) -> dict:
+    """What tandem adds to llama-server's figures: acceptance, the steps that drafted and the
+    longest draft of a step, per draft source, notes, the draft settings the answer ran with
+    (the request's `speculative` or the server's, as `req` holds them once queued), and the
+    answer's token ids where the request asked for them (returned_tokens)."""
     out = {"strategy": stats.strategy, "acceptance_rate": stats.acceptance_rate,
            "mean_accepted_length": stats.mean_accepted_length,
-           "verify_steps": stats.n_steps,
+           "verify_steps": stats.n_steps, "drafted_steps": stats.n_steps_drafted,
+           "longest_draft": len(stats.drafted_at),
            "by_source": {k: {"drafted": v[0], "accepted": v[1]}
                          for k, v in stats.by_source.items()},
            "notes": list(stats.notes)}
+    if req is not None and req.n_max is not None:
+        out.update(n_max=req.n_max, n_min=req.n_min, p_min=req.p_min)
     if tokens is not None:
         out["tokens"] = tokens
     return out
@@ -93,7 +98,8 @@ def completion(req: Request, rid: str, created: int, model: str, text: str, reas
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         obj = "text_completion"
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
-            "usage": usage(stats), "timings": timings(stats), "tandem": tandem_stats(stats, tokens)}
+            "usage": usage(stats), "timings": timings(stats),
+            "tandem": tandem_stats(stats, tokens, req)}
 
 
 def chunk(req: Request, rid: str, created: int, model: str, *, text: str | None = None,
@@ -128,7 +134,7 @@ def chunk(req: Request, rid: str, created: int, model: str, *, text: str | None 
         out["tandem"] = {"from_draft": 1}
     if stats is not None:
         out["timings"] = timings(stats)
-        out["tandem"] = tandem_stats(stats, tokens)
+        out["tandem"] = tandem_stats(stats, tokens, req)
     if req.include_usage:
         out["usage"] = None  # OpenAI: null on every chunk but the last
     return out

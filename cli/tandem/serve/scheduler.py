@@ -307,8 +307,8 @@ class Scheduler:
             self._place(state, prepared[0])
         self._begin(state, job, prepared)
         tokens, gen = prepared
-        answer = Answer(self.pair, tokens, gen, self.strategy, self.draft, record=self.record,
-                        slot=state.slot)
+        answer = Answer(self.pair, tokens, gen, job.strategy or self.strategy,
+                        job.draft or self.draft, record=self.record, slot=state.slot)
         self.steps.add(AnswerRun(job, answer, state, self._stopping.is_set,
                                  self._finish).generation())
 
