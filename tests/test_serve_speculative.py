@@ -192,3 +192,18 @@ def test_the_request_fields_resolve_against_the_servers():
         protocol.drafting(protocol.parse_chat({"messages": msgs, "speculative.n_min": 7}),
                           "draft", server)
     assert exc.value.param == "speculative.n_min"
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/messages", {"model": "m", "max_tokens": 8,
+                      "messages": [{"role": "user", "content": PROMPT}]}),
+    ("/v1/responses", {"model": "m", "max_output_tokens": 8, "input": PROMPT}),
+])
+def test_the_other_apis_pass_the_drafting_fields_on(server, path, body):
+    """Anthropic's Messages and OpenAI's Responses requests reach the chat path with their
+    drafting fields: a bad one is refused as on the chat route, a good one answers."""
+    status, reply, _ = server.raw("POST", path, json.dumps({**body, "strategy": "bogus"}))
+    assert status == 400 and "strategy" in json.dumps(reply), reply
+    status, reply, _ = server.raw("POST", path, json.dumps(
+        {**body, "strategy": "none", "speculative": {"n_max": 1}}))
+    assert status == 200, reply

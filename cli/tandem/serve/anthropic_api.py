@@ -15,6 +15,7 @@ import json
 
 from tandem.serve import chat_bridge
 from tandem.serve.api_errors import ApiError, bad, clip, kind_of
+from tandem.serve.protocol import DRAFTING_KEYS
 
 # chat body paths -> this API's (chat_bridge.field_namer)
 FIELDS = (
@@ -81,7 +82,7 @@ def chat_body(body: dict, counting: bool = False) -> tuple[dict, list[str]]:
                   "supported by tandem serve; end with a user turn",
                   f"messages[{len(raw) - 1}]", "unsupported_value")
     chat = {"messages": messages, "model": body.get("model")}
-    for key in ("max_tokens", "temperature", "top_p", "top_k", "stream"):
+    for key in ("max_tokens", "temperature", "top_p", "top_k", "stream", *DRAFTING_KEYS):
         if key in body:
             chat[key] = body[key]
     if body.get("stop_sequences") is not None:

@@ -25,6 +25,8 @@ MAX_STOP_CHARS = 1000
 # llama-server's per-request draft settings: flat keys ("speculative.n_max", as its
 # /completion reads them) or tandem's object ("speculative": {"n_max": ...})
 SPECULATIVE = ("n_max", "n_min", "p_min")
+# the request keys that set its drafting: the other APIs' bodies pass them to the chat path
+DRAFTING_KEYS = ("strategy", "speculative", *(f"speculative.{k}" for k in SPECULATIVE))
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
          "tool": "tool"}
 

@@ -17,6 +17,7 @@ from functools import partial
 
 from tandem.serve import chat_bridge
 from tandem.serve.api_errors import ApiError, bad, clip, kind_of
+from tandem.serve.protocol import DRAFTING_KEYS
 
 # chat body paths -> this API's (chat_bridge.field_namer)
 FIELDS = (
@@ -67,7 +68,8 @@ def chat_body(body: dict) -> tuple[dict, list[str]]:
                   "missing_required_parameter" if items is None else "invalid_type")
     for i, item in enumerate(items):
         _item(item, f"input[{i}]", messages, origins)
-    chat = {"messages": messages, "model": body.get("model")}
+    chat = {"messages": messages, "model": body.get("model"),
+            **{key: body[key] for key in DRAFTING_KEYS if key in body}}
     chat.update({key: body[key] for key in SAMPLING if key in body})
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
