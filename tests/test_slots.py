@@ -245,10 +245,10 @@ def test_drafts_shrink_as_the_batch_grows_only_where_rows_cost():
 
 
 def test_a_prompt_beside_a_stream_takes_its_share_in_pieces(monkeypatch):
-    """Slot 2's 48-token prompt chunk arrives while slot 1 streams: the stream's step runs every
-    round, and the prompt runs in pieces of at least 16 tokens whose time stays within SHARE
-    of the steps' beside it (the first piece measures). Scripted costs: a step 1 s, a prompt
-    token 0.05 s. Once the stream ends the rest of the prompt runs whole."""
+    """Slot 2's 130-token prompt chunk arrives while slot 1 streams: the stream's step runs
+    every round, and the prompt runs in pieces of at least 16 tokens whose time stays within
+    SHARE of the steps' beside it (the first piece measures; its last SHORT tokens at once).
+    Scripted costs: a step 1 s, a prompt token 0.05 s."""
     from tandem.engine.backend import prompt_share, sequences
 
     clock = [0.0]
@@ -262,6 +262,7 @@ def test_a_prompt_beside_a_stream_takes_its_share_in_pieces(monkeypatch):
             return super().decode_batch(entries)
 
     target = Timed("target", calls)
+    target.n_batch = target.n_ubatch = 256  # one chunk of the prompt, longer than SHORT
     stream, newcomer = SeqContext(target, 1, 256, batcher), SeqContext(target, 2, 256, batcher)
 
     def streaming():
@@ -269,24 +270,25 @@ def test_a_prompt_beside_a_stream_takes_its_share_in_pieces(monkeypatch):
             yield from stream.decode_steps([tok])
 
     def prompt():
-        return (yield from newcomer.prefill_steps(list(range(100, 148))))
+        return (yield from newcomer.prefill_steps(list(range(100, 230))))
 
     run_all(StepLoop(batcher), [(streaming(), None), (prompt(), None)])
     pieces = [n for name, seqs in calls for seq, n in seqs if seq == 2]
     steps_beside = sum(1 for name, seqs in calls for seq, n in seqs if seq == 1)
-    assert steps_beside == 30 and sum(pieces) == 48 and newcomer.tokens == list(range(100, 148))
-    assert all(n >= prompt_share.MIN_PIECE for n in pieces[:-1]) and len(pieces) >= 3
-    while_streaming = pieces[:-1]  # the last one ran once the stream had ended
-    assert 0.05 * sum(while_streaming[1:]) <= prompt_share.SHARE * steps_beside * 1.0
+    assert steps_beside == 30 and sum(pieces) == 130 and newcomer.tokens == list(range(100, 230))
+    assert pieces[0] == prompt_share.MIN_PIECE and len(pieces) >= 3  # the first measures
+    assert all(n >= prompt_share.MIN_PIECE for n in pieces[:-1])
+    assert pieces[-1] <= prompt_share.SHORT  # what is left once short runs at once
+    assert 0.05 * sum(pieces[1:-1]) <= prompt_share.SHARE * steps_beside * 1.0
 
 
 def test_a_share_piece_waits_for_its_credit():
-    from tandem.engine.backend.prompt_share import MIN_PIECE, PromptShare
+    from tandem.engine.backend.prompt_share import MIN_PIECE, SHORT, PromptShare
 
     share = PromptShare()
-    assert share.piece(7, 100) == MIN_PIECE and share.piece(7, 5) == 5  # unmeasured: measure
+    assert share.piece(7, 100) == MIN_PIECE  # unmeasured: a piece measures
     share.spend(7, 16, 0.16)  # 0.01 s a token; the credit goes below zero
     share.earn(1.0)
-    assert share.piece(7, 100) == 0  # 0.15 - 0.16 < 0
+    assert share.piece(7, 100) == 0 and share.piece(7, SHORT) == SHORT  # short: at once
     share.earn(2.0)  # 0.29 s: 29 tokens (28 where the float sum falls short)
-    assert share.piece(7, 100) in (28, 29) and share.piece(7, 12) == 12
+    assert share.piece(7, 100) in (28, 29)

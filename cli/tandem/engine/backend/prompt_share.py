@@ -5,14 +5,17 @@ whole prompt: on this CPU a prompt token costs about a third of a step (~10 ms),
 editor's 950-token prompt froze a chat for half a minute. While other sequences decode, a
 prompt's chunks therefore get at most SHARE of the time those steps take, earned round by
 round and spent in pieces of at least MIN_PIECE tokens, each timed (a prompt token's cost
-depends on the model, the device and the piece's size). A prompt with no stream beside it
-runs whole chunks (StepBatcher). On a GPU, where a prompt token costs a small part of a step,
+depends on the model, the device and the piece's size); what is left of a prompt once it is
+SHORT runs at once. A prompt with no stream beside it runs whole chunks (StepBatcher). On a GPU, where a prompt token costs a small part of a step,
 one round's share holds hundreds of tokens; on this CPU it holds a few.
 """
 from __future__ import annotations
 
 SHARE = 0.15  # the streams then take at most ~1.15x as long while a prompt waits
 MIN_PIECE = 16  # tokens: smaller pieces waste the matrix kernels' width
+# a prompt with no more than this left runs at once: a chat's new turn, requests sent
+# together (the first to stream must not hold back the others' short prompts)
+SHORT = 64
 
 
 class PromptShare:
@@ -30,6 +33,8 @@ class PromptShare:
     def piece(self, ctx_key: int, remaining: int) -> int:
         """How many of a prompt's `remaining` tokens may run now (0: it waits a round). The
         first piece on a context runs at once: it measures what a token costs there."""
+        if remaining <= SHORT:
+            return remaining
         smallest = min(MIN_PIECE, remaining)
         per = self.token_s.get(ctx_key)
         if per is None:
