@@ -15,6 +15,8 @@ from typing import Any, Generator, Sequence, TypeVar
 
 import numpy as np
 
+from tandem.engine.backend.context_params import ALL, LAST
+
 T = TypeVar("T")
 # a generation's decodes as steps: yields DecodeRequests, returns T
 Steps = Generator["DecodeRequest", None, T]
@@ -36,8 +38,6 @@ class DecodeRequest:
 
     @property
     def outputs(self) -> int:
-        from tandem.engine.backend.context_params import ALL, LAST
-
         return len(self.tokens) if self.want == ALL else (1 if self.want == LAST else 0)
 
 
