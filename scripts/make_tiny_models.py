@@ -7,8 +7,10 @@ Writes target.gguf, draft.gguf (agrees with the target's greedy choice most of t
 draft_weak.gguf (agrees less often), mismatch.gguf (a vocabulary llama.cpp refuses to
 pair with the target), fim.gguf + fim_draft.gguf (a pair with fill-in-the-middle tokens) and
 the models whose memory is recurrent (scripts/tiny_recurrent_models.py: hybrid.gguf +
-hybrid_draft.gguf, recurrent.gguf) and mtp.gguf, a model with its own MTP head
-(scripts/tiny_mtp_models.py). All files are deterministic: fixed seeds, fixed metadata
+hybrid_draft.gguf, recurrent.gguf), mtp.gguf, a model with its own MTP head
+(scripts/tiny_mtp_models.py), and qwen35.gguf + qwen35_draft.gguf, Qwen3.5/3.6's architecture:
+gated delta-net layers, one attention layer in four and an MTP head
+(scripts/tiny_qwen35_models.py). All files are deterministic: fixed seeds, fixed metadata
 order.
 """
 from __future__ import annotations
@@ -212,7 +214,8 @@ def write_gguf(path: Path, arch: str, name: str, weights: dict[str, np.ndarray],
 
 def make_tiny_models(outdir: Path) -> dict[str, Path]:
     """Write the models into outdir and return {"target": path, "draft": ..., ...}."""
-    from tiny_mtp_models import make_mtp_models  # both import this module
+    from tiny_mtp_models import make_mtp_models  # all three import this module
+    from tiny_qwen35_models import make_qwen35_models
     from tiny_recurrent_models import make_recurrent_models
 
     outdir = Path(outdir)
@@ -241,6 +244,7 @@ def make_tiny_models(outdir: Path) -> dict[str, Path]:
         "mismatch": write_model(outdir / "mismatch.gguf", "tiny-mismatch", other, other_vocab),
         **make_recurrent_models(outdir),
         **make_mtp_models(outdir),
+        **make_qwen35_models(outdir),
     }
 
 

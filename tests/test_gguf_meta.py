@@ -55,9 +55,10 @@ def parse(data: bytes, **kw):
 # --- real files -------------------------------------------------------------------------
 
 
-# the tiny models of other architectures (scripts/tiny_recurrent_models.py, tiny_mtp_models.py)
+# the tiny models of other architectures (scripts/tiny_recurrent_models.py, tiny_mtp_models.py,
+# tiny_qwen35_models.py)
 OTHER_ARCHS = {"hybrid": "lfm2", "hybrid_draft": "lfm2", "recurrent": "mamba",
-               "sliding": "gemma3", "mtp": "glm4moe"}
+               "sliding": "gemma3", "mtp": "glm4moe", "qwen35": "qwen35", "qwen35_draft": "qwen35"}
 
 
 def test_reads_tiny_models(tiny_models):
