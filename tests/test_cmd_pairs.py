@@ -487,7 +487,7 @@ def test_the_late_2026_families_are_listed_with_memory_type_and_drafter(cli, hom
         pair = catalog.get_pair(name)
         assert pair.target.key == target and (pair.draft.key if pair.draft else None) == draft
         assert pair.target.sha256 is None and pair.target.size is None  # left to the hub
-        drafter = pair.draft.name if pair.draft else "none"
+        drafter = pair.draft.name if pair.draft else "n-gram"
         assert f" {kind} · {drafter} · {pair.good_for}" in rows[name], rows[name]
         assert rows[name].split()[1] == "?"  # SIZE: none confirmed
         assert doc[name]["target"]["memory_type"] == kind and doc[name]["approx_size"] is None

@@ -4,8 +4,9 @@ a pair, measured, as the JSON `tandem spec-bench --predict-costs` reads. The cor
 profiles, settings, planner, bench/hw_costs.py) computes; this module only renders, as Rich
 tables, lines or one JSON object, on stdout.
 
-Over 400 lines because `tandem hw` renders six tables (hardware, profile, settings, the plan,
-recommended pairs, a remote target) and `hw costs` is its subcommand; nothing is computed here.
+Over 400 lines because `tandem hw` renders seven tables (hardware, profile, settings, the plan,
+the slots of --parallel, recommended pairs, a remote target) and `hw costs` is its subcommand;
+nothing is computed here.
 """
 import json
 import sys
@@ -33,6 +34,7 @@ def hw(
     force_profile: Annotated[bool, typer.Option("--force-profile", help="Use --profile even if it does not match this machine.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
     rpc: setting_flag("rpc", help="Also plan the target over these llama.cpp RPC servers, HOST:PORT[,HOST:PORT...] (asks each for its free memory).") = None,
+    parallel: setting_flag("parallel", "-np", help="Plan N slots as `tandem serve --parallel N` holds them (and the one it keeps for short requests where N >= 2; -1 or 0: auto, 4): per slot its KV cache, recurrent state (1 + n_rs_seq copies), context checkpoints (RAM) and MTP context KV; exit 3 when they do not fit. Not set: no slots table.") = None,
 ):
     """Show the detected hardware, the chosen profile and the offload/memory plan.
 
@@ -49,17 +51,23 @@ def hw(
 
       tandem hw --rpc 192.168.1.20:50052    # layers and bytes per device, link traffic
 
+      tandem hw --pair qwen3.6-27b-mtp --parallel 4    # four slots: state, checkpoints, MTP KV
+
       tandem hw costs --out costs.json      # this machine's decode and verify costs
     """
     if ctx.invoked_subcommand is not None:
         return
     report = build_report(profile=profile, pair=pair, model=model, model_draft=model_draft,
                           ctx_size=ctx_size, force_profile=force_profile, rpc=rpc,
-                          layers=(target_gpu_layers, draft_gpu_layers))
+                          layers=(target_gpu_layers, draft_gpu_layers), parallel=parallel)
     if as_json:
         print(json.dumps(report_json(report), indent=2))
     else:
         render(report)
+    if report["slots"] is not None:  # after the plan that says why: exit 3, Error/Hint
+        from tandem.machine.slots import require_slots_fit
+
+        require_slots_fit(report["slots"], report["pair"] or "the pair")
 
 
 @app.command("costs")
@@ -135,14 +143,16 @@ def costs(
 
 
 def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size=None,
-                 force_profile=False, hardware=None, rpc=None, layers=(None, None)) -> dict:
+                 force_profile=False, hardware=None, rpc=None, layers=(None, None),
+                 parallel=None) -> dict:
     """Everything `tandem hw` shows, as objects (the renderers only format); `layers`: the
-    -ngl and -ngld flags (None: not given)."""
+    -ngl and -ngld flags (None: not given); `parallel`: the slots to plan (None: those the
+    settings give, none unless set)."""
     from tandem.commands.options import check_model_path, check_pair_or_files
     from tandem.commands.compose import files_on_disk, resolve
     from tandem.errors import UsageError
     from tandem.machine import hardware as hwmod
-    from tandem.machine.fit import plan_for_settings, recommended_pairs
+    from tandem.machine.fit import plan_for_settings, recommended_pairs, slots_for_settings
     from tandem.models import catalog
     from tandem.models.store import Store
 
@@ -164,18 +174,28 @@ def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size
                           label=(model.name, model_draft.name if model_draft else None))
         else:
             spec = catalog.get_pair(pair_name)
-            chosen.update(name=spec.name, target=spec.target, draft=spec.draft,
+            chosen.update(name=spec.name, target=spec.target, draft=spec.draft, mtp=spec.mtp,
                           label=(spec.target.name, spec.draft.name if spec.draft else None))
         chosen["paths"] = files_on_disk(store, chosen["target"], chosen["draft"])
         return chosen["paths"]
 
     resolved = resolve({"profile": profile, "pair": pair, "n_ctx": ctx_size, "rpc": rpc,
+                        "parallel": parallel,
                         "target_gpu_layers": layers[0], "draft_gpu_layers": layers[1],
                         "force_profile": force_profile or None}, files, hardware=hw)
     settings, machine = resolved.settings, dict(hardware=hw, backend=resolved.backend)
     target, draft, pair_name, label = (chosen["target"], chosen["draft"], chosen["name"],
                                        chosen["label"])
-    plan = plan_for_settings(settings, target, draft, store=store, **machine)
+    # the heads' own context is planned where they draft: an MTP pair, or --strategy mtp
+    mtp = chosen.get("mtp", False) or settings.strategy == "mtp"
+    plan = plan_for_settings(settings, target, draft, store=store, mtp=mtp, **machine)
+    slots = None
+    if settings.source("parallel") != "default":  # a flag, TANDEM_PARALLEL or the config
+        from tandem.commands.compose import AUTO_SLOTS
+
+        n = settings.parallel if settings.parallel > 0 else AUTO_SLOTS  # serve's auto
+        slots = slots_for_settings(settings, plan, n, target, draft, store=store, mtp=mtp,
+                                   **machine)
     remote = None
     if settings.rpc:
         from tandem.config.schema import endpoints
@@ -185,7 +205,7 @@ def build_report(profile=None, pair=None, model=None, model_draft=None, ctx_size
         servers = [server_info(ep) for ep in endpoints(settings.rpc)]
         remote = remote_plan_for_settings(settings, target, servers, store=store)
     return {"hardware": hw, "resolved": resolved, "pair": pair_name, "labels": label,
-            "plan": plan, "remote": remote, "memory": _memory_types(chosen.get("paths")),
+            "plan": plan, "slots": slots, "remote": remote, "memory": _memory_types(chosen.get("paths")),
             "recommended": recommended_pairs(settings, resolved.profile, store=store, **machine)}
 
 
@@ -231,6 +251,7 @@ def report_json(r: dict) -> dict:
         "settings": s.to_dict(),
         "pair": r["pair"],
         "plan": plan.to_dict(),
+        "slots": r["slots"].to_dict() if r.get("slots") is not None else None,
         "remote_target": r["remote"].to_dict() if r.get("remote") else None,
         "memory": r.get("memory", {}),
         "recommended_pairs": [{"name": a.name, "status": a.status, "note": a.note,
@@ -267,6 +288,8 @@ def render(r: dict, console=None) -> None:
     _render_profile(res, hw, console)
     _render_settings(res.settings, console)
     _render_plan(r, console)
+    if r.get("slots") is not None:
+        _render_slots(r["slots"], console)
     _render_recommended(r, res.profile, console)
     for w in res.warnings:
         console.print(f"[yellow]Warning:[/yellow] {w}")
@@ -390,6 +413,9 @@ def _render_plan(r: dict, console) -> None:
     for m in plan.models:
         if m.state or m.copies:
             console.print(state_line(m, plan.ctx.checkpoints))
+        if m.mtp_kv:
+            console.print(f"MTP context of the {m.role}: its heads' KV cache, {_b(m.mtp_kv)} "
+                          "(in the totals)")
     for p in plan.problems:
         console.print(f"  - {p}")
     if plan.advice:
@@ -399,6 +425,54 @@ def _render_plan(r: dict, console) -> None:
     console.print()
     if r.get("remote") is not None:
         _render_remote(r["remote"], console)
+
+
+def _render_slots(sp, console) -> None:
+    """`--parallel N`: what each slot adds per model, and every slot's plan in all."""
+    from rich.table import Table
+
+    exact = all(m.exact for m in sp.models)
+    title = (f"Slots: {sp.parallel}" + (f" and {sp.kept} kept for short requests" if sp.kept
+                                        else "")
+             + (" (GGUF files on disk)" if exact else " (sizes from the catalog, estimated)"))
+    own = (" and the session's own sequence (one ubatch of KV, one state)" if sp.slots > 1
+           else "")
+    t = Table(title=title, title_justify="left", caption="Per slot: what each slot holds; "
+              f"All {sp.slots}: the model holding every slot{own}, weights and compute "
+              "buffers included", caption_justify="left")
+    for col in ("Model", "KV cache", "Recurrent state", "Checkpoints (RAM)", "MTP context KV",
+                "Per slot", f"All {sp.slots}"):
+        t.add_column(col, justify="left" if col == "Model" else "right")
+    for c, m in zip(sp.per_slot, sp.models):
+        state = f"{_b(c.state)} ({c.state_rows} x {_b(c.one_state)})" if c.state else "-"
+        t.add_row(c.role, _b(c.kv), state, _b(c.checkpoints), _b(c.mtp_kv), _b(c.total),
+                  _b(m.total))
+    t.add_row("both", *(_b(sum(getattr(c, k) for c in sp.per_slot))
+                        for k in ("kv", "state", "checkpoints", "mtp_kv", "total")),
+              _b(sp.total), style="bold")
+    console.print(t)
+    for c in sp.per_slot:
+        if c.state:
+            console.print(f"Recurrent state of the {c.role} per slot: {c.state_rows} copies "
+                          f"(1 + n_rs_seq {c.state_rows - 1}) of {_b(c.one_state)}; "
+                          f"checkpoints: up to {c.n_checkpoints} copies in RAM")
+    def left(n: int, of: int) -> str:
+        return (f"{_b(n)} of {_b(of)} left" if n >= 0 else f"{_b(-n)} more than the "
+                f"{_b(of)} there")
+
+    where = [f"GPU {left(sp.gpu_left, sp.base.gpu_budget)}"] if sp.gpu_left is not None else []
+    where.append(f"{'unified memory' if sp.base.unified else 'RAM'} "
+                 f"{left(sp.ram_left, sp.base.ram_budget)}")
+    console.print("With every slot: " + "; ".join(where))
+    console.print("Status: " + ("[green]fits[/green]" if sp.fits else
+                                "[red]does not fit[/red]"))
+    for p in sp.problems:
+        console.print(f"  - they {p}")
+    if sp.advice:
+        console.print("What to change:")
+        for a in sp.advice:
+            console.print(f"  - {a}")
+    console.print()
 
 
 def _render_recommended(r: dict, prof, console) -> None:

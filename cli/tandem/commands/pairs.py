@@ -20,6 +20,8 @@ from tandem.models import catalog, memory_type
 from tandem.models.store import Store
 from tandem.models.vocab import VocabInfo
 
+# a target whose memory type neither its header nor the catalog's arch gives
+UNKNOWN = "unknown"
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
 WIDE_HELP = ("Every column, one line a pair: the target and draft files by hub reference "
              "and the target's memory type (the default table fits the terminal).")
@@ -116,10 +118,10 @@ def list_pairs(
         size, mem = _size(p.approx_size, approx), _memory_text(*memory[p.name])
         if wide:
             rows.append((p.name + (" (default)" if p.name == default else ""), p.target.key,
-                         _draft_text(p), size, mem, _memory_type(p.target, store) or "?",
+                         _draft_text(p), size, mem, _memory_type(p.target, store) or UNKNOWN,
                          _on_disk(p, store), p.good_for))
         else:  # too narrow for more columns: type and drafter lead the wrapped one
-            about = (_memory_type(p.target, store) or "?", _drafter(p), p.good_for)
+            about = (_memory_type(p.target, store) or UNKNOWN, _drafter(p), p.good_for)
             rows.append((p.name + ("*" if p.name == default else ""), size, mem,
                          _on_disk(p, store, short=True), " · ".join(about)))
     _table(headers, rows, None if wide else _width())
@@ -137,8 +139,9 @@ def list_pairs(
         "tuned); ~: estimated from the catalog, the rest from the files on disk. Sizes are "
         "approximate (~) where the catalog has no exact size, ? where it has none. "
         "TYPE: the target's memory (attention, sliding window, hybrid, recurrent: "
-        "docs/models.md says how each rolls drafts back). DRAFT: the draft model; none: no "
-        "draft model, `auto` drafts from n-grams, history and prompt copies; "
+        f"docs/models.md says how each rolls drafts back; {UNKNOWN}: the catalog does not "
+        "say). DRAFT: the draft model; n-gram: no draft model, `auto` drafts from n-grams, "
+        "history and prompt copies; "
         f"{catalog.MTP_HEADS}: the target's own MTP heads draft (--strategy mtp). "
         + ("" if wide else "`tandem pairs --wide`: the target and draft files, one line a "
            "pair. ")
@@ -179,8 +182,8 @@ def _draft_text(p: catalog.PairSpec) -> str:
 
 def _drafter(p: catalog.PairSpec) -> str:
     """What drafts for the pair in the default table's words: the draft model's catalog
-    name, the target's own MTP heads, or none (n-grams and copies, the legend says)."""
-    return "none" if p.draft is None and not p.mtp else p.drafted_by
+    name, the target's own MTP heads, or n-gram (n-grams and copies, the legend says)."""
+    return "n-gram" if p.draft is None and not p.mtp else p.drafted_by
 
 
 def _memory_type(m: catalog.ModelSpec, store: Store) -> str | None:

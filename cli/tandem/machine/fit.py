@@ -20,8 +20,9 @@ from tandem.models.gguf_meta import read_gguf_header
 ENGINE_REPACK = {"fast": True, "exact": False}
 
 
-def context_spec(settings, role: str = "target"):
-    """The planner's ContextSpec for one model of the pair."""
+def context_spec(settings, role: str = "target", mtp: bool = False):
+    """The planner's ContextSpec for one model of the pair; `mtp`: the target drafts with
+    its MTP heads (their context's KV is planned beside it)."""
 
     from tandem.engine.backend.context_params import ROLLBACK_TOKENS
 
@@ -32,12 +33,13 @@ def context_spec(settings, role: str = "target"):
                        flash_attn=settings.flash_attn, type_k=settings.type_k,
                        type_v=settings.type_v, logit_rows=rows, n_outputs_max=MAX_DRAFT + 1,
                        rs_seq=max(ROLLBACK_TOKENS, settings.n_max),
-                       checkpoints=settings.ctx_checkpoints)
+                       checkpoints=settings.ctx_checkpoints, mtp=mtp and role == "target")
 
 
-def model_shape(ref: Any, store: Any = None):
+def model_shape(ref: Any, store: Any = None, mtp: bool = False):
     """A planner ModelShape from a GGUF path, a catalog ModelSpec (its file when on disk,
-    else an estimate from the catalog) or a ModelShape."""
+    else an estimate from the catalog; `mtp`: with the MTP heads its pair drafts with) or a
+    ModelShape."""
     if isinstance(ref, ModelShape):
         return ref
     if isinstance(ref, ModelSpec):
@@ -46,7 +48,8 @@ def model_shape(ref: Any, store: Any = None):
             if path.is_file():
                 return _shape_from_file(path, ref.name)
         size = ref.size if ref.size is not None else getattr(ref, "approx_size", None)
-        return ModelShape.estimate(ref.name, size, hints=(ref.filename, ref.repo))
+        return ModelShape.estimate(ref.name, size, hints=(ref.filename, ref.repo),
+                                   arch=ref.arch, mtp=mtp)
     return _shape_from_file(Path(ref), None)
 
 
@@ -65,26 +68,40 @@ def _shape_from_file(path: Path, name: str | None):
 
 
 def plan_for_settings(settings, target: Any, draft: Any = None, *, hardware, backend: str,
-                      store: Any = None, suggest_pairs: bool = True):
+                      store: Any = None, suggest_pairs: bool = True, mtp: bool = False):
     """Offload plan for `target` + `draft` (paths, catalog ModelSpecs or ModelShapes) under
     `settings` on `hardware` (machine.hardware.Hardware), running on `backend` (the profile's
     backend as the binding allows: machine.profiles.effective_backend). Smaller catalog pairs
-    are suggested when it does not fit."""
-    t_shape = _shape_of(target, store, "target")
+    are suggested when it does not fit. `mtp`: the target drafts with its MTP heads."""
+    t_shape = _shape_of(target, store, "target", mtp)
     d_shape = _shape_of(draft, store, "draft") if draft is not None else None
     budget = MemoryBudget.for_hardware(hardware, settings.gpu_reserve_mb, backend=backend,
                                  repack=ENGINE_REPACK[settings.mode])
     same_draft = getattr(draft, "name", None)
     alternatives = _smaller_pairs(t_shape, same_draft) if suggest_pairs else ()
-    return plan(t_shape, d_shape, budget, context_spec(settings, "target"),
+    return plan(t_shape, d_shape, budget, context_spec(settings, "target", mtp),
                 context_spec(settings, "draft"), target_layers=settings.target_gpu_layers,
                 draft_layers=settings.draft_gpu_layers, alternatives=alternatives)
 
 
-def _shape_of(ref: Any, store: Any, role: str):
+def slots_for_settings(settings, base, parallel: int, target: Any, draft: Any = None, *,
+                       hardware, backend: str, store: Any = None, mtp: bool = False):
+    """`parallel` slots (machine/slots.py) of the pair whose one-slot plan is `base`
+    (plan_for_settings with the same arguments), under `settings` on `hardware`."""
+    from tandem.machine.slots import plan_slots
+
+    t_shape = _shape_of(target, store, "target", mtp)
+    d_shape = _shape_of(draft, store, "draft") if draft is not None else None
+    budget = MemoryBudget.for_hardware(hardware, settings.gpu_reserve_mb, backend=backend,
+                                       repack=ENGINE_REPACK[settings.mode])
+    return plan_slots(base, t_shape, d_shape, budget, context_spec(settings, "target", mtp),
+                      context_spec(settings, "draft"), parallel)
+
+
+def _shape_of(ref: Any, store: Any, role: str, mtp: bool = False):
     """model_shape(), with a bad file's error saying which of the two models it is."""
     try:
-        return model_shape(ref, store)
+        return model_shape(ref, store, mtp)
     except ModelError as exc:
         if exc.message.startswith(f"{role} model"):
             raise

@@ -55,6 +55,12 @@ class ContextSpec:
     # and the saved copies of the state a context keeps (--ctx-checkpoints)
     rs_seq: int = 0
     checkpoints: int = 0
+    # several slots in one context (machine/slots.py): the sequences llama.cpp's recurrent
+    # memory holds a state for (n_seq_max) and the slots that each keep their own checkpoints
+    n_seq: int = 1
+    slots: int = 1
+    # an MTP context beside this one (--strategy mtp): the KV of the model's MTP heads
+    mtp: bool = False
 
     @property
     def cells(self) -> int:
@@ -118,6 +124,9 @@ class ModelPlan:
     state_cpu: int = 0
     snapshots: int = 0  # of state_gpu + state_cpu: the n_rs_seq snapshots
     copies: int = 0
+    # the MTP context's KV cache (its heads' layers only), on the device of those layers
+    mtp_kv_gpu: int = 0
+    mtp_kv_cpu: int = 0
 
     @property
     def max_layers(self) -> int:
@@ -144,13 +153,18 @@ class ModelPlan:
         return self.state_gpu + self.state_cpu
 
     @property
+    def mtp_kv(self) -> int:
+        return self.mtp_kv_gpu + self.mtp_kv_cpu
+
+    @property
     def gpu_total(self) -> int:
-        return self.weights_gpu + self.kv_gpu + self.state_gpu + self.compute_gpu
+        return (self.weights_gpu + self.kv_gpu + self.state_gpu + self.mtp_kv_gpu
+                + self.compute_gpu)
 
     @property
     def cpu_total(self) -> int:
         return (self.weights_cpu + self.kv_cpu + self.state_cpu + self.copies
-                + self.compute_cpu + self.output_host)
+                + self.mtp_kv_cpu + self.compute_cpu + self.output_host)
 
     @property
     def total(self) -> int:
@@ -165,6 +179,7 @@ class ModelPlan:
             "output_host": self.output_host, "total": self.total, "buffers": dict(self.buffers),
             "state_gpu": self.state_gpu, "state_cpu": self.state_cpu,
             "state_snapshots": self.snapshots, "state_copies": self.copies,
+            "mtp_kv_gpu": self.mtp_kv_gpu, "mtp_kv_cpu": self.mtp_kv_cpu,
             "exact": self.exact, "note": self.note,
         }
 
@@ -221,12 +236,13 @@ def place(shape: ModelShape, ctx: ContextSpec, gpu_layers: int, *, role: str = "
         w_gpu = gpu_alloc
 
     kv_gpu, kv_cpu, k_all, v_all = _kv_cache(shape, ctx, on_gpu)
+    mtp_gpu, mtp_cpu = _kv_cache(shape, ctx, on_gpu, heads=True)[:2] if ctx.mtp else (0, 0)
     c_gpu, c_cpu = _compute_buffers(shape, ctx, on_gpu, out_gpu, backend)
     output_host = F32 * shape.n_vocab * max(ctx.logit_rows, 1)
     # llama.cpp's recurrent memory: one row per sequence and per snapshot (1 + n_rs_seq),
     # n_rs_seq clamped to 0 where the architecture keeps none
     rows = 1 + (ctx.rs_seq if shape.snapshots else 0)
-    per_layer = [shape.state_row * rows if r else 0 for r in shape.recurrent]
+    per_layer = [shape.state_row * rows * ctx.n_seq if r else 0 for r in shape.recurrent]
     state_gpu = sum(b for b, g in zip(per_layer, on_gpu) if g)
     state_cpu = sum(per_layer) - state_gpu
     return ModelPlan(role=role, name=shape.name, n_layer=shape.n_layer, gpu_layers=L,
@@ -234,16 +250,20 @@ def place(shape: ModelShape, ctx: ContextSpec, gpu_layers: int, *, role: str = "
                      compute_gpu=c_gpu, compute_cpu=c_cpu, output_host=output_host,
                      buffers=buffers, kv_k=k_all, kv_v=v_all, exact=shape.exact,
                      note=shape.note, state_gpu=state_gpu, state_cpu=state_cpu,
-                     snapshots=shape.state_bytes * (rows - 1),
-                     copies=ctx.checkpoints * shape.state_bytes)
+                     snapshots=shape.state_bytes * (rows - 1) * ctx.n_seq,
+                     copies=ctx.checkpoints * shape.state_bytes * ctx.slots,
+                     mtp_kv_gpu=mtp_gpu, mtp_kv_cpu=mtp_cpu)
 
 
-def _kv_cache(shape: ModelShape, ctx: ContextSpec, on_gpu: list[bool]
+def _kv_cache(shape: ModelShape, ctx: ContextSpec, on_gpu: list[bool], heads: bool = False
               ) -> tuple[int, int, int, int]:
-    """The KV cache's bytes: (on the GPU, on the CPU, all K, all V)."""
+    """The KV cache's bytes: (on the GPU, on the CPU, all K, all V); `heads`: the MTP
+    context's, which holds the MTP heads' layers only (the model's own holds the others)."""
     cells = ctx.cells
     kv_gpu = kv_cpu = k_all = v_all = 0
     for il in range(shape.n_layer):
+        if (il >= shape.trunk) != heads:
+            continue
         if shape.recurrent and shape.recurrent[il]:
             continue  # a hybrid's recurrent layers keep no KV cache
         kvh = shape.n_head_kv[il]

@@ -63,10 +63,18 @@ class ModelShape:
     recurrent: tuple[bool, ...] = ()
     state_row: int = 0
     snapshots: bool = False
+    # the last `nextn` of the n_layer blocks are MTP heads (nextn_predict_layers): llama.cpp
+    # keeps no KV or state for them in the model's own context, only in an MTP context's
+    nextn: int = 0
 
     @property
     def weights_bytes(self) -> int:
         return self.input_bytes + self.output_bytes + sum(self.layer_bytes)
+
+    @property
+    def trunk(self) -> int:
+        """The blocks the model's own context decodes (the MTP heads' are not among them)."""
+        return self.n_layer - self.nextn
 
     @property
     def state_bytes(self) -> int:
@@ -111,25 +119,32 @@ class ModelShape:
                     n_vocab = n_vocab or ne1
             tensors.append(PlanTensor(t.name, t.nbytes, GGML_TYPES[t.ggml_type][0],
                                       len(t.shape), ne1, t.offset, group, il))
+        nextn = min(max(_as_int(g("nextn_predict_layers")), 0), n_layer)
         return cls(name=name or header.name or header.source_name,
                    arch=header.architecture or "unknown", n_layer=n_layer, n_embd=n_embd,
                    n_head=n_head, n_head_kv=n_head_kv, head_dim_k=head_k, head_dim_v=head_v,
                    n_ff=n_ff, n_vocab=n_vocab, input_bytes=input_b, embd_bytes=embd_b,
                    output_bytes=output_b, tied_output=not has_output_weight,
                    layer_bytes=tuple(layers), tensors=tuple(tensors),
-                   n_ctx_train=header.context_length or 0, exact=True,
-                   **_recurrent_state(header, n_layer, n_embd, n_head, n_head_kv))
+                   n_ctx_train=header.context_length or 0, exact=True, nextn=nextn,
+                   **_recurrent_state(header, n_layer, n_embd, n_head, n_head_kv, nextn))
 
     @classmethod
-    def estimate(cls, name: str, size_bytes: int | None, hints: Iterable[str] = ()) -> ModelShape:
+    def estimate(cls, name: str, size_bytes: int | None, hints: Iterable[str] = (),
+                 arch: str | None = None, mtp: bool = False) -> ModelShape:
         """Approximate shape of a catalog model not on disk, from its name and file size.
 
         The architecture comes from a table of well-known model families (published
         config.json values); weights are split into embeddings, output and layers by typical
         Q4_K_M type sizes. Good to a few percent for planning; the GGUF header replaces it once
-        the file is on disk.
+        the file is on disk. `arch`: the catalog's llama.cpp architecture, which picks a
+        hybrid family's table (its recurrent layers and state); `mtp`: the file carries the
+        family's MTP heads (one more block each, planned as the header would say).
         """
         text = " ".join([name, *hints]).lower()
+        hybrid = _known_hybrid(arch, text)
+        if hybrid is not None:
+            return _estimate_hybrid(name, size_bytes, arch, *hybrid, mtp=mtp)
         arch, dims, label = _known_shape(text)
         n_layer, n_embd, n_head, n_kv, head, n_ff, n_vocab, tied = dims
         params = _params_from_label(label) if label else None
@@ -149,10 +164,11 @@ class ModelShape:
 
 
 def _recurrent_state(header: GGUFHeader, n_layer: int, n_embd: int, n_head: int,
-                     n_head_kv: tuple[int, ...]) -> dict[str, Any]:
+                     n_head_kv: tuple[int, ...], nextn: int = 0) -> dict[str, Any]:
     """Which layers keep a recurrent state and its size per layer, as llama.cpp sizes its
     recurrent memory (src/llama-hparams.cpp n_embd_r / n_embd_s; the layers from
-    `attention.recurrent_layers`, `full_attention_interval` or the layers without KV heads).
+    `attention.recurrent_layers`, `full_attention_interval` or the layers without KV heads;
+    never the `nextn` MTP blocks at the end, which llama.cpp's hybrid memory filters out).
     Architectures whose state has another shape (Kimi's KDA, MiniMax's linear attention) are
     sized by the SSM keys they also carry, or not at all."""
     arch = header.architecture or ""
@@ -169,6 +185,7 @@ def _recurrent_state(header: GGUFHeader, n_layer: int, n_embd: int, n_head: int,
         recurrent = tuple((il + 1) % k != 0 for il in range(n_layer))
     else:  # LFM2, Nemotron-H, Jamba...: the layers without KV heads
         recurrent = tuple(h == 0 for h in n_head_kv)
+    recurrent = tuple(r and il < n_layer - nextn for il, r in enumerate(recurrent))
     head_size = _as_int(g("wkv.head_size"))
     l_cache = _as_int(g("shortconv.l_cache"))
     d_conv, d_inner = _as_int(g("ssm.conv_kernel")), _as_int(g("ssm.inner_size"))
@@ -237,6 +254,56 @@ _FAMILIES: dict[str, dict[str, tuple[int, int, int, int, int, int, int, bool]]] 
         "27b": (62, 5376, 32, 16, 128, 21504, 262144, True),
     },
 }
+
+
+# hybrid families by llama.cpp architecture and size: the dims as in _FAMILIES, then the
+# recurrent layers' shape (full_attention_interval, conv kernel, key heads, key head dim,
+# value heads, value head dim) and the MTP layers the family publishes. Qwen3.5, 3.6 and 3.8
+# 27B share one config (Qwen/Qwen3.6-27B's config.json as public code quotes it; the
+# attention dims as THUDM/slime's scripts/models/qwen3.5-27B.sh): only sizes confirmed there.
+_HYBRID_FAMILIES: dict[str, dict[str, tuple[tuple, tuple]]] = {
+    "qwen35": {
+        "27b": ((64, 5120, 24, 4, 256, 17408, 248320, False), (4, 4, 16, 128, 48, 128, 1)),
+    },
+}
+
+
+def _known_hybrid(arch: str | None, text: str):
+    """(dims, recurrent shape, label) of a hybrid family's size named in `text`; None where
+    the table does not know it (then the plan has no state to show, as before)."""
+    table = _HYBRID_FAMILIES.get(arch or "")
+    if not table:
+        return None
+    for label in re.findall(r"(?<![\d.a])(\d+(?:\.\d+)?[bm])(?![a-z])", text):
+        if label in table:
+            return (*table[label], label)
+    return None
+
+
+def _estimate_hybrid(name: str, size_bytes: int | None, arch: str, dims: tuple, rec: tuple,
+                     label: str, *, mtp: bool) -> ModelShape:
+    """A hybrid's estimated shape: ModelShape.estimate's weights, its attention layers' KV
+    heads, and the state of its recurrent layers as llama.cpp sizes it (_recurrent_state)."""
+    interval, conv, k_heads, k_dim, v_heads, v_dim, heads = rec
+    n_trunk, n_embd, n_head, n_kv, head, n_ff, n_vocab, tied = dims
+    nextn = heads if mtp else 0
+    n_layer = n_trunk + nextn  # a head is one more block, as in the GGUF
+    embd = int(n_vocab * n_embd * 144 / 256)
+    output = 0 if tied else int(n_vocab * n_embd * 210 / 256)
+    # no size in the catalog: parameters x ~4.85 bits (Q4_K_M average), as estimate()
+    size = size_bytes if size_bytes is not None else int(_params_from_label(label) * 4.85 / 8)
+    per_layer = max(size - embd - output, n_layer) // n_layer
+    d_inner = v_heads * v_dim
+    r, s = (conv - 1) * (d_inner + 2 * k_heads * k_dim), k_dim * d_inner
+    recurrent = tuple((il + 1) % interval != 0 and il < n_trunk for il in range(n_layer))
+    return ModelShape(
+        name=name, arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+        n_head_kv=tuple(0 if r_ else n_kv for r_ in recurrent), head_dim_k=head,
+        head_dim_v=head, n_ff=n_ff, n_vocab=n_vocab, input_bytes=embd, embd_bytes=embd,
+        output_bytes=output, tied_output=tied, layer_bytes=(per_layer,) * n_layer,
+        exact=False, recurrent=recurrent, state_row=4 * (r + s),
+        snapshots=arch in SNAPSHOT_ARCHS, nextn=nextn,
+        note=f"estimated from the catalog ({arch} {label}, hybrid); exact once downloaded")
 
 
 def _params_from_label(label: str) -> float:
