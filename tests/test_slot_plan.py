@@ -2,6 +2,8 @@
 engine's word on which pairs take one slot only, each reason worded as `serve` says it."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tandem.engine.slot_plan import SlotPlan, one_slot_reason
@@ -14,40 +16,21 @@ def test_a_plan_counts_its_kept_slots_in_its_total():
             SlotPlan(regular, kept)
 
 
-def _reason(tiny_models, target="target", draft="draft", strategy="draft", exact=False,
-            rpc=False):
-    return one_slot_reason(strategy=strategy, exact=exact, rpc=rpc,
-                           models=(tiny_models[target], tiny_models[draft] if draft else None))
+def _reason(strategy="draft", exact=False, rpc=False):
+    return one_slot_reason(strategy=strategy, exact=exact, rpc=rpc)
 
 
-def test_each_reason_for_one_slot(tiny_models):
-    assert _reason(tiny_models) is None  # a plain pair batches
-    assert _reason(tiny_models, draft=None, strategy="none") is None
-    assert _reason(tiny_models, rpc=True) == "the target is on RPC servers"
-    assert _reason(tiny_models, exact=True) == (
+def test_each_reason_for_one_slot():
+    assert _reason() is None  # a pair batches, whatever its models' memory
+    assert _reason(strategy="none") is None
+    assert _reason(rpc=True) == "the target is on RPC servers"
+    assert _reason(exact=True) == (
         "exact mode (a row decoded beside other sequences' rows is not bit-identical to the "
         "same row alone)")
-    assert _reason(tiny_models, strategy="mtp") == "the MTP heads follow one sequence"
-    copies = "model (its state goes back only from copies)"
-    hybrid, recurrent = tiny_models["hybrid"].name, tiny_models["recurrent"].name
-    assert _reason(tiny_models, target="hybrid", draft="hybrid_draft") == \
-        f"{hybrid} is a hybrid {copies}"
-    assert _reason(tiny_models, target="recurrent", draft=None, strategy="none") == \
-        f"{recurrent} is a recurrent {copies}"
-    # a draft's memory counts as the target's does
-    assert _reason(tiny_models, draft="recurrent") == f"{recurrent} is a recurrent {copies}"
-    # the first that applies: the server before the mode, the mode before the model
-    assert _reason(tiny_models, target="hybrid", exact=True, rpc=True) == \
-        "the target is on RPC servers"
-    assert _reason(tiny_models, target="hybrid", exact=True).startswith("exact mode")
-
-
-def test_a_file_whose_header_does_not_read_is_left_to_the_loader(tiny_models, tmp_path):
-    broken = tmp_path / "broken.gguf"
-    broken.write_bytes(b"not a gguf")
-    missing = tmp_path / "missing.gguf"
-    assert one_slot_reason(strategy="draft", exact=False, rpc=False,
-                           models=(broken, missing)) is None
+    assert _reason(strategy="mtp") == "the MTP heads follow one sequence"
+    # the first that applies: the server before the mode, the mode before the strategy
+    assert _reason(exact=True, rpc=True) == "the target is on RPC servers"
+    assert _reason(strategy="mtp", exact=True).startswith("exact mode")
 
 
 def test_the_engine_refuses_several_sequences_it_cannot_batch(tiny_models):
@@ -58,9 +41,10 @@ def test_the_engine_refuses_several_sequences_it_cannot_batch(tiny_models):
     from tandem.errors import UsageError
 
     ctx = ContextParams(n_ctx=256, n_threads=1)
-    with pytest.raises(UsageError, match="3 sequences in one batch: .*hybrid") as info:
-        PairSession(tiny_models["hybrid"], tiny_models["hybrid_draft"],
-                    SessionOptions(target_ctx=ctx, sequences=3, strategy="draft"))
+    with pytest.raises(UsageError, match="3 sequences in one batch: exact mode") as info:
+        PairSession(tiny_models["target"], tiny_models["draft"],
+                    SessionOptions(target_ctx=replace(ctx, exact=True), sequences=3,
+                                   strategy="draft"))
     assert "--parallel 1" in info.value.hint
     with PairSession(tiny_models["target"], tiny_models["draft"],
                      SessionOptions(target_ctx=ctx, sequences=3, strategy="draft")) as s:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tandem.engine.backend.context_params import ContextParams
+from tandem.engine.backend.memory import RollbackPlan
 from tandem.engine.backend.sequences import SeqContext, StepBatcher
 from tandem.engine.drafting.adaptive import longest_paying
 from tandem.engine.loop.events import DoneEvent, TokenEvent
@@ -18,6 +19,7 @@ from tandem.engine.loop.speculative import GenParams
 from tandem.engine.loop.step_loop import Generation, StepLoop
 from tandem.engine.pair import PairSession, SessionOptions
 from tandem.engine.tuning.costs import BatchCosts, CostModel
+from tandem.models.memory_type import ATTENTION
 
 from engine_helpers import assert_same_as_plain
 
@@ -176,6 +178,7 @@ class RecordingContext:
         self.model, self.notes, self.memory_note, self.reuse_min = None, (), None, 0
         self.params = ContextParams(n_ctx=512)
         self.n_batch = self.n_ubatch = self.verify_limit = 64
+        self.rollback = RollbackPlan(ATTENTION)
 
     def decode_batch(self, entries):
         self.calls.append((self.name, sorted((seq, len(tokens)) for seq, _, tokens, _ in entries)))

@@ -184,7 +184,7 @@ def serve_slots(prepared: Prepared, want: int) -> tuple[SlotPlan, str | None]:
     auto = want <= 0
     # the engine's rule, asked of the files before they load
     one = one_slot_reason(strategy=opts.strategy, exact=opts.target_ctx.exact,
-                          rpc=bool(opts.rpc), models=(prepared.target, prepared.draft))
+                          rpc=bool(opts.rpc))
     if one is not None:
         return SlotPlan(1), None if auto or want == 1 else f"--parallel {want}: one slot, {one}"
     n = slots_that_fit(prepared.plan, AUTO_SLOTS if auto else want)

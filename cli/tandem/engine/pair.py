@@ -190,7 +190,7 @@ class PairSession:
             raise need_draft_model(options.strategy)
         for p in paths:
             check_pair(self.target_path, p)
-        _check_sequences(options, (self.target_path, *paths))
+        _check_sequences(options)
         if options.rpc:
             from tandem.engine.remote.ggml import attach
 
@@ -460,12 +460,11 @@ class PairSession:
             self.pricing.keep(self._cost_key, knowledge)
 
 
-def _check_sequences(options: SessionOptions, models: Sequence[Path]) -> None:
+def _check_sequences(options: SessionOptions) -> None:
     """The engine refuses several sequences it cannot batch (serve asks it first:
     commands/compose.py serve_slots)."""
     why = options.sequences > 1 and one_slot_reason(
-        strategy=options.strategy, exact=options.target_ctx.exact, rpc=bool(options.rpc),
-        models=models)
+        strategy=options.strategy, exact=options.target_ctx.exact, rpc=bool(options.rpc))
     if why:
         raise UsageError(f"{options.sequences} sequences in one batch: {why}",
                          "decode one sequence (serve: --parallel 1)")

@@ -5,12 +5,6 @@ more than one (one_slot_reason), which serve asks and PairSession holds to."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Sequence
-
-from tandem.errors import TandemError
-from tandem.models import memory_type
-from tandem.models.gguf_meta import read_gguf_header
 
 
 @dataclass(frozen=True)
@@ -32,13 +26,11 @@ class SlotPlan:
         return self.regular + self.kept
 
 
-def one_slot_reason(*, strategy: str, exact: bool, rpc: bool,
-                    models: Sequence[Path | None]) -> str | None:
+def one_slot_reason(*, strategy: str, exact: bool, rpc: bool) -> str | None:
     """Why a pair decodes one sequence only, not several in one batch; None: it may take
-    several. The target on RPC servers, exact mode (`exact`: the target context's), the
-    MTP heads, or one of `models` (the target and drafts; None: no draft) whose state goes
-    back only from copies (hybrid, recurrent: read from its header; a file whose header
-    does not read is left to the loader, which says what is wrong with it)."""
+    several. The target on RPC servers, exact mode (`exact`: the target context's) or the
+    MTP heads. A hybrid or recurrent model takes several: each sequence goes back from its
+    own snapshots and copies (engine/backend/sequences.py)."""
     if rpc:
         return "the target is on RPC servers"
     if exact:
@@ -46,12 +38,4 @@ def one_slot_reason(*, strategy: str, exact: bool, rpc: bool,
                 "to the same row alone)")
     if strategy == "mtp":
         return "the MTP heads follow one sequence"
-    for path in models:
-        try:
-            header = read_gguf_header(path) if path is not None else None
-        except (TandemError, OSError):
-            header = None
-        kind = memory_type.describe(header)[0] if header is not None else None
-        if kind in (memory_type.HYBRID, memory_type.RECURRENT):
-            return f"{path.name} is a {kind} model (its state goes back only from copies)"
     return None

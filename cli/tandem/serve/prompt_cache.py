@@ -61,9 +61,11 @@ class PromptCache:
         """Copy what `slot` holds; False where the bound does not allow it."""
         if self.limit <= 0 or not slot.target.tokens:
             return False
-        entry = CachedPrompt(list(slot.target.tokens), slot.target.save())
+        data = slot.target.save()  # first: what it holds may be fewer tokens (SeqContext.save)
+        entry = CachedPrompt(list(slot.target.tokens), data)
         if slot.draft is not None and slot.draft.tokens:
-            entry.draft_tokens, entry.draft = list(slot.draft.tokens), slot.draft.save()
+            data = slot.draft.save()
+            entry.draft_tokens, entry.draft = list(slot.draft.tokens), data
         if entry.size > self.limit:
             self.figures.too_large += 1
             return False

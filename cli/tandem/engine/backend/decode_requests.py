@@ -24,13 +24,14 @@ Steps = Generator["DecodeRequest", None, T]
 
 @dataclass(eq=False, slots=True)
 class DecodeRequest:
-    """One sequence's decode, waiting for its batch: `view` (a SeqContext), its tokens and
-    which rows want logits (context_params ALL, LAST, NONE). The loop sets `rows` (a view
+    """One sequence's decode, waiting for its batch: `view` (a SeqContext), its tokens, where
+    they go and which rows want logits (context_params ALL, LAST, NONE). The loop sets `rows` (a view
     into llama.cpp's buffer, valid until that context's next batch) or `error`, then `done`."""
 
     view: Any
     tokens: Sequence[int]
     want: int
+    start: int  # the position of its first token in the view's sequence
     rows: np.ndarray | None = None
     error: BaseException | None = None
     done: bool = False

@@ -245,7 +245,7 @@ class Context(DecodesAtOnce):
             del self.tokens[n:]  # a sliding window's cache is full-size (swa_full): the same
             return
         self.copies.drop_after(n)
-        if plan.by_snapshot(n, length) and self._seq_rm(self._mem, 0, n, -1):
+        if plan.by_snapshot(n, length) and self.seq_back(0, n):
             plan.rolled_back()
             del self.tokens[n:]
             return
@@ -259,12 +259,33 @@ class Context(DecodesAtOnce):
             return
         if self.rollback.pending:  # the copy would read the state before that rollback
             self._restore(len(self.tokens))
-        size = _lc.llama_state_seq_get_size_ext(self._ptr, 0, _PARTIAL)
+        self.copies.keep(len(self.tokens), self.state_copy(0))
+
+    def state_copy(self, seq: int):
+        """A copy of sequence `seq`'s recurrent state (checkpoint(), a slot's copies)."""
+        size = _lc.llama_state_seq_get_size_ext(self._ptr, seq, _PARTIAL)
         buf = (ctypes.c_uint8 * size)()
-        if _lc.llama_state_seq_get_data_ext(self._ptr, buf, size, 0, _PARTIAL) != size:
+        if _lc.llama_state_seq_get_data_ext(self._ptr, buf, size, seq, _PARTIAL) != size:
             raise ModelError("llama.cpp could not copy the recurrent state",
                              "run with --verbose to see llama.cpp's log")
-        self.copies.keep(len(self.tokens), buf)
+        return buf
+
+    def restore_copy(self, seq: int, pos: int, data) -> None:
+        """Sequence `seq` back at position `pos` from a state_copy() taken there (None: at 0,
+        from nothing): its recurrent state put back, its attention cells past `pos` removed."""
+        if data is None:
+            ok = self._seq_rm(self._mem, seq, 0, -1)  # removing everything always works
+        else:
+            ok = _lc.llama_state_seq_set_data_ext(self._ptr, data, len(data), seq, _PARTIAL) > 0
+            ok = ok and self._seq_rm(self._mem, seq, pos, -1)  # the attention part past it
+        if not ok:
+            raise ModelError("llama.cpp could not restore the saved state",
+                             "run with --verbose to see llama.cpp's log")
+
+    def seq_back(self, seq: int, n: int) -> bool:
+        """Remove positions n.. of sequence `seq` where llama.cpp can (always for attention;
+        a recurrent state only inside its last batch's snapshots); False where it cannot."""
+        return bool(self._seq_rm(self._mem, seq, n, -1))
 
     def copy_marks(self, n: int, start: int = 0) -> tuple[int, ...]:
         """Where a prompt of n tokens, `start` of them cached, keeps copies of the state besides
@@ -283,14 +304,7 @@ class Context(DecodesAtOnce):
         nothing), evaluating the tokens between again."""
         pos, data = self.copies.nearest(n)
         again = self.tokens[pos:n]
-        if data is None:
-            ok = self._seq_rm(self._mem, 0, 0, -1)  # removing everything always works
-        else:
-            ok = _lc.llama_state_seq_set_data_ext(self._ptr, data, len(data), 0, _PARTIAL) > 0
-            ok = ok and self._seq_rm(self._mem, 0, pos, -1)  # the attention part past it
-        if not ok:
-            raise ModelError("llama.cpp could not restore the saved state",
-                             "run with --verbose to see llama.cpp's log")
+        self.restore_copy(0, pos, data)
         del self.tokens[pos:]
         self.copies.drop_after(pos)
         self.rollback.restored()

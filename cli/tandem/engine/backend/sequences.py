@@ -27,6 +27,7 @@ import numpy as np
 from tandem.engine.backend.context_params import (ALL, LAST, MAX_OUTPUTS, NONE, ContextParams,
                                                    common_prefix, prefill_in_chunks)
 from tandem.engine.backend.decode_requests import DecodeRequest, Steps, run_now
+from tandem.engine.backend.memory import RollbackPlan, StateCopies, keeps_copies
 from tandem.engine.backend.prompt_share import PromptShare
 from tandem.errors import ContextOverflowError
 
@@ -98,7 +99,7 @@ class StepBatcher:
             return
         t0 = time.perf_counter()
         try:
-            view.ctx.decode_batch([(view.seq, len(view.tokens) + job.ran,
+            view.ctx.decode_batch([(view.seq, job.start + job.ran,
                                     job.tokens[job.ran:job.ran + n], NONE)])
         except Exception as exc:  # noqa: BLE001 - its generation raises it
             job.error, job.done = exc, True
@@ -126,7 +127,7 @@ class StepBatcher:
         for i, call in enumerate(calls):
             t0 = time.perf_counter()
             try:
-                rows = ctx.decode_batch([(j.view.seq, len(j.view.tokens) + j.ran,
+                rows = ctx.decode_batch([(j.view.seq, j.start + j.ran,
                                           j.tokens[j.ran:] if j.ran else j.tokens, j.want)
                                          for j in call])
             except Exception as exc:  # noqa: BLE001 - each member's generation raises it
@@ -176,6 +177,16 @@ class SeqContext:
         self.memory_note = ctx.memory_note
         self.reuse_min = ctx.reuse_min
         self.tokens: list[int] = []
+        # a recurrent state (hybrid, recurrent model) goes back per sequence as a Context's
+        # does: from its last batch's snapshots, else from this slot's own copies, after which
+        # the tokens from the copy on are owed: `held` counts those the sequence holds now, and
+        # the next decode evaluates the rest first (a decode now would overwrite the rows of
+        # the generations this round has not resumed yet)
+        self.keeps_copies = keeps_copies(ctx.rollback.kind)
+        self.rollback = RollbackPlan(ctx.rollback.kind, ctx.rollback.depth)
+        self.copies = StateCopies(max(1, ctx.params.checkpoints))
+        self.held = 0
+        self.copy_at: set[int] = set()  # owed positions to take a copy at once evaluated
         # the other slots' views of this context: prefixes to borrow (reuse())
         self.peers: Sequence[SeqContext] = ()
         self.borrowed = 0  # prompt tokens taken from peers, never evaluated here
@@ -191,8 +202,11 @@ class SeqContext:
         return self.ctx.n_threads
 
     def decode_steps(self, tokens: Sequence[int], all_logits: bool = False,
-                     checkpoint: bool = False) -> Steps[np.ndarray]:  # noqa: ARG002 - no copies
-        return (yield from self._decode_steps(tokens, ALL if all_logits else LAST))
+                     checkpoint: bool = False) -> Steps[np.ndarray]:
+        rows = yield from self._decode_steps(tokens, ALL if all_logits else LAST)
+        if checkpoint:
+            self.checkpoint()
+        return rows
 
     def _decode_steps(self, tokens: Sequence[int], want: int) -> Steps[np.ndarray]:
         if not tokens:
@@ -201,20 +215,51 @@ class SeqContext:
             raise ContextOverflowError(
                 f"{len(self.tokens) + len(tokens)} tokens do not fit the slot's context of "
                 f"{self.n_ctx}", "shorten the prompt or raise --ctx-size")
-        request = DecodeRequest(self, tokens, want)
+        if self.copy_at:  # owed up to each copy's position first, then the copy
+            for pos in sorted(self.copy_at):
+                yield from self._settle(pos)
+                self.copy_at.discard(pos)
+                self.copies.keep(self.held, self.ctx.state_copy(self.seq))
+        owed = self.tokens[self.held:]
+        if owed and (want == ALL or len(owed) + len(tokens) > self.n_batch):
+            yield from self._settle(len(self.tokens))  # alone: the rows are for `tokens`
+            owed = []
+        return (yield from self._run([*owed, *tokens] if owed else tokens, want))
+
+    def _settle(self, pos: int) -> Steps[None]:
+        """The owed tokens before position `pos` evaluated, n_batch at a time."""
+        while self.held < pos:
+            yield from self._run(self.tokens[self.held:min(pos, self.held + self.n_batch)],
+                                 NONE)
+
+    def _run(self, tokens: Sequence[int], want: int) -> Steps[np.ndarray]:
+        """One request of `tokens` at the held position; `held` then counts them."""
+        request = DecodeRequest(self, tokens, want, self.held)
         try:
             yield request
         except GeneratorExit:  # ended while it waited: drop what the batch wrote of it
             if request.ran or request.done:
-                self.ctx.seq_rm(self.seq, len(self.tokens))
+                self._forget_past(request)
             raise
         if not request.done:  # iterated by hand: only a StepLoop runs a slot's decodes
             raise RuntimeError("a slot's generation must be stepped by engine/loop/step_loop.py")
         if request.error is not None:
             raise request.error
-        self.tokens.extend(tokens)
+        self.held += len(tokens)
+        if self.held > len(self.tokens):
+            self.tokens.extend(tokens[len(tokens) - (self.held - len(self.tokens)):])
         self.n_decoded += len(tokens)
+        if self.keeps_copies:  # pieces: the last one's start is not kept, so no snapshots
+            self.rollback.decoded(request.start if not request.ran else self.held - 1)
         return request.rows
+
+    def _forget_past(self, request: DecodeRequest) -> None:
+        """What a batch wrote of a request whose generation ended undone."""
+        if not self.keeps_copies:
+            self.ctx.seq_rm(self.seq, self.held)
+            return
+        self.held = request.start + (len(request.tokens) if request.done else request.ran)
+        self._restore(len(self.tokens))
 
     def prefill_steps(self, tokens: Sequence[int]) -> Steps[int]:
         # no logits: a prompt chunk's rows are never read
@@ -234,13 +279,32 @@ class SeqContext:
         return run_now(self.prefill_steps(tokens))
 
     def truncate(self, n: int) -> None:
-        if n < len(self.tokens):
+        if n >= len(self.tokens):
+            return
+        if not self.keeps_copies:
             self.ctx.seq_rm(self.seq, n)
-            del self.tokens[n:]
+        elif n < self.held:
+            self.copies.drop_after(n)
+            if self.rollback.by_snapshot(n, self.held) and self.ctx.seq_back(self.seq, n):
+                self.rollback.rolled_back()
+            else:
+                self._restore(n)
+        del self.tokens[n:]
+        self.held = min(self.held, n)
+        self.copy_at = {p for p in self.copy_at if p <= n}
+
+    def _restore(self, n: int) -> None:
+        """Back at the nearest copy at or before position n; the tokens after it are owed."""
+        pos, data = self.copies.nearest(min(n, self.held))
+        self.ctx.restore_copy(self.seq, pos, data)
+        self.held = pos
+        self.copies.drop_after(pos)
+        self.rollback.restored()
 
     def reuse(self, tokens: Sequence[int]) -> int:
         """A longer prefix of `tokens` borrowed from a peer, then cache reuse (moved runs)."""
-        self._borrow(tokens)
+        if not self.keeps_copies:  # a recurrent state is not shared by cells
+            self._borrow(tokens)
         if self.reuse_min <= 0:
             return 0
         return self.ctx.reuse_seq(self.seq, self.tokens, tokens, self.reuse_min)
@@ -266,16 +330,27 @@ class SeqContext:
         self.ctx.seq_rm(self.seq, 0)
         self.ctx.seq_cp(donor.seq, self.seq, best)
         self.tokens[:] = tokens[:best]
+        self.held = best
         self.borrowed += best
 
     def checkpoint(self) -> None:
-        """Attention memory goes back anywhere: no copies to keep."""
+        """A copy of this sequence's recurrent state where it is now (Context.checkpoint);
+        nothing for attention memory, which goes back anywhere."""
+        if not self.keeps_copies or not self.tokens:
+            return
+        if self.held < len(self.tokens):  # owed: taken once the next decode evaluates them
+            self.copy_at.add(len(self.tokens))
+        else:
+            self.copies.keep(self.held, self.ctx.state_copy(self.seq))
 
-    def copy_marks(self, n: int, start: int = 0) -> tuple[int, ...]:  # noqa: ARG002
-        return ()
+    def copy_marks(self, n: int, start: int = 0) -> tuple[int, ...]:
+        return self.ctx.copy_marks(n, start)
 
     def save(self) -> bytes:
-        """This sequence's cache, to put back later (the server's RAM prompt cache)."""
+        """This sequence's cache, to put back later (the server's RAM prompt cache): of the
+        tokens it holds, owed ones (a restored copy's, not evaluated yet) forgotten first."""
+        del self.tokens[self.held:]
+        self.copy_at.clear()
         return self.ctx.seq_state(self.seq)
 
     def load(self, tokens: Sequence[int], data: bytes) -> bool:
@@ -285,6 +360,10 @@ class SeqContext:
         if not ok:
             self.ctx.seq_rm(self.seq, 0)
         self.tokens[:] = list(tokens) if ok else []
+        self.held = len(self.tokens)
+        self.copy_at.clear()
+        self.copies.clear()  # of the conversation the sequence held before
+        self.rollback.restored()
         return ok
 
 
