@@ -424,11 +424,13 @@ def test_parallel_auto_is_four_where_memory_allows_and_one_where_it_must(tiny_mo
     assert serve_slots(prepared(tiny_models, left=(None, 65 << 20)), -1) == (
         SlotPlan(3, kept=1), None)
     assert serve_slots(prepared(tiny_models), 1) == (SlotPlan(1), None)  # none kept
-    for kw, why in [({"mode": "exact"}, "exact mode"), ({"rpc": ("h:1",)}, "RPC servers"),
-                    ({"strategy": "mtp"}, "MTP heads")]:
+    for kw, why in [({"mode": "exact"}, "exact mode"), ({"rpc": ("h:1",)}, "RPC servers")]:
         assert serve_slots(prepared(tiny_models, **kw), -1) == (SlotPlan(1), None)
         plan, note = serve_slots(prepared(tiny_models, **kw), 4)
         assert plan == SlotPlan(1) and note.startswith("--parallel 4: one slot") and why in note
+    # MTP heads follow every sequence: they take every slot (tests/test_mtp_slots.py)
+    mtp = prepared(tiny_models, target="mtp", draft=None, strategy="mtp")
+    assert serve_slots(mtp, 4) == (SlotPlan(4, kept=1), None)
     # a hybrid target goes back per sequence: it takes every slot (tests/test_hybrid_slots.py)
     hybrid = prepared(tiny_models, target="hybrid", draft="hybrid_draft")
     assert serve_slots(hybrid, 4) == (SlotPlan(4, kept=1), None)

@@ -44,7 +44,7 @@ from tandem.errors import TandemError, UsageError
 
 if TYPE_CHECKING:
     from tandem.engine.backend.llama import Context, Model
-    from tandem.engine.backend.mtp import MtpHead
+    from tandem.engine.backend.mtp import HeadView, MtpHead
 
 
 @dataclass(frozen=True)
@@ -360,7 +360,7 @@ class PairSession:
                 slot: Slot | None = None) -> Drafter:
         """The drafter for `strategy` and `draft` (default: the session's options) over the
         active configuration, or over one slot's sequences: priced for the batch it joins
-        (BatchCosts), without the MTP heads (they follow sequence 0 only)."""
+        (BatchCosts), its MTP heads the slot's view of them (they follow every slot)."""
         if slot is None:
             parts = DrafterParts(self.draft_ctx, self.target_ctx.verify_limit,
                                  lambda calibrated: self.costs(calibrated),
@@ -369,7 +369,8 @@ class PairSession:
         else:
             parts = DrafterParts(slot.draft, slot.target.verify_limit,
                                  lambda calibrated: self._slot_costs(slot, calibrated),
-                                 self.pricing.take_notes, self.library, self.knowledge)
+                                 self.pricing.take_notes, self.library, self.knowledge,
+                                 lambda on: self._slot_mtp(slot, on), self.target.mtp_loaded)
         return make_drafter(strategy or self.options.strategy, draft or self.options.draft,
                             parts)
 
@@ -384,13 +385,32 @@ class PairSession:
                                                    lambda: max(batcher.members - 1, 0))
 
     def _mtp(self, on: bool) -> MtpHead | None:
-        """The target's MTP heads following the active target context (on), or not."""
+        """The target's MTP heads following the active target context (on), or not (where
+        it has slots, they go on following: a slot may be drafting with them)."""
         ctx = self.target_ctx
         if on and not self.target.mtp_loaded:
             raise need_mtp_heads(self.target_path.name, loaded=self.target.n_layer_nextn > 0)
+        if not on and self.slots:
+            return None
         from tandem.engine.backend.mtp import use_mtp
 
         return use_mtp(ctx, on)
+
+    def _slot_mtp(self, slot: Slot, on: bool) -> HeadView | None:
+        """One slot's view of the MTP heads, which follow every slot's decodes from the first
+        that drafts with them on (on). Off (auto found they do not pay): None, and they stop
+        following only where no other generation is in progress (it may draft with them);
+        a slot whose decodes they missed is followed again from its next decode on."""
+        if not on:
+            head = self.target_ctx.follower
+            if head is not None and head.following and self.batcher.members <= 1:
+                head.follow(False)
+            return None
+        if not self.target.mtp_loaded:
+            raise need_mtp_heads(self.target_path.name, loaded=self.target.n_layer_nextn > 0)
+        from tandem.engine.backend.mtp import slot_heads
+
+        return slot_heads(self.target_ctx, slot.target, self.batcher)
 
     def costs(self, calibrated: bool = False) -> CostModel:
         """The active configuration's cost model (engine/tuning/pricing.py: cached on disk, else

@@ -28,14 +28,14 @@ class SlotPlan:
 
 def one_slot_reason(*, strategy: str, exact: bool, rpc: bool) -> str | None:
     """Why a pair decodes one sequence only, not several in one batch; None: it may take
-    several. The target on RPC servers, exact mode (`exact`: the target context's) or the
-    MTP heads. A hybrid or recurrent model takes several: each sequence goes back from its
-    own snapshots and copies (engine/backend/sequences.py)."""
+    several. The target on RPC servers, or exact mode (`exact`: the target context's). A
+    hybrid or recurrent model takes several: each sequence goes back from its own snapshots
+    and copies (engine/backend/sequences.py); so do MTP heads, which follow every sequence
+    (engine/backend/mtp.py). No `strategy` needs one slot now; it is asked for the one
+    that would."""
     if rpc:
         return "the target is on RPC servers"
     if exact:
         return ("exact mode (a row decoded beside other sequences' rows is not bit-identical "
                 "to the same row alone)")
-    if strategy == "mtp":
-        return "the MTP heads follow one sequence"
     return None

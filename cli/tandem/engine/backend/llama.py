@@ -65,19 +65,26 @@ def llama_context_params(params: ContextParams):
 
 
 class Follower(Protocol):
-    """What follows a Context's decodes of sequence 0 (MtpHead, engine/backend/mtp.py):
-    told of every rollback and thread count, closed before the context. It gets decodes only
-    while `following` (off, decoding costs what it did). Cache reuse is off while it follows
-    (moved runs are positions it would not see); a reuse while it does not is a rollback to
-    where the moved runs start."""
+    """What follows a Context's decodes (MtpHead, engine/backend/mtp.py), of sequence 0 and
+    of every slot's (decode_batch): told of every rollback and thread count, closed before
+    the context. It gets decodes only while `following` (off, decoding costs what it did).
+    Cache reuse is off while it follows (moved runs are positions it would not see); a reuse
+    while it does not is a rollback to where the moved runs start. A slot's view
+    (engine/backend/sequences.py SeqContext) tells it of its own sequence's rollbacks."""
 
     following: bool
 
     def decoded(self, tokens: Sequence[int], pos0: int) -> None:
-        """The context just evaluated `tokens` at positions pos0.."""
+        """The context just evaluated `tokens` at positions pos0.. of sequence 0."""
 
-    def truncated(self, n: int) -> None:
-        """The context went back to its first n positions."""
+    def decoded_batch(self, entries: Sequence[tuple[int, int, Sequence[int], int]]) -> None:
+        """The context just evaluated decode_batch's `entries` in one llama_decode."""
+
+    def truncated(self, n: int, seq: int = 0) -> None:
+        """Sequence `seq` went back to its first n positions."""
+
+    def copied(self, src: int, dst: int, n: int) -> None:
+        """Sequence `dst` holds positions 0..n-1 of `src` now, and nothing else (seq_cp)."""
 
     def set_threads(self, n: int) -> None:
         """The context decodes with n threads from now on."""
@@ -398,6 +405,9 @@ class Context(DecodesAtOnce):
                 seq_id[i][0] = 0
         if rc != 0:
             decode_failed(rc)
+        follower = self.follower
+        if follower is not None and follower.following:
+            follower.decoded_batch(entries)
         self.n_decoded += n
         if out > self.max_logit_rows:
             self.max_logit_rows = out

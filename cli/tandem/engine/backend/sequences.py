@@ -15,6 +15,8 @@ The rows a sequence gets are views into llama.cpp's buffer, as Context.decode's:
 resumes every generation a batch served before it runs the next (rows of a context's earlier
 calls in one round, overwritten by its later ones, are copied).
 Attention memory only: a sequence goes back by removing its positions (Context.seq_rm).
+MTP heads follow every sequence (decode_batch's Follower; each view tells them its rollbacks),
+their draft steps (engine/backend/mtp.py HeadView) going first, as a draft model's.
 """
 from __future__ import annotations
 
@@ -257,9 +259,16 @@ class SeqContext:
         """What a batch wrote of a request whose generation ended undone."""
         if not self.keeps_copies:
             self.ctx.seq_rm(self.seq, self.held)
-            return
-        self.held = request.start + (len(request.tokens) if request.done else request.ran)
-        self._restore(len(self.tokens))
+        else:
+            self.held = request.start + (len(request.tokens) if request.done else request.ran)
+            self._restore(len(self.tokens))
+        self._head_back(self.held)
+
+    def _head_back(self, n: int) -> None:
+        """The MTP heads following the shared context (its Follower) go back to n here too."""
+        follower = getattr(self.ctx, "follower", None)
+        if follower is not None:
+            follower.truncated(n, self.seq)
 
     def prefill_steps(self, tokens: Sequence[int]) -> Steps[int]:
         # no logits: a prompt chunk's rows are never read
@@ -281,6 +290,7 @@ class SeqContext:
     def truncate(self, n: int) -> None:
         if n >= len(self.tokens):
             return
+        self._head_back(n)
         if not self.keeps_copies:
             self.ctx.seq_rm(self.seq, n)
         elif n < self.held:
@@ -305,9 +315,13 @@ class SeqContext:
         """A longer prefix of `tokens` borrowed from a peer, then cache reuse (moved runs)."""
         if not self.keeps_copies:  # a recurrent state is not shared by cells
             self._borrow(tokens)
-        if self.reuse_min <= 0:
+        follower = getattr(self.ctx, "follower", None)  # following: it must see every position
+        if self.reuse_min <= 0 or follower is not None and follower.following:
             return 0
-        return self.ctx.reuse_seq(self.seq, self.tokens, tokens, self.reuse_min)
+        start = common_prefix(self.tokens, tokens)
+        moved = self.ctx.reuse_seq(self.seq, self.tokens, tokens, self.reuse_min)
+        self._head_back(start if moved else len(self.tokens))  # moved: not what heads saw
+        return moved
 
     # fewer tokens are evaluated here: borrowed cells were computed in the donor's prompt
     # chunks, whose shape moves the kernels' last bits (an answer then equals itself alone up
@@ -329,6 +343,8 @@ class SeqContext:
             return
         self.ctx.seq_rm(self.seq, 0)
         self.ctx.seq_cp(donor.seq, self.seq, best)
+        if getattr(self.ctx, "follower", None) is not None:  # the heads' cells too, if held
+            self.ctx.follower.copied(donor.seq, self.seq, best)
         self.tokens[:] = tokens[:best]
         self.held = best
         self.borrowed += best
@@ -359,6 +375,7 @@ class SeqContext:
         ok = self.ctx.set_seq_state(self.seq, data)
         if not ok:
             self.ctx.seq_rm(self.seq, 0)
+        self._head_back(0)  # the heads hold none of it: they follow from its next decode
         self.tokens[:] = list(tokens) if ok else []
         self.held = len(self.tokens)
         self.copy_at.clear()
