@@ -295,3 +295,57 @@ def test_a_share_piece_waits_for_its_credit():
     assert share.piece(7, 100) == 0 and share.piece(7, SHORT) == SHORT  # short: at once
     share.earn(2.0)  # 0.29 s: 29 tokens (28 where the float sum falls short)
     assert share.piece(7, 100) in (28, 29)
+
+
+class LaggingModel:
+    """A draft model on a slot that has read none of the prompt (HybridDrafter's
+    prefill_steps skips it there): each draft first catches up what it lacks."""
+
+    def __init__(self):
+        self.ctx = type("Ctx", (), {"tokens": []})()
+        self.last_sync_tokens, self.last_sync_s, self.last_decodes, self.last_decode_s = 0, 0.0, 0, 0.0
+        self.drafts = 0
+
+    def draft_steps(self, tokens, k, sampling, rng, sample):
+        from tandem.engine.drafting.drafters import Draft
+
+        self.drafts += 1
+        self.last_sync_tokens, self.last_sync_s = len(tokens) - 1, 0.002 * (len(tokens) - 1)
+        self.ctx.tokens = list(tokens)
+        return Draft(list(tokens[-k:]))
+        yield  # noqa: unreachable - a step machine
+
+
+def test_a_slots_probe_reads_the_prompt_only_where_the_probe_budget_covers_it():
+    """Alone on a slot (no company) a probe of the draft model first reads the whole prompt,
+    which no prompt phase paid for: it is made only where the budget covers that catch-up at
+    a draft token's price (then at the rate measured), and the catch-up is charged to it."""
+    from tandem.engine.backend.decode_requests import run_now
+    from tandem.engine.drafting.adaptive import ProbeBudget
+    from tandem.engine.drafting.drafters import DraftParams
+    from tandem.engine.drafting.hybrid import HybridDrafter, HybridPolicy
+    from tandem.engine.loop.events import StepEvent
+
+    # a flat curve and a cheap draft token (a GPU's shape): a probe could pay
+    base = CostModel({1: 0.030, 2: 0.031, 3: 0.032, 4: 0.033, 8: 0.04, 17: 0.06}, 0.004)
+    costs = BatchCosts(base, lambda: 0)  # a slot's costs, nobody else in the batch
+    model, budget = LaggingModel(), ProbeBudget()
+    drafter = HybridDrafter(model, DraftParams(n_max=4, n_min=0), costs,
+                            HybridPolicy(name="auto", adaptive=True), sources=None,
+                            budget=budget)
+    prompt = [1] + list(range(100, 200))  # 101 tokens the model has not read, no repeats
+
+    def propose():
+        return run_now(drafter.propose_steps(prompt, 8, None, None, False))
+
+    budget.balance = drafter.model_len.worst_loss(4) + 0.01  # the probe, not the prompt
+    assert not propose().tokens and model.drafts == 0 and budget.refused == 1
+    budget.balance = 100 * 0.004 + 0.1  # covers 100 tokens at a draft token's 4 ms
+    draft = propose()
+    assert model.drafts == 1 and draft.tokens and drafter.probing
+    before = budget.balance
+    # (its draft time holds the catch-up, as DraftModelDrafter.draft_steps times it)
+    drafter.observe(StepEvent(0, len(draft.tokens), 0, 8, model.last_sync_s + 0.016, 0.033,
+                              0.0))
+    assert budget.balance <= before - model.last_sync_s  # the catch-up was paid
+    assert drafter._catch_up_token == pytest.approx(0.002)  # its rate, for the next one

@@ -134,6 +134,7 @@ class HybridDrafter(Stepped):
         # the request's own first verify timings (batch size, seconds) against the cost
         # model's: far apart, the verify curve is rebuilt from them (see _check_costs)
         self._check: list[tuple[int, float]] | None = [] if adaptive else None
+        self._catch_up_token = 0.0  # seconds a token of the draft model's latest catch-up
         self._reference: CostModel | None = None
         self._new_step()
 
@@ -180,12 +181,17 @@ class HybridDrafter(Stepped):
             return self._last
         k = self.model_len.choose(room) if self.adaptive else min(room, self.model_max)
         self._probe = self.adaptive and self.model_len.last_was_probe
-        if self.costs.company() > 0 and (
-                self._probe or len(tokens) - len(self.model.ctx.tokens) > self.model_max + 2):
+        lag = len(tokens) - len(self.model.ctx.tokens)
+        if self.costs.company() > 0 and (self._probe or lag > self.model_max + 2):
             # beside other sequences a catch-up (the model re-reading what it lacks: the
             # prompt, a plain stretch) stalls every one of them, unpriced: the model drafts
             # there only where it pays and is in step (it catches up once alone)
             k, self._probe = 0, False
+        elif self._probe and lag > self.model_max + 2 and not self._catch_up_covered(lag):
+            # on a slot the model has not read the prompt (prefill_steps): a probe that must
+            # first read it is made only where the probe budget covers that too
+            k, self._probe = 0, False
+            self.budget.refused += 1
         if k <= 0:
             return self._last
         # a probe after a plain stretch first re-reads the lagged tokens in one batch; that
@@ -201,6 +207,15 @@ class HybridDrafter(Stepped):
                               n_model=len(draft.tokens))
         self._last = draft
         return draft
+
+    def _catch_up_covered(self, lag: int) -> bool:
+        """In a shared batch, whether the probe budget covers the model reading `lag` tokens
+        (at the latest catch-up's seconds a token, else a draft token's: a single-token
+        decode, dearer a token than a batch's); elsewhere the model read the prompt in the
+        prompt phase and a catch-up is a plain stretch's, the price of the pause."""
+        if not self.costs.shared or self.budget is None:
+            return True
+        return lag * (self._catch_up_token or self.costs.draft_token) <= self.budget.balance
 
     def observe(self, step: StepEvent) -> None:
         d = self._last
@@ -234,6 +249,11 @@ class HybridDrafter(Stepped):
             self.budget.earn(produced, plain)
             if speculative:
                 self.budget.settle(seconds, produced, plain)
+            if model_ran and self.costs.shared and self.model.last_sync_tokens:
+                # a slot's catch-up reads the prompt too: paid as a probe is (_catch_up_covered)
+                self.budget.balance -= self.model.last_sync_s
+                if self.model.last_sync_tokens >= self.MIN_CATCH_UP:
+                    self._catch_up_token = self.model.last_sync_s / self.model.last_sync_tokens
         # probes are exploration the length controllers pay for knowingly; the guard judges
         # the drafts that were chosen because they were predicted to pay
         if self.guard is not None and not self._probe:
@@ -241,6 +261,7 @@ class HybridDrafter(Stepped):
         self._new_step()
 
     CHECK_STEPS = 3
+    MIN_CATCH_UP = 8  # tokens of a catch-up whose seconds a token are taken as its rate
 
     def _check_costs(self, n: int, seconds: float) -> None:
         if self._check is None or len(self._check) >= self.CHECK_STEPS or seconds <= 0:
