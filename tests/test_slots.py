@@ -301,6 +301,8 @@ class LaggingModel:
     """A draft model on a slot that has read none of the prompt (HybridDrafter's
     prefill_steps skips it there): each draft first catches up what it lacks."""
 
+    catches_up = True
+
     def __init__(self):
         self.ctx = type("Ctx", (), {"tokens": []})()
         self.last_sync_tokens, self.last_sync_s, self.last_decodes, self.last_decode_s = 0, 0.0, 0, 0.0

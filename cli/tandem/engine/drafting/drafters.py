@@ -204,6 +204,7 @@ class DraftModelDrafter(Stepped):
 
     name = "draft"
     label = "draft model"  # what drafts, in auto's notes
+    catches_up = True  # a draft first reads what its context lacks (draft_steps' prefill)
     notes: Sequence[str] = ()
     step_sources: StepSources = ()
 

@@ -213,7 +213,7 @@ class HybridDrafter(Stepped):
         (at the latest catch-up's seconds a token, else a draft token's: a single-token
         decode, dearer a token than a batch's); elsewhere the model read the prompt in the
         prompt phase and a catch-up is a plain stretch's, the price of the pause."""
-        if not self.costs.shared or self.budget is None:
+        if not self.costs.shared or self.budget is None or not self.model.catches_up:
             return True
         return lag * (self._catch_up_token or self.costs.draft_token) <= self.budget.balance
 

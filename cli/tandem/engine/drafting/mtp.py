@@ -40,6 +40,7 @@ class MtpDrafter(Stepped):
     # what a HybridDrafter (auto) reads of its model: the head never lags the target, so there
     # is no catch-up to time apart
     last_sync_tokens = 0
+    catches_up = False  # nothing to read before a draft (HybridDrafter._catch_up_covered)
     last_sync_s = 0.0
 
     def __init__(self, head: MtpHead | HeadView, draft: DraftParams):
