@@ -122,3 +122,25 @@ def test_a_slot_goes_back_from_its_snapshots_and_copies_to_the_same_logits(hybri
     row = np.array(run_now(view.decode_steps([40]))[0])  # owed tokens first, then 40's row
     np.testing.assert_allclose(row, _fresh_logits(model, prompt[:-3] + [40]), atol=2e-4)
     assert view.tokens == prompt[:-3] + [40] and view.held == len(view.tokens)
+
+
+def test_a_saved_slot_keeps_its_copies_where_it_is_put_back(hybrid_sessions):
+    """save() (the RAM cache's copy) carries the slot's copies of its state: loaded into
+    another slot, a prompt that parts before the end comes back to one of them, not to 0."""
+    from tandem.engine.backend.decode_requests import run_now
+
+    _, shared = hybrid_sessions
+    a, b = shared.slots[1].target, shared.slots[3].target
+    prompt = [1, 5, 17, 99, 3, 42, 7, 8, 9, 10, 11, 12]
+    a.truncate(0)
+    run_now(a.prefill_steps(prompt[:8]))
+    a.checkpoint()  # a copy at 8, as a prompt's marks take them
+    run_now(a.prefill_steps(prompt))
+    saved = a.save()
+    assert 8 in saved.copies and len(saved) > len(saved.data)
+    assert b.load(prompt, saved) and b.held == len(prompt)
+    b.truncate(10)  # back past the state put back: from the copy at 8
+    assert b.held == 8
+    row = np.array(run_now(b.decode_steps([50]))[0])
+    np.testing.assert_allclose(row, _fresh_logits(shared.target, prompt[:10] + [50]),
+                               atol=2e-4)

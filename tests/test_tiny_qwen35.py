@@ -109,3 +109,30 @@ def test_auto_keeps_the_output(qwen35_cli, plain, tiny_models, tmp_path):
     answer, stats, err = qwen35_cli("-md", str(tiny_models["qwen35_draft"]), "--prediction",
                                     str(prediction), strategy="auto", label="-prediction")
     assert answer == plain and stats["strategy"] == "auto", err
+
+
+def test_sampled_mtp_drafts_on_the_replica_keep_the_targets_distribution(tiny_models):
+    """Positions 0 and 1 at T=1 with top-k 8, plain against the replica's MTP heads
+    (independent seeds), chi-square per position, 1500 samples a side: drafts rejected on a
+    hybrid go back from llama.cpp's snapshots, and the distribution stays the target's."""
+    from engine_helpers import assert_same_first_tokens, sampled_first_tokens
+    from tandem.engine.backend.context_params import ContextParams
+    from tandem.engine.backend.llama import Context
+    from tandem.engine.backend.mtp import use_mtp
+    from tandem.engine.drafting.drafters import DraftParams, NoDrafter
+    from tandem.engine.drafting.mtp import MtpDrafter
+
+    model = Model(tiny_models["qwen35"], load_mtp=True)
+    ctx = Context(model, ContextParams(n_ctx=512, n_threads=1))
+    try:
+        prompt = model.tokenize(PROMPT, add_special=True)
+        n = 1500
+        plain, _, _ = sampled_first_tokens(ctx, prompt, NoDrafter(), range(n))
+        drafter = MtpDrafter(use_mtp(ctx, True), DraftParams(n_max=4, n_min=0, p_min=0.0))
+        spec, drafted, rejected = sampled_first_tokens(ctx, prompt, drafter,
+                                                       range(10**6, 10**6 + n))
+        assert drafted >= 2 * n and rejected > n // 10, (drafted, rejected)
+        assert_same_first_tokens(plain, spec, "mtp on the qwen35 replica")
+    finally:
+        ctx.close()
+        model.close()

@@ -7,22 +7,25 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from tandem.engine.backend.context_params import common_prefix
+
+if TYPE_CHECKING:
+    from tandem.engine.backend.sequences import SavedSequence
 
 
 @dataclass(eq=False)
 class CachedPrompt:
     tokens: list[int]
-    target: bytes
+    target: SavedSequence
     draft_tokens: list[int] = field(default_factory=list)
-    draft: bytes | None = None
+    draft: SavedSequence | None = None
     used: float = field(default_factory=time.monotonic)
 
     @property
     def size(self) -> int:
-        return len(self.target) + len(self.draft or b"")
+        return len(self.target) + (len(self.draft) if self.draft is not None else 0)
 
     def shared(self, tokens: Sequence[int]) -> int:
         return common_prefix(self.tokens, tokens)

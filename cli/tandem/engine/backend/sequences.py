@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -362,17 +362,18 @@ class SeqContext:
     def copy_marks(self, n: int, start: int = 0) -> tuple[int, ...]:
         return self.ctx.copy_marks(n, start)
 
-    def save(self) -> bytes:
-        """This sequence's cache, to put back later (the server's RAM prompt cache): of the
-        tokens it holds, owed ones (a restored copy's, not evaluated yet) forgotten first."""
+    def save(self) -> SavedSequence:
+        """This sequence's cache, to put back later (the server's RAM prompt cache), with its
+        copies of a recurrent state (a later prompt that parts before the end comes back to
+        one, as in its slot): of the tokens it holds, owed ones forgotten first."""
         del self.tokens[self.held:]
         self.copy_at.clear()
-        return self.ctx.seq_state(self.seq)
+        return SavedSequence(self.ctx.seq_state(self.seq), dict(self.copies.by_pos))
 
-    def load(self, tokens: Sequence[int], data: bytes) -> bool:
+    def load(self, tokens: Sequence[int], saved: SavedSequence) -> bool:
         """Hold `tokens` from a copy save() made of them; False (and empty) where it did
         not fit."""
-        ok = self.ctx.set_seq_state(self.seq, data)
+        ok = self.ctx.set_seq_state(self.seq, saved.data)
         if not ok:
             self.ctx.seq_rm(self.seq, 0)
         self._head_back(0)  # the heads hold none of it: they follow from its next decode
@@ -380,8 +381,22 @@ class SeqContext:
         self.held = len(self.tokens)
         self.copy_at.clear()
         self.copies.clear()  # of the conversation the sequence held before
+        if ok:
+            self.copies.by_pos.update(saved.copies)
         self.rollback.restored()
         return ok
+
+
+@dataclass(frozen=True, eq=False)
+class SavedSequence:
+    """SeqContext.save(): the sequence's cache (llama_state_seq_get_data) and its copies of a
+    recurrent state by position; len() counts the bytes of both."""
+
+    data: bytes
+    copies: dict[int, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.data) + sum(len(c) for c in self.copies.values())
 
 
 @dataclass(eq=False)
