@@ -80,18 +80,22 @@ PLAN = SlotPlan(2, kept=1)
 CTX = ContextParams(n_ctx=1024, n_threads=1, n_threads_batch=1)
 
 
-@pytest.fixture(scope="module")
-def hybrid_pair(tiny_models):
-    """The tiny LFM2 and its draft, in three sequences (two slots + the kept one) and alone."""
-    t, d = tiny_models["hybrid"], tiny_models["hybrid_draft"]
-    with PairSession(t, d, SessionOptions(strategy="draft", sequences=PLAN.total,
+@pytest.fixture(scope="module", params=[("hybrid", "hybrid_draft", "draft"),
+                                        ("qwen35", None, "mtp"), ("mtp", None, "mtp")],
+                ids=["lfm2-draft", "qwen35-mtp", "mtp-mtp"])
+def hybrid_pair(tiny_models, request):
+    """A pair in three sequences (two slots + the kept one) and alone, with its strategy:
+    the tiny LFM2 with its draft, the Qwen3.5 replica and the MTP model with their heads."""
+    target, draft, strategy = request.param
+    t, d = tiny_models[target], tiny_models[draft] if draft else None
+    with PairSession(t, d, SessionOptions(strategy=strategy, sequences=PLAN.total,
                                           target_ctx=CTX)) as shared, \
-            PairSession(t, d, SessionOptions(strategy="draft", target_ctx=CTX)) as alone:
-        yield shared, alone
+            PairSession(t, d, SessionOptions(strategy=strategy, target_ctx=CTX)) as alone:
+        yield shared, alone, strategy
 
 
-def _alone(session, prompt, gen):
-    scheduler = Scheduler(session, strategy="draft", record=False)
+def _alone(session, strategy, prompt, gen):
+    scheduler = Scheduler(session, strategy=strategy, record=False)
     scheduler.start()
     try:
         job = Job(prompt, gen)
@@ -103,8 +107,9 @@ def _alone(session, prompt, gen):
 
 
 def test_a_cancelled_hybrid_answer_frees_its_slot_for_one_that_answers_as_alone(hybrid_pair):
-    shared, alone = hybrid_pair
-    scheduler = Scheduler(shared, strategy="draft", record=False, queue_size=1, plan=PLAN)
+    shared, alone, strategy = hybrid_pair
+    scheduler = Scheduler(shared, strategy=strategy, record=False, queue_size=1,
+                          plan=PLAN)
     scheduler.start()
     try:
         a, b = (Job(prompt_of(shared, t), LONG) for t in ("first", "second"))
@@ -119,7 +124,7 @@ def test_a_cancelled_hybrid_answer_frees_its_slot_for_one_that_answers_as_alone(
         assert isinstance(a.outcome, Cancelled)
         assert isinstance(waiting.outcome, Done) and waiting.job.slot == a.job.slot
         third = prompt_of(shared, "third")
-        assert_same_as_plain(alone.target, third, _alone(alone, third, gen),
+        assert_same_as_plain(alone.target, third, _alone(alone, strategy, third, gen),
                              waiting.outcome.answer.generated)
         b.job.cancel.set()
         assert isinstance(b.outcome, Cancelled)
@@ -131,9 +136,9 @@ def test_a_hybrid_conversation_evicted_to_the_ram_cache_continues_as_on_a_fresh_
         hybrid_pair):
     """The RAM cache keeps a hybrid conversation's state: its next turn, in another slot,
     evaluates only what follows the state it put back, and answers as a fresh server."""
-    shared, alone = hybrid_pair
-    scheduler = Scheduler(shared, strategy="draft", record=False, queue_size=4, plan=PLAN,
-                          cache_ram_mib=64)
+    shared, alone, strategy = hybrid_pair
+    scheduler = Scheduler(shared, strategy=strategy, record=False, queue_size=4,
+                          plan=PLAN, cache_ram_mib=64)
     scheduler.start()
     gen = GenParams(max_tokens=16)
 
@@ -159,4 +164,4 @@ def test_a_hybrid_conversation_evicted_to_the_ram_cache_continues_as_on_a_fresh_
         assert b2.stats.n_prompt_eval <= b2.stats.n_prompt - len(chat(b)) + 1, b2.stats
     finally:
         scheduler.stop()
-    assert_same_as_plain(alone.target, nxt, _alone(alone, nxt, gen), b2.generated)
+    assert_same_as_plain(alone.target, nxt, _alone(alone, strategy, nxt, gen), b2.generated)
