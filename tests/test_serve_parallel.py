@@ -404,7 +404,7 @@ def prepared(tiny_models, target="target", draft="draft", mode="fast", strategy=
     of one slot per model on GPU and CPU, memory left on each)."""
     from types import SimpleNamespace
 
-    model = SimpleNamespace(kv_gpu=kv[1], kv_cpu=kv[0])
+    model = SimpleNamespace(slot_gpu=kv[1], slot_cpu=kv[0])
     plan = SimpleNamespace(models=(model, model), gpu_left=left[0], ram_left=left[1],
                            unified=False)
     options = SimpleNamespace(rpc=rpc, strategy=strategy,
@@ -434,6 +434,25 @@ def test_parallel_auto_is_four_where_memory_allows_and_one_where_it_must(tiny_mo
     # a hybrid target goes back per sequence: it takes every slot (tests/test_hybrid_slots.py)
     hybrid = prepared(tiny_models, target="hybrid", draft="hybrid_draft")
     assert serve_slots(hybrid, 4) == (SlotPlan(4, kept=1), None)
+
+
+def test_a_slot_holds_its_recurrent_state_and_copies_beside_its_kv():
+    """What serve counts for each slot more (slots_that_fit): a hybrid's state with its
+    snapshots and checkpoint copies, the MTP context's KV, on the device where each lives."""
+    from types import SimpleNamespace
+
+    from tandem.machine.placement import ModelPlan
+    from tandem.machine.planner import slots_that_fit
+
+    mib = 1 << 20
+    m = ModelPlan("target", "t", 4, 0, 0, 0, kv_gpu=0, kv_cpu=10 * mib, compute_gpu=0,
+                  compute_cpu=0, output_host=0, buffers={}, state_cpu=17 * mib,
+                  copies=8 * mib, mtp_kv_cpu=1 * mib)
+    assert (m.slot_gpu, m.slot_cpu) == (0, 36 * mib)
+    plan = SimpleNamespace(models=(m,), gpu_left=None, ram_left=150 * mib, unified=False)
+    assert slots_that_fit(plan, 8) == 4  # 4 more (3 slots and the kept one) x 36 MiB
+    plan.ram_left = 71 * mib  # 2 slots would need 72
+    assert slots_that_fit(plan, 8) == 1
 
 
 def test_a_full_queue_is_a_429_over_http():

@@ -157,6 +157,16 @@ class ModelPlan:
         return self.mtp_kv_gpu + self.mtp_kv_cpu
 
     @property
+    def slot_gpu(self) -> int:
+        """What each slot more holds on the GPU (machine/planner.slots_that_fit)."""
+        return self.kv_gpu + self.state_gpu + self.mtp_kv_gpu
+
+    @property
+    def slot_cpu(self) -> int:
+        """What each slot more holds in RAM: its checkpoint copies too."""
+        return self.kv_cpu + self.state_cpu + self.copies + self.mtp_kv_cpu
+
+    @property
     def gpu_total(self) -> int:
         return (self.weights_gpu + self.kv_gpu + self.state_gpu + self.mtp_kv_gpu
                 + self.compute_gpu)

@@ -195,11 +195,12 @@ def plan(target: ModelShape, draft: ModelShape | None, budget: MemoryBudget, ctx
 
 
 def slots_that_fit(p: Plan, want: int) -> int:
-    """The most slots, up to `want`, whose KV caches fit beside the plan (which holds one
-    slot's): each slot more, and the one kept for short requests, adds both models' KV
-    cache where the plan puts it (serve --parallel)."""
-    gpu = sum(m.kv_gpu for m in p.models)
-    cpu = sum(m.kv_cpu for m in p.models)
+    """The most slots, up to `want`, that fit beside the plan (which holds one slot's): each
+    slot more, and the one kept for short requests, adds what one slot holds of both models
+    where the plan puts it (ModelPlan.slot_gpu / slot_cpu: KV cache, recurrent state with its
+    snapshots and checkpoint copies, the MTP context's KV) (serve --parallel)."""
+    gpu = sum(m.slot_gpu for m in p.models)
+    cpu = sum(m.slot_cpu for m in p.models)
     for n in range(max(want, 1), 1, -1):
         more = n  # n - 1 more slots, and the kept one
         gpu_ok = gpu == 0 or p.gpu_left is None or more * gpu <= p.gpu_left
