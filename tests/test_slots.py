@@ -351,3 +351,28 @@ def test_a_slots_probe_reads_the_prompt_only_where_the_probe_budget_covers_it():
                               0.0))
     assert budget.balance <= before - model.last_sync_s  # the catch-up was paid
     assert drafter._catch_up_token == pytest.approx(0.002)  # its rate, for the next one
+
+
+def test_a_slots_cache_reuse_moves_its_cells_and_decodes_after_them(sessions):
+    """--cache-reuse on a slot: the runs a new prompt holds further on move (their positions
+    shifted), and the next decodes go after them (the editors' keystrokes: a position past
+    the moved cells once made llama_decode refuse the batch)."""
+    from tandem.engine.backend.decode_requests import run_now
+
+    _, shared = sessions
+    view = shared.slots[1].target
+    a = [1] + list(range(10, 60))
+    b = a[:6] + a[8:]  # two tokens deleted: the 43 after them move back
+    view.truncate(0)
+    view.reuse_min = 8
+    try:
+        run_now(view.prefill_steps(a))
+        before = shared.target_ctx.n_reused
+        assert run_now(view.prefill_steps(b)) == 0  # nothing evaluated: it all moved
+        assert shared.target_ctx.n_reused - before == 43
+        assert view.tokens == b and view.held == len(b)
+        run_now(view.decode_steps([7, 8, 9], all_logits=True))
+        assert view.tokens == b + [7, 8, 9] and view.held == len(view.tokens)
+    finally:
+        view.reuse_min = 0
+        view.truncate(0)
