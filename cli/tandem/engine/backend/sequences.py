@@ -320,7 +320,8 @@ class SeqContext:
             return 0
         start = common_prefix(self.tokens, tokens)
         moved = self.ctx.reuse_seq(self.seq, self.tokens, tokens, self.reuse_min)
-        self.held = len(self.tokens)  # (attention only: a recurrent state never moves)
+        if moved:  # (attention only: a recurrent state cannot shift, and may owe tokens)
+            self.held = len(self.tokens)
         self._head_back(start if moved else len(self.tokens))  # moved: not what heads saw
         return moved
 
