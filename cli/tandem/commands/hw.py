@@ -416,13 +416,7 @@ def _render_plan(r: dict, console) -> None:
         if m.mtp_kv:
             console.print(f"MTP context of the {m.role}: its heads' KV cache, {_b(m.mtp_kv)} "
                           "(in the totals)")
-    for p in plan.problems:
-        console.print(f"  - {p}")
-    if plan.advice:
-        console.print("What to change:")
-        for a in plan.advice:
-            console.print(f"  - {a}")
-    console.print()
+    _render_problems(plan.problems, plan.advice, console)
     if r.get("remote") is not None:
         _render_remote(r["remote"], console)
 
@@ -466,11 +460,16 @@ def _render_slots(sp, console) -> None:
     console.print("With every slot: " + "; ".join(where))
     console.print("Status: " + ("[green]fits[/green]" if sp.fits else
                                 "[red]does not fit[/red]"))
-    for p in sp.problems:
-        console.print(f"  - they {p}")
-    if sp.advice:
+    _render_problems([f"they {p}" for p in sp.problems], sp.advice, console)
+
+
+def _render_problems(problems, advice, console) -> None:
+    """A plan's problems, then what to change, a line each."""
+    for p in problems:
+        console.print(f"  - {p}")
+    if advice:
         console.print("What to change:")
-        for a in sp.advice:
+        for a in advice:
             console.print(f"  - {a}")
     console.print()
 

@@ -28,23 +28,14 @@ class PlanError(TandemError):
     exit_code = EXIT_MODEL
 
 
-@dataclass(frozen=True)
-class Plan:
-    backend: str
-    target: ModelPlan
-    draft: ModelPlan | None
-    gpu_budget: int | None  # bytes both models may use on the GPU (free minus the reserve)
-    gpu_reserve: int
-    ram_budget: int
-    unified: bool  # Apple Silicon: GPU memory is RAM
-    status: str  # fits | partial | does-not-fit
-    problems: tuple[str, ...] = ()  # what is wrong, one sentence each
-    advice: tuple[str, ...] = ()  # what to change
-    ctx: ContextSpec = ContextSpec()
+class MemoryUse:
+    """What `models` use of `gpu_budget` and `ram_budget` (`unified`: GPU memory is RAM):
+    a one-slot Plan's, and a SlotsPlan's (machine/slots.py) on the same budgets."""
 
-    @property
-    def models(self) -> tuple[ModelPlan, ...]:
-        return (self.target,) + ((self.draft,) if self.draft else ())
+    models: tuple[ModelPlan, ...]
+    gpu_budget: int | None
+    ram_budget: int
+    unified: bool
 
     @property
     def gpu_used(self) -> int:
@@ -62,6 +53,25 @@ class Plan:
     @property
     def ram_left(self) -> int:
         return self.ram_budget - self.ram_used
+
+
+@dataclass(frozen=True)
+class Plan(MemoryUse):
+    backend: str
+    target: ModelPlan
+    draft: ModelPlan | None
+    gpu_budget: int | None  # bytes both models may use on the GPU (free minus the reserve)
+    gpu_reserve: int
+    ram_budget: int
+    unified: bool  # Apple Silicon: GPU memory is RAM
+    status: str  # fits | partial | does-not-fit
+    problems: tuple[str, ...] = ()  # what is wrong, one sentence each
+    advice: tuple[str, ...] = ()  # what to change
+    ctx: ContextSpec = ContextSpec()
+
+    @property
+    def models(self) -> tuple[ModelPlan, ...]:
+        return (self.target,) + ((self.draft,) if self.draft else ())
 
     @property
     def fits(self) -> bool:

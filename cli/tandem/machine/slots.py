@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from tandem.fsutil import fmt_bytes
 from tandem.machine.placement import ContextSpec, ModelPlan, place
-from tandem.machine.planner import MemoryBudget, Plan, PlanError
+from tandem.machine.planner import MemoryBudget, MemoryUse, Plan, PlanError
 from tandem.machine.shapes import ModelShape
 
 
@@ -51,7 +51,7 @@ class SlotCosts:
 
 
 @dataclass(frozen=True)
-class SlotsPlan:
+class SlotsPlan(MemoryUse):
     """`parallel` slots (and `kept` more for short requests, as serve keeps one where there
     are several): each model's memory for all of them, on the one-slot plan's layers."""
 
@@ -68,22 +68,16 @@ class SlotsPlan:
         return self.parallel + self.kept
 
     @property
-    def gpu_used(self) -> int:
-        return sum(m.gpu_total for m in self.models)
+    def gpu_budget(self) -> int | None:
+        return self.base.gpu_budget
 
     @property
-    def ram_used(self) -> int:
-        used = sum(m.cpu_total for m in self.models)
-        return used + (self.gpu_used if self.base.unified else 0)
+    def ram_budget(self) -> int:
+        return self.base.ram_budget
 
     @property
-    def gpu_left(self) -> int | None:
-        b = self.base.gpu_budget
-        return None if b is None else b - self.gpu_used
-
-    @property
-    def ram_left(self) -> int:
-        return self.base.ram_budget - self.ram_used
+    def unified(self) -> bool:
+        return self.base.unified
 
     @property
     def total(self) -> int:
