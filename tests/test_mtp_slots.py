@@ -179,3 +179,37 @@ def test_auto_on_a_slot_prices_the_heads_for_the_batch_and_drafts_with_them(sess
     assert_same_as_plain(alone.target, prompt, session_done(alone, prompt, gen, "none").tokens,
                          done.tokens)
     assert done.stats.by_source.get("model", [0, 0])[0] > 0, done.stats.by_source
+
+
+def test_a_prompt_piece_beside_a_step_leaves_the_steps_rows_as_decoded(sessions):
+    """While the heads follow, a target decode writes their hidden rows into the output buffer
+    just past its own logits rows (llama.cpp lays the buffer out again each decode): a prompt
+    piece decoded after a round's steps overwrote a verify's rows past the fifth (a JSON
+    answer's forced tokens and drafts, 13 rows, took a token 12.8 logits below the target's
+    own). The round's steps decode last: each row is as decoded alone."""
+    import numpy as np
+
+    from tandem.engine.backend.context_params import ALL, NONE
+    from tandem.engine.backend.mtp import slot_heads
+
+    alone, shared = sessions
+    a, b, c = (slot.target for slot in shared.slots[:3])
+    slot_heads(shared.target_ctx, a, shared.batcher)  # the heads follow every slot
+    for view in (a, b, c):
+        view.truncate(0)
+    prompt = shared.tokenize(TEXTS[0], add_special=True)
+    step = prompt[-1:] + shared.tokenize(" It runs and runs and runs", add_special=False)
+    assert len(step) > shared.target_ctx.n_seq_max  # rows a piece's layout would cover
+    c.prefill(prompt[:-1])
+    want = np.array(c.decode(step, all_logits=True))  # alone, on another slot
+    a.prefill(prompt[:-1])
+    steps = a.decode_steps(step, all_logits=True)
+    piece = b.prefill_steps(shared.tokenize(TEXTS[2], add_special=True))
+    requests = [next(steps), next(piece)]
+    assert [r.want for r in requests] == [ALL, NONE]
+    shared.batcher.run(requests)
+    got = np.array(requests[0].rows)
+    for g in (steps, piece):  # each resumed to its end (the views count the tokens held)
+        with pytest.raises(StopIteration):
+            next(g)
+    np.testing.assert_allclose(got, want, atol=1e-4)

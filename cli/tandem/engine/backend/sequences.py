@@ -13,10 +13,9 @@ drafter. One thread (the engine loop's) runs all of it: nothing here locks.
 
 The rows a sequence gets are views into llama.cpp's buffer, as Context.decode's: the loop
 resumes every generation a batch served before it runs the next (rows of a context's earlier
-calls in one round, overwritten by its later ones, are copied).
-Attention memory only: a sequence goes back by removing its positions (Context.seq_rm).
-MTP heads follow every sequence (decode_batch's Follower; each view tells them its rollbacks),
-their draft steps (engine/backend/mtp.py HeadView) going first, as a draft model's.
+calls in one round, overwritten by its later ones, are copied). MTP heads follow every
+sequence (decode_batch's Follower; each view tells them its rollbacks), their draft steps
+(engine/backend/mtp.py HeadView) going first, as a draft model's.
 """
 from __future__ import annotations
 
@@ -67,16 +66,18 @@ class StepBatcher:
         chunk runs only as far as its share of the time allows (prompt_share.py)."""
         # the draft model's steps go first, the rest wait for them: a slot's k draft steps
         # then cost the others k draft decodes, not k rounds of their own steps, and its
-        # verify joins theirs (llama-server's draft-all-then-verify, PR 22838). Its prompt
-        # chunks (no logits) ride with the round, as the target's do
+        # verify joins theirs (llama-server's draft-all-then-verify, PR 22838)
         jobs = [r for r in waiting if r.view.drafts and r.want != NONE] or list(waiting)
-        prompts = [r for r in jobs if r.want == NONE]
         steps = [r for r in jobs if r.want != NONE]
-        seconds = self._run_all(steps if steps and prompts else jobs)
-        if steps and prompts:
+        prompts = [r for r in jobs if r.want == NONE] if steps else []
+        # prompt pieces first, on what earlier rounds earned: the steps' rows must be from
+        # their context's last decode (a later one lays its buffer out again, following MTP
+        # heads' hidden rows then over the logits rows past its own)
+        for job in prompts:
+            self._run_piece(job)
+        seconds = self._run_all(steps if prompts else jobs)
+        if prompts:
             self.share.earn(seconds)
-            for job in prompts:
-                self._run_piece(job)
 
     def _run_all(self, jobs: list[DecodeRequest]) -> float:
         """Run `jobs` whole, one group per context; the seconds inside llama_decode."""
@@ -272,8 +273,7 @@ class SeqContext:
 
     def prefill_steps(self, tokens: Sequence[int]) -> Steps[int]:
         # no logits: a prompt chunk's rows are never read
-        return (yield from prefill_in_chunks(self, tokens,
-                                             lambda chunk: self._decode_steps(chunk, NONE)))
+        return (yield from prefill_in_chunks(self, tokens, lambda c: self._decode_steps(c, NONE)))
 
     def run_alone(self, request: DecodeRequest) -> None:
         """`request` decoded now, in a batch of its own (decode(), prefill(): run_now)."""
