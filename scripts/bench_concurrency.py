@@ -41,7 +41,11 @@ the table shows medians over them, and ratios to `llama defaults` taken within a
 then their median. /work/shared/bin/quiet-check runs first (a busy machine is said); every
 scenario's run records the share of the CPU that processes other than this script and the
 server under test took, and figures measured above tandem.machine.load.BUSY_SHARE are marked
-busy. tandem runs with TANDEM_HISTORY=off.
+busy. tandem runs with TANDEM_HISTORY=off. --together starts every server of a repetition
+first (an idle one takes memory, no CPU) and runs each scenario on each in turn, in the
+repetition's order: the servers' runs of a scenario are then seconds apart instead of minutes
+(a server start and the other scenarios), which this 2-vCPU host's drift needs: llama-server's
+own four-at-once aggregate went from 24.0 to 30.5 tok/s across four repetitions of one run.
 
 Prints a Markdown table (one row per server and scenario) and writes every row (one per
 server, scenario and repetition, with each request's figures) to --out (JSON).
@@ -444,6 +448,9 @@ def build_parser() -> argparse.ArgumentParser:
     server_options(ap)
     ap.add_argument("--llama", action="append", choices=tuple(LLAMA_CONFIGS),
                     help="llama-server configurations (default: defaults, np1, draft)")
+    ap.add_argument("--together", action="store_true",
+                    help="every server up at once in a repetition, each scenario run on each "
+                         "in turn: seconds between the servers' runs of a scenario, not minutes")
     ap.add_argument("--no-quiet-check", action="store_true",
                     help=f"skip {QUIET_CHECK} before the run")
     ap.add_argument("--log-dir", type=Path, help="server logs (default: a temporary directory)")
@@ -515,30 +522,54 @@ def main(argv: list[str] | None = None) -> int:
            ALONE: lambda s, rep: scenario_alone(s, rep, alone, ns.n_predict, ns.seed)}
     rows: list[Row] = []
 
+    def start(name: str, rep: int):
+        s = makers[name](log_folder(log_dir / f"rep{rep + 1}", ""))
+        t0 = time.monotonic()
+        try:
+            s.start()
+            log(f"[rep {rep + 1}/{ns.reps}] {name} ready on 127.0.0.1:{s.port} "
+                f"({time.monotonic() - t0:.1f}s)")
+            # untimed: pages the weights in, tandem calibrates its costs
+            chat(s.port, [{"role": "user", "content": "Say hello."}], 8, ns.seed, False)
+            if INFILL in scenarios:
+                infill(s.port, {"input_prefix": "def f(", "input_suffix": ")\n",
+                                "n_predict": 4, "temperature": 0})
+        except BaseException:
+            s.stop()
+            raise
+        return s
+
+    def measure(s, name: str, scen: str, pos: int, rep: int) -> None:
+        row, share = others_during(s.proc.pid, run[scen], s, rep)
+        row.position, row.busy = pos, share
+        row.extra["loadavg"] = os.getloadavg()[0]
+        rows.append(row)
+        log(f"  {name} {scen}: " + (f"ERROR {row.error}" if row.error else
+            f"latency {row.latency_s:.2f}s, {row.tok_s:.1f} tok/s, "
+            f"{row.tokens} tokens in {row.wall_s:.2f}s"
+            + (f", others {share:.0%}" if share is not None else "")))
+
     def body() -> None:
         for rep in range(ns.reps):
-            for pos, name in enumerate(rep_order(names, rep)):
-                s = makers[name](log_folder(log_dir / f"rep{rep + 1}", ""))
-                t0 = time.monotonic()
-                try:
-                    s.start()
-                    log(f"[rep {rep + 1}/{ns.reps}] {name} ready on 127.0.0.1:{s.port} "
-                        f"({time.monotonic() - t0:.1f}s)")
-                    # untimed: pages the weights in, tandem calibrates its costs
-                    chat(s.port, [{"role": "user", "content": "Say hello."}], 8, ns.seed, False)
-                    if INFILL in scenarios:
-                        infill(s.port, {"input_prefix": "def f(", "input_suffix": ")\n",
-                                        "n_predict": 4, "temperature": 0})
-                    for scen in scenarios:
-                        row, share = others_during(s.proc.pid, run[scen], s, rep)
-                        row.position, row.busy = pos, share
-                        row.extra["loadavg"] = os.getloadavg()[0]
-                        rows.append(row)
-                        log(f"  {name} {scen}: " + (f"ERROR {row.error}" if row.error else
-                            f"latency {row.latency_s:.2f}s, {row.tok_s:.1f} tok/s, "
-                            f"{row.tokens} tokens in {row.wall_s:.2f}s"
-                            + (f", others {share:.0%}" if share is not None else "")))
-                finally:
+            order = rep_order(names, rep)
+            if not ns.together:  # one server up at a time, every scenario on it
+                for pos, name in enumerate(order):
+                    s = start(name, rep)
+                    try:
+                        for scen in scenarios:
+                            measure(s, name, scen, pos, rep)
+                    finally:
+                        s.stop()
+                continue
+            up = {}
+            try:  # every server up (idle ones take no CPU), each scenario on each in turn
+                for name in order:
+                    up[name] = start(name, rep)
+                for scen in scenarios:
+                    for pos, name in enumerate(order):
+                        measure(up[name], name, scen, pos, rep)
+            finally:
+                for s in up.values():
                     s.stop()
 
     interrupted = run_rows([], body, rows, ns.out, meta, log)

@@ -220,3 +220,27 @@ def test_bench_concurrency_on_tiny_models(tiny_models, tmp_path):
     assert four["step_ms"] > 0 and all(q["step_ms"] > 0 for q in four["requests"])
     assert data["meta"]["ctx_per_slot"] == 4096
     assert "| four-at-once | tandem | 1 |" in res.stdout
+
+
+def test_together_runs_each_scenario_on_every_server_in_turn(tiny_models, tmp_path):
+    """--together: both servers up at once, each scenario on one then the other (one server
+    at a time would run every scenario on the first before starting the second)."""
+    from bench_concurrency import ALONE, FOUR, ONE_SLOT, TANDEM
+
+    out = tmp_path / "conc.json"
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_concurrency.py"), "-m",
+         str(tiny_models["fim"]), "-md", str(tiny_models["fim_draft"]), "--no-llama",
+         "--no-quiet-check", "--reps", "1", "-n", "8", "-t", "1", "-c", "1024", "--out",
+         str(out), "--log-dir", str(tmp_path / "logs"), "--together",
+         "--scenario", FOUR, "--scenario", ALONE],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "TANDEM_HOME": str(tmp_path / "home")})
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["scenario"], r["server"]) for r in rows] == [
+        (FOUR, TANDEM), (FOUR, ONE_SLOT), (ALONE, TANDEM), (ALONE, ONE_SLOT)]
+    assert all(r["error"] is None and r["tokens"] > 0 for r in rows)
+    ready = [i for i, line in enumerate(res.stderr.splitlines()) if " ready on " in line]
+    first = next(i for i, line in enumerate(res.stderr.splitlines()) if f" {FOUR}: " in line)
+    assert len(ready) == 2 and max(ready) < first  # both up before the first scenario
