@@ -285,6 +285,48 @@ def test_a_prompt_beside_a_stream_takes_its_share_in_pieces(monkeypatch):
     assert 0.05 * sum(pieces[1:-1]) <= prompt_share.SHARE * steps_beside * 1.0
 
 
+@pytest.mark.parametrize("stream_left,want", [(30, [16, 114]), (200, None)])
+def test_a_prompt_its_share_cannot_finish_before_the_stream_ends_waits_for_it(
+        monkeypatch, stream_left, want):
+    """The same prompt beside a stream due to end within 30 tokens: its share (0.15 of 29
+    one-second steps, 4.35 s) cannot finish its 114 tokens left (5.7 s) first, so after the
+    measuring piece it waits and runs whole once the stream ended, the stream's steps alone
+    meanwhile; beside one due to end 200 tokens on, it goes on in pieces."""
+    from tandem.engine.backend import sequences
+
+    clock = [0.0]
+    monkeypatch.setattr(sequences.time, "perf_counter", lambda: clock[0])
+    calls, batcher = [], StepBatcher()
+
+    class Timed(RecordingContext):
+        def decode_batch(self, entries):
+            for _, _, tokens, want in entries:
+                clock[0] += 1.0 if want != 0 else 0.05 * len(tokens)
+            return super().decode_batch(entries)
+
+    target = Timed("target", calls)
+    target.n_batch = target.n_ubatch = 256
+    stream, newcomer = SeqContext(target, 1, 256, batcher), SeqContext(target, 2, 256, batcher)
+    stream.ends_by, newcomer.prompt_end = stream_left, 130
+
+    def streaming():
+        for tok in range(30):
+            yield from stream.decode_steps([tok])
+
+    def prompt():
+        return (yield from newcomer.prefill_steps(list(range(100, 230))))
+
+    run_all(StepLoop(batcher), [(streaming(), None), (prompt(), None)])
+    pieces = [n for name, seqs in calls for seq, n in seqs if seq == 2]
+    assert sum(pieces) == 130 and newcomer.tokens == list(range(100, 230))
+    if want is not None:
+        assert pieces == want
+        last_step = max(i for i, (name, seqs) in enumerate(calls) if any(q == 1 for q, _ in seqs))
+        assert [n for name, seqs in calls[last_step + 1:] for seq, n in seqs] == [114]
+    else:
+        assert len(pieces) >= 3
+
+
 def test_a_share_piece_waits_for_its_credit():
     from tandem.engine.backend.prompt_share import MIN_PIECE, SHORT, PromptShare
 

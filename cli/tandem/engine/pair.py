@@ -455,6 +455,8 @@ class PairSession:
         # on a slot the events come with DecodeRequests, for the engine loop that steps every
         # slot's generation (engine/loop/step_loop.py)
         target = self.target_ctx if slot is None else slot.target
+        if slot is not None:
+            target.prompt_end, target.ends_by = len(prompt), len(prompt) + gen.max_tokens
         yield from self._generate(generate(target, prompt, drafter, gen, threads), drafter,
                                   record)
 

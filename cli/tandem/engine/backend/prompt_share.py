@@ -6,10 +6,17 @@ editor's 950-token prompt froze a chat for half a minute. While other sequences 
 prompt's chunks therefore get at most SHARE of the time those steps take, earned round by
 round and spent in pieces of at least MIN_PIECE tokens, each timed (a prompt token's cost
 depends on the model, the device and the piece's size); what is left of a prompt once it is
-SHORT runs at once. A prompt with no stream beside it runs whole chunks (StepBatcher). On a GPU, where a prompt token costs a small part of a step,
+SHORT runs at once; one whose share cannot finish it before the streams beside it are due to
+end waits for them whole (waits()). A prompt with no stream beside it runs whole chunks
+(StepBatcher). On a GPU, where a prompt token costs a small part of a step,
 one round's share holds hundreds of tokens; on this CPU it holds a few.
 """
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from tandem.engine.backend.decode_requests import DecodeRequest
 
 SHARE = 0.15  # the streams then take at most ~1.15x as long while a prompt waits
 MIN_PIECE = 16  # tokens: smaller pieces waste the matrix kernels' width
@@ -19,16 +26,33 @@ SHORT = 64
 
 
 class PromptShare:
-    """The credit (seconds) prompts have earned beside streaming steps, and the measured
-    seconds a prompt token takes in a piece, per context."""
+    """The credit (seconds) prompts have earned beside streaming steps, the measured seconds
+    a prompt token takes in a piece, per context, and the latest round's steps' seconds."""
 
     def __init__(self):
         self.credit = 0.0
         self.token_s: dict[int, float] = {}
+        self.round_s: float | None = None
 
-    def earn(self, seconds: float) -> None:
-        """A round's streaming steps took `seconds` while a prompt waited."""
-        self.credit += SHARE * seconds
+    def earn(self, seconds: float, pieces: bool = True) -> None:
+        """A round's streaming steps took `seconds` while a prompt waited (none is earned
+        where every prompt waits for the streams to end: no long piece once one may run)."""
+        self.credit += SHARE * seconds if pieces else 0.0
+        self.round_s = seconds
+
+    def waits(self, job: DecodeRequest, steps: Sequence[DecodeRequest]) -> bool:
+        """Whether a prompt's piece waits whole for the streams beside it to end: where its
+        share cannot finish the prompt before they are due to end (each ends by its slot's
+        `ends_by`, a token a step at least), pieces would only slow them (a piece's token
+        costs more than a whole chunk's: 13-17 ms against 10 for the 1.5B target here) and
+        the prompt would still run whole after them, as llama-server runs it."""
+        per, view = self.token_s.get(id(job.view.ctx)), job.view
+        ends = [getattr(s.view, "ends_by", 0) for s in steps]
+        if per is None or self.round_s is None or min(ends, default=0) <= 0:
+            return False  # unmeasured, or a stream of no known end
+        rounds = max(end - len(s.view.tokens) for end, s in zip(ends, steps))
+        left = max(view.prompt_end - job.start, len(job.tokens)) - job.ran
+        return left * per > SHARE * rounds * self.round_s
 
     def piece(self, ctx_key: int, remaining: int) -> int:
         """How many of a prompt's `remaining` tokens may run now (0: it waits a round). The

@@ -73,11 +73,12 @@ class StepBatcher:
         # prompt pieces first, on what earlier rounds earned: the steps' rows must be from
         # their context's last decode (a later one lays its buffer out again, following MTP
         # heads' hidden rows then over the logits rows past its own)
-        for job in prompts:
+        ready = [j for j in prompts if not self.share.waits(j, steps)]
+        for job in ready:
             self._run_piece(job)
         seconds = self._run_all(steps if prompts else jobs)
         if prompts:
-            self.share.earn(seconds)
+            self.share.earn(seconds, bool(ready))
 
     def _run_all(self, jobs: list[DecodeRequest]) -> float:
         """Run `jobs` whole, one group per context; the seconds inside llama_decode."""
@@ -153,9 +154,7 @@ class StepBatcher:
 
     def _count(self, call: list[DecodeRequest], tokens: int, seconds: float) -> None:
         f = self.figures
-        f.calls += 1
-        f.tokens += tokens
-        f.seconds += seconds
+        f.calls, f.tokens, f.seconds = f.calls + 1, f.tokens + tokens, f.seconds + seconds
         f.widest = max(f.widest, len(call))
         f.by_width[len(call)] = f.by_width.get(len(call), 0) + 1
         if not call[0].view.drafts:
@@ -180,6 +179,7 @@ class SeqContext:
         self.memory_note = ctx.memory_note
         self.reuse_min = ctx.reuse_min
         self.tokens: list[int] = []
+        self.prompt_end = self.ends_by = 0  # its generation's (PromptShare.waits; 0: unknown)
         # a recurrent state (hybrid, recurrent model) goes back per sequence as a Context's
         # does: from its last batch's snapshots, else from this slot's own copies, after which
         # the tokens from the copy on are owed: `held` counts those the sequence holds now, and
