@@ -327,6 +327,35 @@ def test_a_prompt_its_share_cannot_finish_before_the_stream_ends_waits_for_it(
         assert len(pieces) >= 3
 
 
+def test_only_a_prompt_longer_than_short_waits_for_the_streams():
+    """A short prompt (a chat's new turn, a hybrid slot's owed tokens) runs at once beside a
+    stream about to end; a longer one its share cannot finish waits; none waits beside a
+    stream of no known end, or before a piece measured what a token costs."""
+    from types import SimpleNamespace as NS
+
+    from tandem.engine.backend.decode_requests import DecodeRequest
+    from tandem.engine.backend.prompt_share import SHORT, PromptShare
+
+    ctx = object()
+    stream = NS(ctx=ctx, ends_by=96, tokens=[0] * 95)  # its last token next
+    step = DecodeRequest(stream, [1], 1, 95)
+
+    def job(n):
+        return DecodeRequest(NS(ctx=ctx, prompt_end=n, tokens=[]), list(range(n)), 0, 0)
+
+    share = PromptShare()
+    assert not share.waits(job(SHORT + 1), [step])  # nothing measured yet
+    share.spend(id(ctx), 16, 0.16)  # 0.01 s a token
+    share.earn(1.0)  # a round of steps: 1 s; one round left: a share of 0.15 s
+    assert not share.waits(job(SHORT), [step])  # 0.64 s, but short
+    assert share.waits(job(SHORT + 1), [step])  # 0.65 s
+    stream.ends_by = 100  # five rounds left: 0.75 s
+    assert not share.waits(job(SHORT + 1), [step])
+    assert share.waits(job(SHORT + 20), [step])  # 0.84 s
+    stream.ends_by = 0  # no known end
+    assert not share.waits(job(SHORT + 20), [step])
+
+
 def test_a_share_piece_waits_for_its_credit():
     from tandem.engine.backend.prompt_share import MIN_PIECE, SHORT, PromptShare
 

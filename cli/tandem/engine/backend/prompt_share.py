@@ -52,7 +52,8 @@ class PromptShare:
             return False  # unmeasured, or a stream of no known end
         rounds = max(end - len(s.view.tokens) for end, s in zip(ends, steps))
         left = max(view.prompt_end - job.start, len(job.tokens)) - job.ran
-        return left * per > SHARE * rounds * self.round_s
+        # a short prompt (a new turn, a hybrid slot's owed tokens) runs at once all the same
+        return left > SHORT and left * per > SHARE * rounds * self.round_s
 
     def piece(self, ctx_key: int, remaining: int) -> int:
         """How many of a prompt's `remaining` tokens may run now (0: it waits a round). The
