@@ -247,12 +247,12 @@ def test_drafts_shrink_as_the_batch_grows_only_where_rows_cost():
     assert [longest_paying(BatchCosts(flat(), lambda o=o: o)) for o in sizes] == [16] * 5
 
 
-def test_a_prompt_beside_a_stream_takes_its_share_in_pieces(monkeypatch):
-    """Slot 2's 130-token prompt chunk arrives while slot 1 streams: the stream's step runs
-    every round, and the prompt runs in pieces of at least 16 tokens whose time stays within
-    SHARE of the steps' beside it (the first piece measures; its last SHORT tokens at once).
-    Scripted costs: a step 1 s, a prompt token 0.05 s."""
-    from tandem.engine.backend import prompt_share, sequences
+def _stream_beside_a_prompt(monkeypatch, ends_by: int = 0, prompt_end: int = 0):
+    """Slot 1 streams 30 one-token steps while slot 2's 130-token prompt (one chunk, longer
+    than SHORT) arrives, on scripted costs (a step 1 s, a prompt token 0.05 s); the stream's
+    and the prompt's `ends_by` / `prompt_end` as given (0: unknown). Returns the calls, as
+    (context, [(sequence, tokens)]), and the prompt's view."""
+    from tandem.engine.backend import sequences
 
     clock = [0.0]
     monkeypatch.setattr(sequences.time, "perf_counter", lambda: clock[0])
@@ -265,8 +265,9 @@ def test_a_prompt_beside_a_stream_takes_its_share_in_pieces(monkeypatch):
             return super().decode_batch(entries)
 
     target = Timed("target", calls)
-    target.n_batch = target.n_ubatch = 256  # one chunk of the prompt, longer than SHORT
+    target.n_batch = target.n_ubatch = 256
     stream, newcomer = SeqContext(target, 1, 256, batcher), SeqContext(target, 2, 256, batcher)
+    stream.ends_by, newcomer.prompt_end = ends_by, prompt_end
 
     def streaming():
         for tok in range(30):
@@ -276,6 +277,17 @@ def test_a_prompt_beside_a_stream_takes_its_share_in_pieces(monkeypatch):
         return (yield from newcomer.prefill_steps(list(range(100, 230))))
 
     run_all(StepLoop(batcher), [(streaming(), None), (prompt(), None)])
+    return calls, newcomer
+
+
+def test_a_prompt_beside_a_stream_takes_its_share_in_pieces(monkeypatch):
+    """Slot 2's 130-token prompt chunk arrives while slot 1 streams: the stream's step runs
+    every round, and the prompt runs in pieces of at least 16 tokens whose time stays within
+    SHARE of the steps' beside it (the first piece measures; its last SHORT tokens at once).
+    Scripted costs: a step 1 s, a prompt token 0.05 s."""
+    from tandem.engine.backend import prompt_share
+
+    calls, newcomer = _stream_beside_a_prompt(monkeypatch)
     pieces = [n for name, seqs in calls for seq, n in seqs if seq == 2]
     steps_beside = sum(1 for name, seqs in calls for seq, n in seqs if seq == 1)
     assert steps_beside == 30 and sum(pieces) == 130 and newcomer.tokens == list(range(100, 230))
@@ -292,31 +304,7 @@ def test_a_prompt_its_share_cannot_finish_before_the_stream_ends_waits_for_it(
     one-second steps, 4.35 s) cannot finish its 114 tokens left (5.7 s) first, so after the
     measuring piece it waits and runs whole once the stream ended, the stream's steps alone
     meanwhile; beside one due to end 200 tokens on, it goes on in pieces."""
-    from tandem.engine.backend import sequences
-
-    clock = [0.0]
-    monkeypatch.setattr(sequences.time, "perf_counter", lambda: clock[0])
-    calls, batcher = [], StepBatcher()
-
-    class Timed(RecordingContext):
-        def decode_batch(self, entries):
-            for _, _, tokens, want in entries:
-                clock[0] += 1.0 if want != 0 else 0.05 * len(tokens)
-            return super().decode_batch(entries)
-
-    target = Timed("target", calls)
-    target.n_batch = target.n_ubatch = 256
-    stream, newcomer = SeqContext(target, 1, 256, batcher), SeqContext(target, 2, 256, batcher)
-    stream.ends_by, newcomer.prompt_end = stream_left, 130
-
-    def streaming():
-        for tok in range(30):
-            yield from stream.decode_steps([tok])
-
-    def prompt():
-        return (yield from newcomer.prefill_steps(list(range(100, 230))))
-
-    run_all(StepLoop(batcher), [(streaming(), None), (prompt(), None)])
+    calls, newcomer = _stream_beside_a_prompt(monkeypatch, stream_left, 130)
     pieces = [n for name, seqs in calls for seq, n in seqs if seq == 2]
     assert sum(pieces) == 130 and newcomer.tokens == list(range(100, 230))
     if want is not None:
