@@ -10,6 +10,7 @@ import json
 import threading
 import time
 
+import llama_cpp
 import pytest
 
 from serve_helpers import Server
@@ -19,7 +20,8 @@ from tandem.engine.pair import PairSession, SessionOptions
 from tandem.engine.slot_plan import SlotPlan
 from tandem.serve.job_events import END, Cancelled, Done, Text
 from tandem.serve.jobs import GenerationJob
-from tandem.serve.scheduler import QueueFull, Scheduler
+from tandem.engine.backend.sequences import SeqContext
+from tandem.serve.scheduler import SLOT_SIMILARITY, QueueFull, Scheduler
 
 
 # -- the scheduler itself, on a session of three sequences (two slots + the kept one)
@@ -126,9 +128,26 @@ def test_a_cancelled_answer_frees_its_slot_and_a_full_queue_refuses(session):
         scheduler.stop()
 
 
-def test_next_turns_find_their_slot_and_the_ram_cache_restores_an_evicted_one(session):
+def cells(ctx, seq: int) -> int:
+    """Positions llama.cpp's KV cache holds of a sequence (not the view's bookkeeping)."""
+    return llama_cpp.llama_memory_seq_pos_max(llama_cpp.llama_get_memory(ctx._ptr), seq) + 1
+
+
+def empty_slots(scheduler) -> None:
+    """Every slot emptied (the module's session keeps what earlier tests left)."""
+    for state in scheduler.slots:
+        state.slot.target.truncate(0)
+        state.slot.draft.truncate(0)
+
+
+def test_next_turns_find_their_slot_and_idle_slots_go_to_the_ram_cache(session):
+    """A next turn with nothing in between finds its slot as it left it; a request on
+    another slot empties the idle ones into the RAM cache (llama-server's
+    --cache-idle-slots: their cells would lengthen every step's attention), from which the
+    conversation's next turn comes back, evaluating only what follows it."""
     scheduler = Scheduler(session, strategy="draft", record=False, queue_size=4, plan=PLAN,
                           cache_ram_mib=64)
+    empty_slots(scheduler)
     scheduler.start()
     try:
         def turn(text, max_tokens=12):
@@ -145,20 +164,60 @@ def test_next_turns_find_their_slot_and_the_ram_cache_restores_an_evicted_one(se
 
         first = "tell me about the sea " * 6
         a1, slot_a = turn(first)
+        second = first + a1.text + " and more"
+        a2, slot = turn(second)  # the next turn finds its slot, still holding the first
+        assert slot == slot_a and reused(a2, first, second)
+        assert scheduler.prompt_cache.figures.kept == 0
+        held = scheduler.slots[slot_a].slot
+        assert cells(session.target_ctx, held.target.seq) == len(held.target.tokens) > 0
         b1, slot_b = turn("a different conversation about the mountains " * 6)
-        assert slot_b != slot_a  # the least recently used (empty) slot
-        a2, slot = turn(first + a1.text + " and more")  # the next turn finds its slot
-        assert slot == slot_a and reused(a2, first, first + a1.text + " and more")
-        # a third conversation takes the least recently used slot (B's): B goes to the cache
-        turn("yet another topic, the stars " * 6)
-        assert scheduler.prompt_cache.figures.kept >= 1
-        # B's next turn: both slots hold others; the cache puts B's back in the one it takes
-        b = "a different conversation about the mountains " * 6
-        b2, _ = turn(b + b1.text + " go on")
-        assert scheduler.prompt_cache.figures.restored == 1
-        assert reused(b2, b, b + b1.text + " go on")
+        assert slot_b != slot_a
+        # B's start emptied A's idle slot into the cache: no cell of it is left, in either model
+        assert scheduler.prompt_cache.figures.kept == 1 and not held.target.tokens
+        assert cells(session.target_ctx, held.target.seq) == 0
+        assert cells(session.draft_ctx, held.draft.seq) == 0
+        third = second + a2.text + " go on"
+        a3, _ = turn(third)  # from the cache, into whichever slot it takes
+        assert scheduler.prompt_cache.figures.restored == 1 and reused(a3, second, third)
+        assert isinstance(a3.text, str) and a3.stats.n_generated > 0
     finally:
         scheduler.stop()
+
+
+def test_an_idle_slot_a_prompt_borrows_from_stays_and_without_a_ram_cache_all_stay(session):
+    """The idle slot holding a prefix the new prompt borrows keeps it (the borrow reads it
+    once); with --cache-ram 0 no idle slot is emptied, as nothing would keep its
+    conversation."""
+    common = "a shared system prompt. "
+    for ram in (64, 0):
+        scheduler = Scheduler(session, strategy="draft", record=False, queue_size=4,
+                              plan=PLAN, cache_ram_mib=ram)
+        empty_slots(scheduler)
+        scheduler.start()
+        try:
+            first = Job(prompt_of(session, common + "first"), GenParams(max_tokens=8))
+            scheduler.submit(first.job)
+            assert isinstance(first.outcome, Done)
+            lender = scheduler.slots[first.job.slot].slot
+            before = sum(s.target.borrowed for s in session.slots)
+            # a prompt sharing under SLOT_SIMILARITY of itself: another slot, which borrows
+            long = prompt_of(session, common + "and a long question " * 38)
+            shared = common_prefix(long, lender.target.tokens)
+            assert SeqContext.BORROW_MIN <= shared < SLOT_SIMILARITY * len(long) <= 900
+            nxt = Job(long, GenParams(max_tokens=8))
+            scheduler.submit(nxt.job)
+            assert isinstance(nxt.outcome, Done)
+            assert nxt.job.slot != first.job.slot
+            assert sum(s.target.borrowed for s in session.slots) > before
+            assert cells(session.target_ctx, lender.target.seq) == len(lender.target.tokens) > 0
+            other = Job(prompt_of(session, "an unrelated question " * 8), GenParams(max_tokens=8))
+            scheduler.submit(other.job)
+            assert isinstance(other.outcome, Done)
+            idle = [s.slot for s in scheduler.slots if s.index != other.job.slot]
+            held = [cells(session.target_ctx, s.target.seq) for s in idle]
+            assert (sum(held) == 0) == (ram > 0), held
+        finally:
+            scheduler.stop()
 
 
 # -- over HTTP: four kinds of request streamed at once, each equal to itself alone

@@ -83,6 +83,21 @@ class PromptCache:
             self.figures.kept += 1
         return True
 
+    def clear(self, slots: Sequence) -> int:
+        """Each of `slots` (idle ones, as a request starts on another) kept here and emptied:
+        attention spans every cell of the unified KV cache in use, so idle conversations
+        slowed every step of the others (measured on the CPU: 1.6-5% a step beside 2,800
+        idle tokens), as llama-server's --cache-idle-slots (on by default) avoids; one this
+        cache cannot take stays. The number emptied."""
+        emptied = 0
+        for slot in slots:
+            if slot.target.tokens and self.keep(slot):
+                slot.target.truncate(0)
+                if slot.draft is not None:
+                    slot.draft.truncate(0)
+                emptied += 1
+        return emptied
+
     def restore(self, entry: CachedPrompt, slot) -> bool:
         """Put `entry` into `slot` (and out of the cache); False where llama.cpp found no
         room, the slot then empty."""

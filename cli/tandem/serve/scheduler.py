@@ -5,7 +5,8 @@ One thread, the engine's, owns the pair's contexts and every generation in fligh
 round it places the waiting requests free slots may take, then steps every live generation
 once (engine/loop/step_loop.py: their decodes in one batch per context). A request goes to
 the free slot whose cache shares most of its prompt (llama-server's slot similarity),
-restoring a conversation from the RAM prompt cache where that shares more. With one slot
+restoring a conversation from the RAM prompt cache where that shares more, and the idle
+slots' conversations go to that cache (llama-server's --cache-idle-slots). With one slot
 (--parallel 1, a pair on RPC servers) a generation runs to its end in its round, both
 models' KV caches reused by prefix from one request to the next. A short request (an
 editor's keystroke, a title: INTERACTIVE_TOKENS or fewer) waits ahead of long ones and may
@@ -103,9 +104,7 @@ class Scheduler:
                       for i, s in enumerate(pair_slots)] or [SlotState(0, n_ctx=pair.n_ctx)]
         self.prompt_cache = PromptCache(int(cache_ram_mib * 2 ** 20)) if n else None
         self.steps = StepLoop(getattr(pair, "batcher", None) if n else None)
-        self.served = 0
-        self.cancelled = 0
-        self.tasks = 0
+        self.served = self.cancelled = self.tasks = 0
         self.metrics = ServeMetrics()  # every answer's figures (GET /metrics)
         self.last_cancel: dict | None = None  # how far the last cancelled answer went
 
@@ -122,7 +121,7 @@ class Scheduler:
 
     @property
     def busy(self) -> bool:
-        return any(s.job is not None for s in self.slots)
+        return self.processing > 0
 
     @property
     def processing(self) -> int:
@@ -217,8 +216,7 @@ class Scheduler:
             out.append({"id": s.index, "id_task": s.task, "n_ctx": s.n_ctx,
                         "speculative": (self.strategy or "none") != "none",
                         "is_processing": job is not None, "reserved": s.reserved,
-                        "n_cached": len(s.cached),
-                        "params": {"n_predict": s.n_predict},
+                        "n_cached": len(s.cached), "params": {"n_predict": s.n_predict},
                         "next_token": [{"has_next_token": job is not None,
                                         "n_remain": max(s.n_predict - s.n_decoded, 0)
                                         if job is not None else -1,
@@ -337,16 +335,21 @@ class Scheduler:
         return min(free, key=lambda s: s.used)
 
     def _place(self, state: SlotState, tokens: Sequence[int]) -> None:
-        """Before a slot takes a prompt: keep the conversation it holds in the RAM cache
-        when the prompt does not continue it, and put back a cached one that the prompt
-        continues further than what the slot holds."""
+        """Before a slot takes a prompt: its conversation to the RAM cache unless the prompt
+        continues it, a cached one the prompt continues further put back, and the idle slots
+        emptied into the cache but one the prompt borrows a prefix from (PromptCache.clear)."""
         cache, slot = self.prompt_cache, state.slot
-        shared = common_prefix(state.cached, tokens)
-        entry = cache.best(tokens) if cache is not None else None
-        if cache is not None and len(state.cached) > shared and shared < 0.5 * len(state.cached):
+        if cache is None:
+            return
+        shared, entry = common_prefix(state.cached, tokens), cache.best(tokens)
+        if len(state.cached) > shared and shared < 0.5 * len(state.cached):
             cache.keep(slot)
         if entry is not None and entry.shared(tokens) > shared:
             cache.restore(entry, slot)
+        lender = slot.target.lender(tokens)[0]
+        with self._cond:
+            idle = [s.slot for s in self.slots if s.job is None and s.slot.target is not lender]
+        cache.clear(idle)
 
     def _begin(self, state: SlotState, job: GenerationJob, prepared) -> None:
         self.tasks += 1

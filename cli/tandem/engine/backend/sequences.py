@@ -125,8 +125,7 @@ class StepBatcher:
                 calls.append([])
                 n = outs = 0
             calls[-1].append(job)
-            n += size
-            outs += job.outputs
+            n, outs = n + size, outs + job.outputs
         spent = 0.0
         for i, call in enumerate(calls):
             t0 = time.perf_counter()
@@ -158,8 +157,7 @@ class StepBatcher:
         f.widest = max(f.widest, len(call))
         f.by_width[len(call)] = f.by_width.get(len(call), 0) + 1
         if not call[0].view.drafts:
-            f.steps += 1
-            f.busy += len(call)
+            f.steps, f.busy = f.steps + 1, f.busy + len(call)
 
 
 class SeqContext:
@@ -313,8 +311,7 @@ class SeqContext:
 
     def reuse(self, tokens: Sequence[int]) -> int:
         """A longer prefix of `tokens` borrowed from a peer, then cache reuse (moved runs)."""
-        if not self.keeps_copies:  # a recurrent state is not shared by cells
-            self._borrow(tokens)
+        self._borrow(tokens)
         follower = getattr(self.ctx, "follower", None)  # following: it must see every position
         if self.reuse_min <= 0 or follower is not None and follower.following:
             return 0
@@ -330,17 +327,20 @@ class SeqContext:
     # to near ties, as after a chat's cached turn); a short prefix costs little to evaluate
     BORROW_MIN = 32
 
-    def _borrow(self, tokens: Sequence[int]) -> None:
-        """Where another slot holds a prefix of `tokens` at least BORROW_MIN
-        tokens longer than this one's, hold its cells too (shared in the unified cache, never
-        evaluated again): a long system prompt, or an agent's conversation that parallel
-        requests continue, is read once."""
-        own = common_prefix(self.tokens, tokens)
-        best, donor = own + self.BORROW_MIN - 1, None
-        for peer in self.peers:
+    def lender(self, tokens: Sequence[int]) -> tuple[SeqContext | None, int]:
+        """The peer holding a prefix of `tokens` at least BORROW_MIN tokens longer than this
+        one's, and its length; (None, 0): none (a recurrent state is not shared by cells)."""
+        best, donor = common_prefix(self.tokens, tokens) + self.BORROW_MIN - 1, None
+        for peer in () if self.keeps_copies else self.peers:
             n = common_prefix(peer.tokens, tokens)
             if n > best:
                 best, donor = n, peer
+        return (donor, best) if donor is not None else (None, 0)
+
+    def _borrow(self, tokens: Sequence[int]) -> None:
+        """Hold the lender's prefix of `tokens` (its cells, shared in the unified cache): a
+        long system prompt, or an agent's conversation parallel requests continue, read once."""
+        donor, best = self.lender(tokens)
         if donor is None:
             return
         self.ctx.seq_rm(self.seq, 0)
