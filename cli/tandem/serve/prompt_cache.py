@@ -99,11 +99,10 @@ class PromptCache:
         return emptied
 
     def restore(self, entry: CachedPrompt, slot) -> bool:
-        """Put `entry` into `slot` (and out of the cache); False where llama.cpp found no
-        room, the slot then empty."""
-        with self._lock:
-            if entry in self.entries:
-                self.entries.remove(entry)
+        """Put `entry` into `slot`, a copy staying here: a prompt that shares only its start
+        (a system prompt) cuts the slot's, not the conversation (keep() drops it once the
+        slot's extends it); False where llama.cpp found no room, the slot then empty."""
+        entry.used = time.monotonic()
         ok = slot.target.load(entry.tokens, entry.target)
         if ok and slot.draft is not None:
             if entry.draft is None or not slot.draft.load(entry.draft_tokens, entry.draft):
