@@ -307,6 +307,15 @@ def others_during(pid: int | None, fn, *args):
     return result, others_share(before, _snapshot(pid))
 
 
+def start_warm(server, label: str, seed: int) -> None:
+    """Start `server`, say it is ready, and ask it one short chat, untimed: it pages the
+    weights in and tandem calibrates its costs. The caller stops it, on a failure too."""
+    t0 = time.monotonic()
+    server.start()
+    log(f"{label} ready on 127.0.0.1:{server.port} ({time.monotonic() - t0:.1f}s)")
+    chat(server.port, [{"role": "user", "content": "Say hello."}], 8, seed, False)
+
+
 def quiet_check() -> tuple[bool | None, str]:
     """/work/shared/bin/quiet-check's verdict (None: no such script here) and its words."""
     if not QUIET_CHECK.exists():
@@ -524,13 +533,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def start(name: str, rep: int):
         s = makers[name](log_folder(log_dir / f"rep{rep + 1}", ""))
-        t0 = time.monotonic()
         try:
-            s.start()
-            log(f"[rep {rep + 1}/{ns.reps}] {name} ready on 127.0.0.1:{s.port} "
-                f"({time.monotonic() - t0:.1f}s)")
-            # untimed: pages the weights in, tandem calibrates its costs
-            chat(s.port, [{"role": "user", "content": "Say hello."}], 8, ns.seed, False)
+            start_warm(s, f"[rep {rep + 1}/{ns.reps}] {name}", ns.seed)
             if INFILL in scenarios:
                 infill(s.port, {"input_prefix": "def f(", "input_suffix": ")\n",
                                 "n_predict": 4, "temperature": 0})

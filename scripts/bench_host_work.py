@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench_concurrency import quiet_check, rep_order
+from bench_concurrency import quiet_check, rep_order, start_warm
 from bench_peer import default_tandem, log
 from bench_serve import TandemServer, chat, llama_server_or_warn, server_options
 from tandem.bench.accounting import response_counts
@@ -343,12 +343,8 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(ns.reps):
             for name_s in rep_order(list(makers), rep):
                 s = makers[name_s](log_folder(log_dir / model.stem / f"rep{rep + 1}", ""))
-                t0 = time.monotonic()
                 try:
-                    s.start()
-                    log(f"[{model.name} rep {rep + 1}/{ns.reps}] {name_s} ready on "
-                        f"127.0.0.1:{s.port} ({time.monotonic() - t0:.1f}s)")
-                    chat(s.port, [{"role": "user", "content": "Say hello."}], 8, ns.seed, False)
+                    start_warm(s, f"[{model.name} rep {rep + 1}/{ns.reps}] {name_s}", ns.seed)
                     for row in (scenario_alone(name, s, rep, alone, ns.n_predict, ns.seed),
                                 scenario_four(name, s, rep, four[:ns.slots], ns.n_predict,
                                               ns.seed)):
